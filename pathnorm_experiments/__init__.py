@@ -1,0 +1,1 @@
+"""The main job: data, the paper's network, training, PGD attacks, certificates, reproduction."""
