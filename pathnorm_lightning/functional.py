@@ -31,12 +31,12 @@ from torch import Tensor
 __all__ = [
     "path_norm",
     "product_bound",
+    "project_rows_l1_ball",
+    "project_rows_l1_ball_",
     "prox_l1",
     "prox_l1_",
     "prox_path_norm",
     "prox_path_norm_",
-    "project_rows_l1_ball",
-    "project_rows_l1_ball_",
 ]
 
 
