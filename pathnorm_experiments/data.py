@@ -1,0 +1,562 @@
+"""Datasets for the main job: MNIST, Fashion-MNIST, KMNIST and the embedded MNIST subset.
+
+NumPy only (no framework import): every loader returns a :class:`Dataset` of float32 images in
+[0, 1], flattened to (N, 784), and int64 labels. Nothing is downloaded; files are looked up in a
+data directory (argument, else ``$PATHNORM_DATA_DIR``, else ``~/.cache/pathnorm``) laid out as
+``<data_dir>/<dataset>/<file>`` (the layout of the official archives), and checked: IDX magic
+numbers, shapes, sample counts and, where the original files' checksums are known, SHA-256.
+A missing or corrupt file raises :class:`DataError` naming the file and where to get it.
+
+``python -m pathnorm_experiments.data --make-subset`` regenerates the embedded subset
+``pathnorm_experiments/data/mnist_subset.npz`` deterministically from the real MNIST files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import os
+import struct
+import warnings
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "DATASETS",
+    "DataError",
+    "Dataset",
+    "default_data_dir",
+    "load_dataset",
+    "load_embedded",
+    "make_subset",
+    "read_idx",
+]
+
+IMAGE_MAGIC = 2051
+LABEL_MAGIC = 2049
+IMAGE_SHAPE = (28, 28)
+N_PIXELS = 784
+N_CLASSES = 10
+EMBEDDED_PATH = Path(__file__).parent / "data" / "mnist_subset.npz"
+ENV_VAR = "PATHNORM_DATA_DIR"
+
+
+class DataError(ValueError):
+    """A data file is missing, corrupt, or does not match what the loader expects."""
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One published data file: its name, sample count and (if known) SHA-256."""
+
+    name: str
+    count: int
+    sha256: str | None
+    kind: str  # "images" or "labels"
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Where a dataset's files live and how they are checked."""
+
+    name: str
+    subdir: str
+    url: str
+    license: str
+    train_images: tuple[FileSpec, ...]  # alternatives, first found wins
+    train_labels: tuple[FileSpec, ...]
+    test_images: tuple[FileSpec, ...]
+    test_labels: tuple[FileSpec, ...]
+    partial_train_images: FileSpec | None = None
+
+
+def _f(name: str, count: int, sha: str | None, kind: str) -> FileSpec:
+    return FileSpec(name, count, sha, kind)
+
+
+# Checksums: /work/shared/data/README.md (each verified against the authors' published md5s).
+DATASETS: dict[str, DatasetSpec] = {
+    "mnist": DatasetSpec(
+        name="mnist",
+        subdir="mnist",
+        url="https://ossci-datasets.s3.amazonaws.com/mnist/ (mirror of http://yann.lecun.com/exdb/mnist/)",
+        license="CC BY-SA 3.0, Yann LeCun and Corinna Cortes",
+        train_images=(
+            _f(
+                "train-images-idx3-ubyte.gz",
+                60000,
+                "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+                "images",
+            ),
+        ),
+        train_labels=(
+            _f(
+                "train-labels-idx1-ubyte.gz",
+                60000,
+                "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+                "labels",
+            ),
+        ),
+        test_images=(
+            _f(
+                "t10k-images-idx3-ubyte.gz",
+                10000,
+                "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+                "images",
+            ),
+        ),
+        test_labels=(
+            _f(
+                "t10k-labels-idx1-ubyte.gz",
+                10000,
+                "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+                "labels",
+            ),
+        ),
+    ),
+    "fashion-mnist": DatasetSpec(
+        name="fashion-mnist",
+        subdir="fashion-mnist",
+        url="http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ "
+        "(see https://github.com/zalandoresearch/fashion-mnist)",
+        license="MIT, Copyright (c) 2017 Zalando SE",
+        train_images=(
+            _f(
+                "train-images-idx3-ubyte.gz",
+                60000,
+                "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+                "images",
+            ),
+        ),
+        train_labels=(
+            _f(
+                "train-labels-idx1-ubyte.gz",
+                60000,
+                "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+                "labels",
+            ),
+        ),
+        test_images=(
+            _f(
+                "t10k-images-idx3-ubyte.gz",
+                10000,
+                "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+                "images",
+            ),
+        ),
+        test_labels=(
+            _f(
+                "t10k-labels-idx1-ubyte.gz",
+                10000,
+                "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+                "labels",
+            ),
+        ),
+    ),
+    "kmnist": DatasetSpec(
+        name="kmnist",
+        subdir="kmnist",
+        url="http://codh.rois.ac.jp/kmnist/dataset/kmnist/ (see https://github.com/rois-codh/kmnist)",
+        license="CC BY-SA 4.0, ROIS-DS Center for Open Data in the Humanities",
+        # CODH publishes no SHA-256 for the training images; the md5s are bdb82020... (.gz)
+        # and a183fbc0... (.npz), so these two are checked by format and count only.
+        train_images=(
+            _f("train-images-idx3-ubyte.gz", 60000, None, "images"),
+            _f("kmnist-train-imgs.npz", 60000, None, "images"),
+        ),
+        train_labels=(
+            _f(
+                "train-labels-idx1-ubyte.gz",
+                60000,
+                "e38f9ebcd0f3ebcdec7fc8eabdcdaef93bb0df8ea12bee65224341c8183d8e17",
+                "labels",
+            ),
+            _f(
+                "kmnist-train-labels.npz",
+                60000,
+                "a325c877035602cb9b9ba54f4194a2a1b5f718026a463db5b5e0cdc124c03720",
+                "labels",
+            ),
+        ),
+        test_images=(
+            _f(
+                "t10k-images-idx3-ubyte.gz",
+                10000,
+                "edd7a857845ad6bb1d0ba43fe7e794d164fe2dce499a1694695a792adfac43c5",
+                "images",
+            ),
+            _f(
+                "kmnist-test-imgs.npz",
+                10000,
+                "692d824896bec8f3c357ebf7a0fe904ed67ac632ce953d0b58f7fbef7bb27d87",
+                "images",
+            ),
+        ),
+        test_labels=(
+            _f(
+                "t10k-labels-idx1-ubyte.gz",
+                10000,
+                "20bb9a0ef54c7db3efc55a92eef5582c109615df22683c380526788f98e42a1c",
+                "labels",
+            ),
+            _f(
+                "kmnist-test-labels.npz",
+                10000,
+                "660f13a4705431ea2a6391c41ecbe384cd0d932c595a101ec4f3b8989e785046",
+                "labels",
+            ),
+        ),
+        partial_train_images=_f(
+            "partial/train-images-idx3-ubyte.gz.truncated",
+            60000,
+            "4f8c6e5967b96c4b1f2d8cad3ca2a9c8b3cfb98a3c24ce45361cd7f4aaf8d0c5",
+            "images",
+        ),
+    ),
+}
+DATASET_NAMES = ("embedded", *DATASETS)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Flattened images in [0, 1] (float32, (N, 784)) and int64 labels, train and test."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    source: str
+    partial: bool = False
+
+    def __post_init__(self) -> None:
+        for x, y, split in (
+            (self.x_train, self.y_train, "train"),
+            (self.x_test, self.y_test, "test"),
+        ):
+            if x.ndim != 2 or x.shape[1] != N_PIXELS or x.dtype != np.float32:
+                raise DataError(f"{split} images must be float32 (N, 784), got {x.dtype} {x.shape}")
+            if y.shape != (x.shape[0],):
+                raise DataError(f"{split} labels {y.shape} do not match images {x.shape}")
+
+    def subset(self, n_train: int | None = None, n_test: int | None = None) -> Dataset:
+        """The first ``n_train`` / ``n_test`` samples (``None`` keeps a split whole)."""
+        for n, what in ((n_train, "n_train"), (n_test, "n_test")):
+            if n is not None and n < 1:
+                raise ValueError(f"{what} must be >= 1 or None, got {n}")
+        return Dataset(
+            self.name,
+            self.x_train[:n_train],
+            self.y_train[:n_train],
+            self.x_test[:n_test],
+            self.y_test[:n_test],
+            self.source,
+            self.partial,
+        )
+
+
+def default_data_dir() -> Path:
+    """``$PATHNORM_DATA_DIR`` if set, else ``~/.cache/pathnorm``."""
+    env = os.environ.get(ENV_VAR)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pathnorm"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _where_to_get(spec: DatasetSpec, fname: str) -> str:
+    return f"get {fname} from {spec.url} and put it in <data-dir>/{spec.subdir}/"
+
+
+def _parse_idx(raw: bytes, path: Path, kind: str, *, allow_short: bool = False) -> np.ndarray:
+    """Decode an uncompressed IDX byte string into uint8 (N, 28, 28) images or (N,) labels."""
+    magic_expected = IMAGE_MAGIC if kind == "images" else LABEL_MAGIC
+    head = 16 if kind == "images" else 8
+    if len(raw) < head:
+        raise DataError(f"{path}: truncated IDX file ({len(raw)} bytes, header needs {head})")
+    magic, count = struct.unpack(">II", raw[:8])
+    if magic != magic_expected:
+        raise DataError(
+            f"{path}: bad IDX magic number {magic}, expected {magic_expected} for {kind} "
+            "(wrong file, or not an IDX file)"
+        )
+    if kind == "images":
+        rows, cols = struct.unpack(">II", raw[8:16])
+        if (rows, cols) != IMAGE_SHAPE:
+            raise DataError(f"{path}: images are {rows}x{cols}, expected 28x28")
+        item = N_PIXELS
+    else:
+        item = 1
+    body = memoryview(raw)[head:]
+    n_avail = len(body) // item
+    if n_avail < count and not allow_short:
+        raise DataError(
+            f"{path}: truncated: header says {count} {kind}, the file holds {n_avail} "
+            "(re-download it)"
+        )
+    if n_avail > count or (not allow_short and len(body) != count * item):
+        raise DataError(f"{path}: {len(body)} data bytes, expected {count * item}")
+    n = min(n_avail, count)
+    arr = np.frombuffer(body[: n * item], dtype=np.uint8)
+    return arr.reshape(n, *IMAGE_SHAPE) if kind == "images" else arr.copy()
+
+
+def read_idx(path: str | Path, kind: str) -> np.ndarray:
+    """Read an IDX file (``.gz`` or raw): ``kind`` is ``"images"`` or ``"labels"``."""
+    if kind not in ("images", "labels"):
+        raise ValueError(f"kind must be 'images' or 'labels', got {kind!r}")
+    path = Path(path)
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+        else:
+            raw = path.read_bytes()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError(f"{path}: cannot decompress ({e}); the file is corrupt or truncated") from e
+    return _parse_idx(raw, path, kind)
+
+
+def read_truncated_idx_gz(path: str | Path, kind: str = "images") -> tuple[np.ndarray, int]:
+    """Decode the complete records of a truncated IDX ``.gz`` file; returns (array, header count)."""
+    path = Path(path)
+    data = path.read_bytes()
+    if len(data) < 10 or data[:2] != b"\x1f\x8b":
+        raise DataError(f"{path}: not a gzip file")
+    flags = data[3]
+    pos = 10
+    if flags & 4:  # FEXTRA
+        pos += 2 + struct.unpack("<H", data[pos : pos + 2])[0]
+    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
+        if flags & bit:
+            pos = data.index(b"\x00", pos) + 1
+    if flags & 2:  # FHCRC
+        pos += 2
+    try:
+        raw = zlib.decompressobj(-15).decompress(data[pos:])
+    except zlib.error as e:
+        raise DataError(f"{path}: corrupt deflate stream ({e})") from e
+    arr = _parse_idx(raw, path, kind, allow_short=True)
+    count = struct.unpack(">I", raw[4:8])[0]
+    return arr, count
+
+
+def _read_npz(path: Path) -> np.ndarray:
+    try:
+        with np.load(path) as z:
+            if "arr_0" not in z.files:
+                raise DataError(f"{path}: expected one array 'arr_0', found {z.files}")
+            arr = z["arr_0"]
+    except (OSError, ValueError, zlib.error) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"{path}: cannot read npz ({e}); the file is corrupt") from e
+    if arr.dtype != np.uint8:
+        raise DataError(f"{path}: expected uint8, got {arr.dtype}")
+    return arr
+
+
+def _find(
+    spec: DatasetSpec, data_dir: Path, alternatives: tuple[FileSpec, ...]
+) -> tuple[FileSpec, Path] | None:
+    for fs in alternatives:
+        for cand in (data_dir / spec.subdir / fs.name, data_dir / fs.name):
+            if cand.is_file():
+                return fs, cand
+    return None
+
+
+def _load_file(spec: DatasetSpec, fs: FileSpec, path: Path, verify: bool) -> np.ndarray:
+    if verify and fs.sha256 is not None:
+        got = _sha256(path)
+        if got != fs.sha256:
+            raise DataError(
+                f"{path}: SHA-256 mismatch (got {got}, expected {fs.sha256}); the file is "
+                f"corrupt or not the original: {_where_to_get(spec, fs.name)}, or pass "
+                "verify=False (--no-verify) to use a re-packed copy"
+            )
+    arr = _read_npz(path) if fs.name.endswith(".npz") else read_idx(path, fs.kind)
+    want_shape = (fs.count, *IMAGE_SHAPE) if fs.kind == "images" else (fs.count,)
+    if arr.shape != want_shape:
+        raise DataError(f"{path}: {fs.kind} have shape {arr.shape}, expected {want_shape}")
+    if fs.kind == "labels" and arr.size and int(arr.max()) >= N_CLASSES:
+        raise DataError(f"{path}: labels must be in 0..9, found {int(arr.max())}")
+    return arr
+
+
+def _missing(spec: DatasetSpec, data_dir: Path, alternatives: tuple[FileSpec, ...]) -> DataError:
+    names = " or ".join(fs.name for fs in alternatives)
+    return DataError(
+        f"{spec.name}: {names} not found in {data_dir / spec.subdir}; "
+        f"{_where_to_get(spec, alternatives[0].name)} (or set --data-dir / ${ENV_VAR}). "
+        "Nothing is downloaded automatically."
+    )
+
+
+def _to_float(images: np.ndarray) -> np.ndarray:
+    return (images.reshape(images.shape[0], N_PIXELS).astype(np.float32)) / np.float32(255.0)
+
+
+def load_dataset(
+    name: str,
+    data_dir: str | Path | None = None,
+    *,
+    allow_partial: bool = False,
+    verify: bool = True,
+) -> Dataset:
+    """Load ``name`` (``embedded``, ``mnist``, ``fashion-mnist`` or ``kmnist``).
+
+    Args:
+        name: dataset name.
+        data_dir: directory holding ``<dataset>/<file>``; default :func:`default_data_dir`.
+        allow_partial: accept a truncated training-image file (KMNIST's
+            ``partial/train-images-idx3-ubyte.gz.truncated``) and train on the complete images
+            it holds, paired with the first labels; a warning says how many.
+        verify: check SHA-256 of files whose original checksum is known.
+    """
+    if name == "embedded":
+        return load_embedded()
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
+    spec = DATASETS[name]
+    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
+    arrays = {}
+    partial = False
+    for split in ("train_labels", "test_images", "test_labels", "train_images"):
+        alts: tuple[FileSpec, ...] = getattr(spec, split)
+        found = _find(spec, root, alts)
+        if found is None and split == "train_images" and spec.partial_train_images is not None:
+            part = spec.partial_train_images
+            ppath = root / spec.subdir / part.name
+            if not ppath.is_file():
+                raise _missing(spec, root, alts)
+            if not allow_partial:
+                raise DataError(
+                    f"{spec.name}: the full training images ({alts[0].name}) are not in "
+                    f"{root / spec.subdir}, only the truncated {part.name}; pass "
+                    "allow_partial=True (--allow-partial) to train on the complete images it "
+                    f"holds, or {_where_to_get(spec, alts[0].name)}"
+                )
+            if verify and part.sha256 is not None and _sha256(ppath) != part.sha256:
+                raise DataError(f"{ppath}: SHA-256 mismatch with the known truncated copy")
+            imgs, _ = read_truncated_idx_gz(ppath)
+            n = imgs.shape[0]
+            warnings.warn(
+                f"{spec.name}: using a PARTIAL training set: {n} of {part.count} training "
+                f"images (from {ppath}), paired with the first {n} labels",
+                stacklevel=2,
+            )
+            arrays[split] = imgs
+            partial = True
+            continue
+        if found is None:
+            raise _missing(spec, root, alts)
+        arrays[split] = _load_file(spec, *found, verify=verify)
+    y_train = arrays["train_labels"][: arrays["train_images"].shape[0]]
+    return Dataset(
+        name=name,
+        x_train=_to_float(arrays["train_images"]),
+        y_train=y_train.astype(np.int64),
+        x_test=_to_float(arrays["test_images"]),
+        y_test=arrays["test_labels"].astype(np.int64),
+        source=str(root / spec.subdir),
+        partial=partial,
+    )
+
+
+def load_embedded(path: str | Path = EMBEDDED_PATH) -> Dataset:
+    """The embedded stratified MNIST subset (5,000 train + 1,000 test), shipped with the package."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(
+            f"embedded subset {path} is missing; regenerate it with "
+            "`python -m pathnorm_experiments.data --make-subset --data-dir <dir with mnist/>`"
+        )
+    with np.load(path) as z:
+        x_tr, y_tr, x_te, y_te = (z[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+    return Dataset(
+        "embedded",
+        _to_float(x_tr),
+        y_tr.astype(np.int64),
+        _to_float(x_te),
+        y_te.astype(np.int64),
+        source=str(path),
+    )
+
+
+def _stratified(y: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:
+    idx = []
+    for c in range(N_CLASSES):
+        members = np.flatnonzero(y == c)
+        if members.size < per_class:
+            raise DataError(f"class {c} has {members.size} samples, need {per_class}")
+        idx.append(np.sort(rng.choice(members, per_class, replace=False)))
+    order = np.concatenate(idx)
+    return order[rng.permutation(order.size)]
+
+
+def make_subset(
+    data_dir: str | Path | None = None,
+    out: str | Path = EMBEDDED_PATH,
+    *,
+    train_per_class: int = 500,
+    test_per_class: int = 100,
+    seed: int = 0,
+) -> Path:
+    """Write the stratified MNIST subset (uint8, compressed npz); deterministic given ``seed``."""
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    spec = DATASETS["mnist"]
+    raw = {}
+    for split in ("train_images", "train_labels", "test_images", "test_labels"):
+        found = _find(spec, root, getattr(spec, split))
+        if found is None:
+            raise _missing(spec, root, getattr(spec, split))
+        raw[split] = _load_file(spec, *found, verify=True)
+    rng = np.random.default_rng(seed)
+    tr = _stratified(raw["train_labels"], train_per_class, rng)
+    te = _stratified(raw["test_labels"], test_per_class, rng)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        out,
+        x_train=raw["train_images"][tr],
+        y_train=raw["train_labels"][tr],
+        x_test=raw["test_images"][te],
+        y_test=raw["test_labels"][te],
+        train_index=tr.astype(np.int32),
+        test_index=te.astype(np.int32),
+    )
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m pathnorm_experiments.data``: inspect datasets or regenerate the subset."""
+    p = argparse.ArgumentParser(prog="python -m pathnorm_experiments.data", description=__doc__)
+    p.add_argument("--data-dir", default=None, help=f"default: ${ENV_VAR} or ~/.cache/pathnorm")
+    p.add_argument("--make-subset", action="store_true", help="regenerate the embedded subset")
+    p.add_argument("--out", default=str(EMBEDDED_PATH))
+    p.add_argument("--check", nargs="*", default=None, help="load and summarise these datasets")
+    p.add_argument("--allow-partial", action="store_true")
+    args = p.parse_args(argv)
+    if args.make_subset:
+        path = make_subset(args.data_dir, args.out)
+        print(f"wrote {path} ({path.stat().st_size} bytes, sha256 {_sha256(path)})")
+    for name in args.check or ():
+        ds = load_dataset(name, args.data_dir, allow_partial=args.allow_partial)
+        print(
+            f"{name}: train {ds.x_train.shape} test {ds.x_test.shape} partial={ds.partial} "
+            f"from {ds.source}"
+        )
+
+
+if __name__ == "__main__":
+    main()
