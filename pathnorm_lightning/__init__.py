@@ -1,5 +1,11 @@
 """pathnorm for PyTorch / Lightning: the exact proximal map of the 1-path-norm."""
 
+from pathnorm_lightning.callbacks import (
+    AfterOptimizerStep,
+    L1Prox,
+    LayerwiseLinfProjection,
+    PathNormProx,
+)
 from pathnorm_lightning.functional import (
     path_norm,
     product_bound,
@@ -10,8 +16,18 @@ from pathnorm_lightning.functional import (
     prox_path_norm,
     prox_path_norm_,
 )
+from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
+from pathnorm_lightning.pairing import LayerPair, resolve_layers, resolve_pairs
 
 __all__ = [
+    "AfterOptimizerStep",
+    "L1Prox",
+    "LayerPair",
+    "LayerwiseLinfProjection",
+    "PathNormBound",
+    "PathNormProx",
+    "ProductBound",
+    "Sparsity",
     "path_norm",
     "product_bound",
     "project_rows_l1_ball",
@@ -20,4 +36,6 @@ __all__ = [
     "prox_l1_",
     "prox_path_norm",
     "prox_path_norm_",
+    "resolve_layers",
+    "resolve_pairs",
 ]

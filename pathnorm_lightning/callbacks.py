@@ -1,0 +1,573 @@
+"""Lightning callbacks that apply a prox (or projection) right after every real optimizer step.
+
+``PathNormProx`` applies the exact 1-path-norm prox to pairs of ``nn.Linear`` layers;
+``L1Prox`` and ``LayerwiseLinfProjection`` are the paper's layer-wise baselines. All three share
+:class:`AfterOptimizerStep`, which decides *when* they run:
+
+* a post-step hook (``torch.optim.Optimizer.register_step_post_hook``) on every optimizer of the
+  fit, registered in ``on_fit_start`` and removed in ``on_fit_end`` / ``teardown`` /
+  ``on_exception``, so the prox runs exactly once per real ``optimizer.step()``: automatic and
+  manual optimization, raw torch optimizers stepped inside ``training_step``, several
+  optimizers, ``accumulate_grad_batches > 1`` (one step per accumulation window), and repeated
+  ``fit()`` calls with the same callback (no duplicated or leaked hooks);
+* a step skipped by AMP's ``GradScaler`` (inf/NaN gradients) never calls ``optimizer.step()``,
+  so the hook does not run and nothing is applied;
+* the prox step is ``lam * lr`` with ``lr`` the current learning rate of the parameter group
+  holding the weights, read at every step (LR schedulers and per-group rates are honoured).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import Tensor, nn
+from torch.utils.hooks import RemovableHandle
+from typing_extensions import override
+
+from pathnorm_lightning.functional import (
+    project_rows_l1_ball_,
+    prox_l1_,
+    prox_path_norm_,
+)
+from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
+from pathnorm_lightning.pairing import (
+    LayersSpec,
+    linear_chain,
+    resolve_layers,
+    resolve_pairs,
+)
+
+__all__ = ["AfterOptimizerStep", "L1Prox", "LayerwiseLinfProjection", "PathNormProx"]
+
+_SHARDED_STRATEGIES = (
+    "FSDPStrategy",
+    "DeepSpeedStrategy",
+    "ModelParallelStrategy",
+    "XLAFSDPStrategy",
+)
+
+
+def _check_nonneg(value: Any, name: str, owner: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(
+            f"{owner}: {name} must be a real number, got {value!r} ({type(value).__name__})"
+        )
+    value = float(value)
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+@dataclass
+class _Target:
+    """One unit the callback updates: a layer or a pair, its weights and display name."""
+
+    name: str
+    weights: tuple[Tensor, ...]
+
+
+@dataclass
+class _Planned:
+    target: _Target
+    groups: tuple[int, ...]  # param-group index of every weight, in the owning optimizer
+
+
+class AfterOptimizerStep(Callback):
+    """Base class: run :meth:`apply` on each target right after every real optimizer step.
+
+    Subclasses define :meth:`resolve_targets` (which weights), :meth:`apply` (what to do with
+    them given the learning rate) and :meth:`sparsity_chains` (which weights the sparsity
+    metric covers). The step mechanics, logging and checkpoint state live here.
+
+    Args:
+        log_every_n_steps: log the metrics every this many optimizer steps; ``None`` follows the
+            trainer's ``log_every_n_steps`` (the values then reach every logger at its flushes).
+        log_metrics: log ``pathnorm/sparsity``, ``pathnorm/alive_units``,
+            ``pathnorm/path_norm_bound`` and ``pathnorm/product_bound``.
+        prog_bar: also show the metrics in the progress bar.
+        check_finite: raise a ``ValueError`` as soon as a regularized weight is NaN/inf (one
+            device sync per step; with ``False`` non-finite weights propagate silently, which on
+            GPU saves the sync).
+    """
+
+    _log_prefix = "pathnorm"
+
+    def __init__(
+        self,
+        log_every_n_steps: int | None = None,
+        log_metrics: bool = True,
+        prog_bar: bool = False,
+        check_finite: bool = True,
+    ) -> None:
+        owner = type(self).__name__
+        if log_every_n_steps is not None and (
+            isinstance(log_every_n_steps, bool)
+            or not isinstance(log_every_n_steps, int)
+            or log_every_n_steps < 1
+        ):
+            raise ValueError(
+                f"{owner}: log_every_n_steps must be a positive int or None (follow the trainer), "
+                f"got {log_every_n_steps!r}"
+            )
+        for flag_name, flag in (
+            ("log_metrics", log_metrics),
+            ("prog_bar", prog_bar),
+            ("check_finite", check_finite),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{owner}: {flag_name} must be a bool, got {flag!r}")
+        self.log_every_n_steps = log_every_n_steps
+        self.log_metrics = log_metrics
+        self.prog_bar = prog_bar
+        self.check_finite = check_finite
+
+        self.num_steps = 0  # real optimizer steps this callback has acted on (all fits)
+        self._handles: list[RemovableHandle] = []
+        self._targets: list[_Target] = []
+        self._plan: dict[int, list[_Planned]] = {}  # id(optimizer) -> its targets
+        self._chain: list[nn.Linear] | None = None
+        self._last_logged_step = -1
+        self._sparsity = Sparsity()
+        self._path_norm_bound = PathNormBound()
+        self._product_bound = ProductBound()
+
+    # --- to be defined by subclasses -------------------------------------------------------
+    def resolve_targets(self, pl_module: pl.LightningModule) -> list[_Target]:
+        """The layers or pairs to act on (called at fit start, after ``configure_model``)."""
+        raise NotImplementedError
+
+    def apply(self, target: _Target, lr: float) -> None:
+        """Update ``target.weights`` in place after an optimizer step with learning rate ``lr``."""
+        raise NotImplementedError
+
+    def sparsity_chains(self) -> list[list[Tensor]]:
+        """Weight chains (forward order) whose zeros and hidden units the sparsity metric counts."""
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments, stored in checkpoints."""
+        return {
+            "log_every_n_steps": self.log_every_n_steps,
+            "log_metrics": self.log_metrics,
+            "prog_bar": self.prog_bar,
+            "check_finite": self.check_finite,
+        }
+
+    # --- hooks --------------------------------------------------------------------------
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        strategy = type(trainer.strategy)
+        if any(cls.__name__ in _SHARDED_STRATEGIES for cls in strategy.__mro__):
+            raise ValueError(
+                f"{type(self).__name__} does not support the sharded strategy "
+                f"{strategy.__name__}: the prox couples whole weight matrices, which are split "
+                "across processes there. Use a data-parallel strategy (e.g. strategy='ddp') instead."
+            )
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._remove_hooks()  # idempotent: a previous fit that died without cleanup
+        self._targets = self.resolve_targets(pl_module)
+        self._plan = self._build_plan(trainer.optimizers)
+        for optimizer in trainer.optimizers:
+            if id(optimizer) in self._plan:
+                self._handles.append(optimizer.register_step_post_hook(self._after_step))
+        self._chain = linear_chain(pl_module)
+        if self.log_metrics and self._chain is None:
+            rank_zero_warn(
+                f"{type(self).__name__}: the nn.Linear layers of {type(pl_module).__name__} do "
+                "not form a chain (consecutive out/in features differ), so the network bounds "
+                "pathnorm/path_norm_bound and pathnorm/product_bound are not logged."
+            )
+        self._last_logged_step = -1
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._remove_hooks()
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._remove_hooks()
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._remove_hooks()
+
+    @override
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
+        if (
+            not self.log_metrics
+            or not self._targets
+            or getattr(trainer, "log_every_n_steps", 1) == 0
+        ):
+            return
+        step = trainer.global_step
+        if step == self._last_logged_step:
+            return
+        if self.log_every_n_steps is None:
+            due = bool(getattr(trainer, "_logger_connector").should_update_logs)  # noqa: B009
+        else:
+            due = step % self.log_every_n_steps == 0
+        if due:
+            self._last_logged_step = step
+            self.log_metric_values(pl_module)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"config": self.config(), "num_steps": self.num_steps}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.num_steps = int(state_dict.get("num_steps", 0))
+        saved = state_dict.get("config", {})
+        current = self.config()
+        changed = {
+            key: (saved[key], current[key])
+            for key in saved
+            if key in current and _normalize(saved[key]) != _normalize(current[key])
+        }
+        if changed:
+            diff = ", ".join(
+                f"{k}: checkpoint {old!r} -> now {new!r}" for k, (old, new) in changed.items()
+            )
+            rank_zero_warn(
+                f"{type(self).__name__}: resuming with a configuration that differs from the "
+                f"checkpoint ({diff}); the current constructor arguments are used."
+            )
+
+    # --- metrics -----------------------------------------------------------------------
+    @torch.no_grad()
+    def metric_values(self) -> dict[str, Tensor]:
+        """Current metric values (detached 0-d tensors), keyed by their logged names."""
+        values: dict[str, Tensor] = {}
+        device = self._targets[0].weights[0].device if self._targets else torch.device("cpu")
+        self._sparsity = self._sparsity.to(device)
+        self._sparsity.reset()
+        for chain in self.sparsity_chains():
+            self._sparsity.update(chain)
+        sparsity = self._sparsity.compute()
+        values[f"{self._log_prefix}/sparsity"] = sparsity["sparsity"]
+        if not bool(torch.isnan(sparsity["alive_units"])):
+            values[f"{self._log_prefix}/alive_units"] = sparsity["alive_units"]
+        if self._chain is not None:
+            weights = [layer.weight for layer in self._chain]
+            for key, metric in (
+                ("path_norm_bound", self._path_norm_bound),
+                ("product_bound", self._product_bound),
+            ):
+                metric = metric.to(device)
+                metric.reset()
+                metric.update(weights)
+                values[f"{self._log_prefix}/{key}"] = metric.compute()
+        return values
+
+    def log_metric_values(self, pl_module: pl.LightningModule) -> None:
+        """Log :meth:`metric_values` with ``pl_module.log`` (values are identical on every rank:
+        the weights are replicated, so no ``sync_dist`` reduction is needed)."""
+        to_logger = bool(pl_module.trainer.loggers)
+        for name, value in self.metric_values().items():
+            pl_module.log(
+                name,
+                value.float(),
+                on_step=True,
+                on_epoch=False,
+                prog_bar=self.prog_bar,
+                logger=to_logger,
+                batch_size=1,
+            )
+
+    # --- mechanics ---------------------------------------------------------------------
+    def _remove_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _build_plan(self, optimizers: Sequence[torch.optim.Optimizer]) -> dict[int, list[_Planned]]:
+        owner_of: dict[int, tuple[int, int]] = {}  # id(param) -> (optimizer index, group index)
+        for opt_index, optimizer in enumerate(optimizers):
+            for group_index, group in enumerate(optimizer.param_groups):
+                for param in group["params"]:
+                    owner_of.setdefault(id(param), (opt_index, group_index))
+        plan: dict[int, list[_Planned]] = {}
+        name = type(self).__name__
+        for target in self._targets:
+            owners = []
+            for weight in target.weights:
+                if id(weight) not in owner_of:
+                    raise ValueError(
+                        f"{name}: the weight of {target.name} is not in any optimizer of this fit "
+                        "(frozen, or left out of configure_optimizers), so no optimizer step would "
+                        "trigger its prox. Optimize it or leave it out of the callback's layers/pairs."
+                    )
+                owners.append(owner_of[id(weight)])
+            opt_indices = {o for o, _ in owners}
+            if len(opt_indices) > 1:
+                raise ValueError(
+                    f"{name}: the weights of {target.name} are held by different optimizers "
+                    f"(indices {sorted(opt_indices)}); the coupled prox needs one step after one "
+                    "optimizer step. Put both layers in the same optimizer."
+                )
+            optimizer = optimizers[owners[0][0]]
+            plan.setdefault(id(optimizer), []).append(_Planned(target, tuple(g for _, g in owners)))
+        return plan
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        planned = self._plan.get(id(optimizer))
+        if not planned:
+            return
+        for item in planned:
+            lrs = [_as_float(optimizer.param_groups[g]["lr"]) for g in item.groups]
+            if any(lr != lrs[0] for lr in lrs[1:]):
+                raise ValueError(
+                    f"{type(self).__name__}: the weights of {item.target.name} are in parameter "
+                    f"groups with different learning rates {lrs}; the coupled prox needs a single "
+                    "step size lam * lr. Give both layers the same learning rate (one group)."
+                )
+            self.apply(item.target, lrs[0])
+        self.num_steps += 1
+
+
+def _as_float(lr: Any) -> float:
+    return float(lr.item()) if isinstance(lr, Tensor) else float(lr)
+
+
+def _normalize(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_normalize(v) for v in value]
+    return value
+
+
+def _consecutive_chains(layers: list[nn.Linear]) -> list[list[Tensor]]:
+    """Split layers (in the given order) into maximal runs whose dimensions chain."""
+    chains: list[list[Tensor]] = []
+    previous: nn.Linear | None = None
+    for layer in layers:
+        if previous is not None and previous.out_features == layer.in_features:
+            chains[-1].append(layer.weight)
+        else:
+            chains.append([layer.weight])
+        previous = layer
+    return chains
+
+
+class PathNormProx(AfterOptimizerStep):
+    """Proximal SGD on the 1-path-norm: after every real optimizer step, apply the exact prox
+    of ``lam * lr * sum_pairs path_norm(first.weight, second.weight)`` to every pair.
+
+    Biases are untouched. A pair's two weights must sit in the same optimizer; if they are in
+    different parameter groups, the groups must have equal learning rates at each step (the prox
+    couples both layers, so it needs one step size), else a ``ValueError`` is raised.
+
+    Example::
+
+        trainer = Trainer(callbacks=[PathNormProx(lam=1e-3)])
+
+    Args:
+        lam: regularization strength lambda (finite, >= 0); the prox step is ``lam * lr``.
+        pairs: ``"auto"`` pairs the ``nn.Linear`` layers in module order, (L1, L2), (L3, L4), ...;
+            or explicit ``[("encoder.0", "encoder.2"), ...]`` module names.
+        log_every_n_steps, log_metrics, prog_bar, check_finite: see :class:`AfterOptimizerStep`.
+    """
+
+    def __init__(
+        self,
+        lam: float,
+        pairs: str | list[tuple[str, str]] = "auto",
+        log_every_n_steps: int | None = None,
+        log_metrics: bool = True,
+        prog_bar: bool = False,
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite)
+        self.lam = _check_nonneg(lam, "lam", "PathNormProx")
+        if isinstance(pairs, str):
+            if pairs != "auto":
+                raise ValueError(
+                    f"PathNormProx: pairs must be 'auto' or a list of (first, second) module "
+                    f"names, got {pairs!r}"
+                )
+            self.pairs: str | list[tuple[str, str]] = "auto"
+        else:
+            if not isinstance(pairs, Sequence):
+                raise TypeError(
+                    f"PathNormProx: pairs must be 'auto' or a list of (first, second) module "
+                    f"names, got {type(pairs).__name__}"
+                )
+            clean = []
+            for index, pair in enumerate(pairs):
+                if (
+                    isinstance(pair, str)
+                    or not isinstance(pair, Sequence)
+                    or len(pair) != 2
+                    or not all(isinstance(n, str) for n in pair)
+                ):
+                    raise ValueError(
+                        f"PathNormProx: pairs[{index}] must be a (first, second) pair of module "
+                        f"names, got {pair!r}"
+                    )
+                clean.append((pair[0], pair[1]))
+            if not clean:
+                raise ValueError(
+                    "PathNormProx: pairs is empty; give at least one (first, second) pair or 'auto'"
+                )
+            self.pairs = clean
+        self._layer_pairs: list[tuple[nn.Linear, nn.Linear]] = []
+
+    @override
+    def config(self) -> dict[str, Any]:
+        return {"lam": self.lam, "pairs": self.pairs, **super().config()}
+
+    @override
+    def resolve_targets(self, pl_module: pl.LightningModule) -> list[_Target]:
+        pairs = resolve_pairs(pl_module, self.pairs)
+        self._layer_pairs = [(p.first, p.second) for p in pairs]
+        return [
+            _Target(
+                f"pair ({p.first_name!r}, {p.second_name!r})", (p.first.weight, p.second.weight)
+            )
+            for p in pairs
+        ]
+
+    @override
+    def apply(self, target: _Target, lr: float) -> None:
+        w_in, w_out = target.weights
+        prox_path_norm_(w_in, w_out, self.lam * lr, check_finite=self.check_finite)
+
+    @override
+    def sparsity_chains(self) -> list[list[Tensor]]:
+        return [[first.weight, second.weight] for first, second in self._layer_pairs]
+
+
+class _LayerwiseBase(AfterOptimizerStep):
+    def __init__(
+        self,
+        layers: str | list[str],
+        log_every_n_steps: int | None,
+        log_metrics: bool,
+        prog_bar: bool,
+        check_finite: bool,
+    ) -> None:
+        super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite)
+        owner = type(self).__name__
+        if isinstance(layers, str):
+            if layers != "auto":
+                raise ValueError(
+                    f"{owner}: layers must be 'auto' or a list of module names, got {layers!r}"
+                )
+            self.layers: str | list[str] = "auto"
+        else:
+            if not isinstance(layers, Sequence) or not all(isinstance(n, str) for n in layers):
+                raise TypeError(
+                    f"{owner}: layers must be 'auto' or a list of module names, got {layers!r}"
+                )
+            if len(layers) == 0:
+                raise ValueError(
+                    f"{owner}: layers is empty; name at least one nn.Linear or use 'auto'"
+                )
+            self.layers = list(layers)
+        self._linear_layers: list[nn.Linear] = []
+
+    @override
+    def config(self) -> dict[str, Any]:
+        return {"layers": self.layers, **super().config()}
+
+    @override
+    def resolve_targets(self, pl_module: pl.LightningModule) -> list[_Target]:
+        spec: LayersSpec = self.layers
+        found = resolve_layers(pl_module, spec)
+        self._linear_layers = [layer for _, layer in found]
+        return [_Target(f"layer {name!r}", (layer.weight,)) for name, layer in found]
+
+    @override
+    def sparsity_chains(self) -> list[list[Tensor]]:
+        return _consecutive_chains(self._linear_layers)
+
+    def _check_finite(self, target: _Target) -> None:
+        if self.check_finite and not bool(torch.isfinite(target.weights[0]).all()):
+            raise ValueError(
+                f"{type(self).__name__}: the weight of {target.name} contains NaN or inf after the "
+                "optimizer step (check the learning rate and the loss for divergence)"
+            )
+
+
+class L1Prox(_LayerwiseBase):
+    """Proximal SGD on the l1 norm of the chosen layers' weights: soft-thresholding by
+    ``lam * lr`` after every real optimizer step (the paper's sparsity baseline).
+
+    Args:
+        lam: regularization strength (finite, >= 0); the threshold is ``lam * lr``.
+        layers: ``"auto"`` (every ``nn.Linear``) or module names.
+        log_every_n_steps, log_metrics, prog_bar, check_finite: see :class:`AfterOptimizerStep`.
+    """
+
+    def __init__(
+        self,
+        lam: float,
+        layers: str | list[str] = "auto",
+        log_every_n_steps: int | None = None,
+        log_metrics: bool = True,
+        prog_bar: bool = False,
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__(layers, log_every_n_steps, log_metrics, prog_bar, check_finite)
+        self.lam = _check_nonneg(lam, "lam", "L1Prox")
+
+    @override
+    def config(self) -> dict[str, Any]:
+        return {"lam": self.lam, **super().config()}
+
+    @override
+    def apply(self, target: _Target, lr: float) -> None:
+        self._check_finite(target)
+        prox_l1_(target.weights[0], self.lam * lr)
+
+
+class LayerwiseLinfProjection(_LayerwiseBase):
+    """Projected SGD with ``||W||_inf <= radius`` per chosen layer: after every real optimizer
+    step each row of ``W`` is projected onto the l1 ball of that radius (the paper's layer-wise
+    Lipschitz baseline; the product of the radii bounds the network's Lipschitz constant).
+
+    Args:
+        radius: the l1 radius of every row (finite, >= 0); independent of the learning rate.
+        layers: ``"auto"`` (every ``nn.Linear``) or module names.
+        log_every_n_steps, log_metrics, prog_bar, check_finite: see :class:`AfterOptimizerStep`.
+    """
+
+    def __init__(
+        self,
+        radius: float,
+        layers: str | list[str] = "auto",
+        log_every_n_steps: int | None = None,
+        log_metrics: bool = True,
+        prog_bar: bool = False,
+        check_finite: bool = True,
+    ) -> None:
+        super().__init__(layers, log_every_n_steps, log_metrics, prog_bar, check_finite)
+        self.radius = _check_nonneg(radius, "radius", "LayerwiseLinfProjection")
+
+    @override
+    def config(self) -> dict[str, Any]:
+        return {"radius": self.radius, **super().config()}
+
+    @override
+    def apply(self, target: _Target, lr: float) -> None:
+        self._check_finite(target)
+        project_rows_l1_ball_(target.weights[0], self.radius)

@@ -1,0 +1,155 @@
+"""torchmetrics ``Metric``s of a Linear chain: sparsity, the 1-path-norm bound, the product bound.
+
+Every metric takes a *chain* of weights in forward order, torch layout: ``update([W_1, ..., W_L])``
+with ``W_l`` of shape (d_l, d_{l-1}) (an ``nn.Linear`` weight), consecutive shapes chaining.
+For one pair ``[w_in, w_out]`` the bounds equal :func:`~pathnorm_lightning.path_norm` and
+:func:`~pathnorm_lightning.product_bound`. Several ``update`` calls accumulate: ``Sparsity``
+pools the counts, the bounds average the values (each ``update`` is one snapshot of a network).
+Across processes the states are summed, so identical replicas report their common value.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+__all__ = ["PathNormBound", "ProductBound", "Sparsity"]
+
+
+def _check_chain(weights: Sequence[Tensor], name: str) -> list[Tensor]:
+    if isinstance(weights, Tensor):
+        weights = [weights]
+    weights = list(weights)
+    if not weights:
+        raise ValueError(f"{name}.update needs at least one weight matrix, got an empty sequence")
+    for index, w in enumerate(weights):
+        if not isinstance(w, Tensor) or w.dim() != 2:
+            shape = tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__
+            raise ValueError(
+                f"{name}.update: weights[{index}] must be a 2-D weight matrix (out, in), got {shape}"
+            )
+    for index in range(len(weights) - 1):
+        a, b = weights[index], weights[index + 1]
+        if a.shape[0] != b.shape[1]:
+            raise ValueError(
+                f"{name}.update: weights[{index}] {tuple(a.shape)} and weights[{index + 1}] "
+                f"{tuple(b.shape)} do not chain: weights[l].shape[0] (out) must equal "
+                "weights[l + 1].shape[1] (in); pass the layers in forward order, torch layout"
+            )
+    return [w.detach() for w in weights]
+
+
+def _acc_dtype(w: Tensor) -> torch.dtype:
+    # Products of many row sums overflow float16/bfloat16; float64 is cheap at these sizes
+    # (MPS has no float64).
+    return torch.float32 if w.device.type == "mps" else torch.float64
+
+
+class Sparsity(Metric):
+    """Fraction of exactly-zero weights, and fraction of hidden units still alive.
+
+    A hidden unit between ``W_l`` and ``W_{l+1}`` is alive when its incoming row
+    ``W_l[j, :]`` and its outgoing column ``W_{l+1}[:, j]`` both have a nonzero entry.
+    ``compute()`` returns ``{"sparsity": ..., "alive_units": ...}``; ``alive_units`` is NaN when
+    no update had hidden units (single matrices only).
+    """
+
+    is_differentiable = False
+    higher_is_better = None
+    full_state_update = False
+
+    zeros: Tensor
+    total: Tensor
+    alive: Tensor
+    units: Tensor
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        for state in ("zeros", "total", "alive", "units"):
+            self.add_state(state, default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, weights: Sequence[Tensor]) -> None:
+        """Count the zeros of every matrix and the alive units between consecutive ones."""
+        chain = _check_chain(weights, "Sparsity")
+        for w in chain:
+            self.zeros += (w == 0).sum().to(self.zeros.device)
+            self.total += w.numel()
+        for w_in, w_out in itertools.pairwise(chain):
+            alive = (w_in != 0).any(1) & (w_out != 0).any(0)
+            self.alive += alive.sum().to(self.alive.device)
+            self.units += alive.numel()
+
+    def compute(self) -> dict[str, Tensor]:
+        """``{"sparsity": zeros / entries, "alive_units": alive / hidden units}``."""
+        sparsity = self.zeros.double() / self.total.clamp_min(1).double()
+        if self.units == 0:
+            alive = torch.tensor(float("nan"), dtype=torch.float64, device=self.units.device)
+        else:
+            alive = self.alive.double() / self.units.double()
+        return {"sparsity": sparsity, "alive_units": alive}
+
+
+class _ChainBound(Metric):
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    value_sum: Tensor
+    count: Tensor
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.add_state(
+            "value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
+        )
+        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def _bound(self, chain: list[Tensor]) -> Tensor:
+        raise NotImplementedError
+
+    def update(self, weights: Sequence[Tensor]) -> None:
+        """Add the bound of the network ``W_L act(... act(W_1 x))`` given as ``[W_1, ..., W_L]``."""
+        chain = _check_chain(weights, type(self).__name__)
+        dtype = _acc_dtype(chain[0])
+        value = self._bound([w.to(dtype) for w in chain])
+        self.value_sum += value.to(self.value_sum.device, self.value_sum.dtype)
+        self.count += 1
+
+    def compute(self) -> Tensor:
+        """Mean of the bounds passed to ``update`` (NaN before any update)."""
+        if self.count == 0:
+            return torch.tensor(float("nan"), dtype=torch.float64, device=self.count.device)
+        return self.value_sum / self.count
+
+
+class PathNormBound(_ChainBound):
+    """1-path-norm of a Linear chain: ``1^T |W_L| ... |W_1| 1``, the sum over input-output paths
+    of the product of absolute weights.
+
+    It upper-bounds the (l_inf, l_1) Lipschitz constant of ``W_L act(... act(W_1 x))`` for
+    activations with slope in [0, 1]. For one pair it equals ``path_norm(w_in, w_out)``.
+    """
+
+    def _bound(self, chain: list[Tensor]) -> Tensor:
+        v = chain[0].abs().sum(1)  # |W_1| 1
+        for w in chain[1:]:
+            v = w.abs() @ v
+        return v.sum()
+
+
+class ProductBound(_ChainBound):
+    """Layer-wise bound ``(sum |W_L|) * prod_{l<L} ||W_l||_inf`` (``||W||_inf``: largest row l1 norm).
+
+    Also an upper bound on the (l_inf, l_1) Lipschitz constant, never below
+    :class:`PathNormBound`; for one pair it equals ``product_bound(w_in, w_out)``.
+    """
+
+    def _bound(self, chain: list[Tensor]) -> Tensor:
+        value = chain[-1].abs().sum()
+        for w in chain[:-1]:
+            value = value * w.abs().sum(1).amax()
+        return value

@@ -1,0 +1,198 @@
+"""Which ``nn.Linear`` layers a callback regularizes: layer pairs (path-norm) or single layers.
+
+A *pair* ``(first, second)`` is two ``nn.Linear`` layers ``Linear(m, n) -> act -> Linear(n, p)``
+whose hidden units (``first.weight[i, :]`` incoming, ``second.weight[:, i]`` outgoing) the
+1-path-norm prox couples. ``pairs="auto"`` pairs the network's Linear layers in module order,
+(L1, L2), (L3, L4), ..., as in the paper's multilayer extension.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch import nn
+
+__all__ = [
+    "LayerPair",
+    "LayersSpec",
+    "PairsSpec",
+    "linear_chain",
+    "resolve_layers",
+    "resolve_pairs",
+]
+
+PairsSpec = str | Sequence[tuple[str, str]] | Sequence[Sequence[str]]
+LayersSpec = str | Sequence[str]
+
+
+@dataclass(frozen=True)
+class LayerPair:
+    """Two chained ``nn.Linear`` layers, named as in ``model.named_modules()``."""
+
+    first_name: str
+    second_name: str
+    first: nn.Linear
+    second: nn.Linear
+
+    @property
+    def hidden_width(self) -> int:
+        """Number of hidden units ``n`` between the two layers."""
+        return self.first.out_features
+
+
+def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
+    return [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+
+
+def _lookup(model: nn.Module, name: str, what: str) -> nn.Linear:
+    """The ``nn.Linear`` called ``name`` in ``model``, with a helpful error otherwise."""
+    if not isinstance(name, str):
+        raise TypeError(
+            f"{what}: layer names must be strings, got {name!r} ({type(name).__name__})"
+        )
+    modules = dict(model.named_modules())
+    if name not in modules:
+        linear_names = [n for n, _ in _linear_layers(model)]
+        close = difflib.get_close_matches(name, list(modules), n=3)
+        hint = f" Did you mean {close}?" if close else ""
+        raise ValueError(
+            f"{what}: {type(model).__name__} has no submodule named {name!r}.{hint} "
+            f"Its nn.Linear layers are {linear_names} (names as in model.named_modules())."
+        )
+    module = modules[name]
+    if not isinstance(module, nn.Linear):
+        raise ValueError(
+            f"{what}: module {name!r} is a {type(module).__name__}, but only nn.Linear layers are "
+            "supported (the prox acts on 2-D weight matrices of fully connected layers)."
+        )
+    return module
+
+
+def _check_chain(first_name: str, first: nn.Linear, second_name: str, second: nn.Linear) -> None:
+    if first.out_features != second.in_features:
+        raise ValueError(
+            f"pairs: layers {first_name!r} (out_features={first.out_features}) and "
+            f"{second_name!r} (in_features={second.in_features}) do not chain: the first layer's "
+            "out_features must equal the second layer's in_features (they share the hidden units)."
+        )
+
+
+def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair]:
+    """Resolve ``pairs`` against ``model`` into a list of :class:`LayerPair`.
+
+    Args:
+        model: the network (usually the ``LightningModule``).
+        pairs: ``"auto"`` pairs the ``nn.Linear`` layers in module order, (L1, L2), (L3, L4),
+            ...; an unpaired last layer is left alone with a warning. Otherwise a sequence of
+            ``(first_name, second_name)`` module names.
+
+    Raises:
+        ValueError: unknown names, non-Linear modules, dimensions that do not chain, a layer in
+            two pairs, or no pair at all.
+    """
+    if isinstance(pairs, str):
+        if pairs != "auto":
+            raise ValueError(
+                f"pairs must be 'auto' or a list of (first, second) module names, got {pairs!r}"
+            )
+        layers = _linear_layers(model)
+        if len(layers) < 2:
+            raise ValueError(
+                f"pairs='auto' found {len(layers)} nn.Linear layer(s) in {type(model).__name__}; "
+                "the path-norm prox needs at least two chained Linear layers "
+                "(Linear(m, n) -> activation -> Linear(n, p))."
+            )
+        named = [(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
+        if len(layers) % 2 == 1:
+            rank_zero_warn(
+                f"pairs='auto': {len(layers)} nn.Linear layers, so the last one "
+                f"({layers[-1][0]!r}) is not paired and is not regularized by the path-norm prox. "
+                "Pass pairs=[...] explicitly to choose the pairs.",
+                category=UserWarning,
+            )
+        result = []
+        for (n1, l1), (n2, l2) in named:
+            _check_chain(n1, l1, n2, l2)
+            result.append(LayerPair(n1, n2, l1, l2))
+        return result
+
+    if not isinstance(pairs, Sequence):
+        raise TypeError(
+            f"pairs must be 'auto' or a list of (first, second) module names, got {type(pairs).__name__}"
+        )
+    if len(pairs) == 0:
+        raise ValueError("pairs is empty: give at least one (first, second) pair or use 'auto'")
+    result = []
+    used: dict[str, int] = {}
+    for index, pair in enumerate(pairs):
+        if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(
+                f"pairs[{index}] must be a (first, second) pair of module names, got {pair!r}"
+            )
+        n1, n2 = pair
+        l1 = _lookup(model, n1, f"pairs[{index}]")
+        l2 = _lookup(model, n2, f"pairs[{index}]")
+        if n1 == n2:
+            raise ValueError(f"pairs[{index}]: a layer cannot pair with itself ({n1!r})")
+        for name in (n1, n2):
+            if name in used:
+                raise ValueError(
+                    f"pairs[{index}]: layer {name!r} is already in pairs[{used[name]}]; each layer "
+                    "may belong to at most one pair (the prox of overlapping pairs is not defined)."
+                )
+            used[name] = index
+        _check_chain(n1, l1, n2, l2)
+        result.append(LayerPair(n1, n2, l1, l2))
+    return result
+
+
+def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[str, nn.Linear]]:
+    """Resolve ``layers`` (``"auto"``: every ``nn.Linear``; or module names) to ``(name, layer)``.
+
+    Raises:
+        ValueError: unknown names, non-Linear modules, duplicates, or no layer at all.
+    """
+    if isinstance(layers, str):
+        if layers != "auto":
+            raise ValueError(f"layers must be 'auto' or a list of module names, got {layers!r}")
+        found = _linear_layers(model)
+        if not found:
+            raise ValueError(
+                f"layers='auto' found no nn.Linear layer in {type(model).__name__}; "
+                "only nn.Linear layers are supported."
+            )
+        return found
+    if not isinstance(layers, Sequence):
+        raise TypeError(
+            f"layers must be 'auto' or a list of module names, got {type(layers).__name__}"
+        )
+    if len(layers) == 0:
+        raise ValueError("layers is empty: name at least one nn.Linear layer or use 'auto'")
+    seen: set[str] = set()
+    result = []
+    for index, name in enumerate(layers):
+        layer = _lookup(model, name, f"layers[{index}]")
+        if name in seen:
+            raise ValueError(f"layers[{index}]: layer {name!r} is listed twice")
+        seen.add(name)
+        result.append((name, layer))
+    return result
+
+
+def linear_chain(model: nn.Module) -> list[nn.Linear] | None:
+    """All ``nn.Linear`` layers of ``model`` in module order if their dimensions chain, else None.
+
+    The network-level bounds (path-norm bound, product bound) are defined for such a chain:
+    a feed-forward MLP ``W_L act(... act(W_1 x))``.
+    """
+    layers = [mod for _, mod in _linear_layers(model)]
+    if not layers:
+        return None
+    for a, b in itertools.pairwise(layers):
+        if a.out_features != b.in_features:
+            return None
+    return layers
