@@ -1,0 +1,717 @@
+"""PathNormProx and the baseline callbacks inside a real Lightning Trainer (CPU, deterministic)."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import itertools
+import math
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.strategies import FSDPStrategy
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from pathnorm_lightning import (
+    L1Prox,
+    LayerwiseLinfProjection,
+    PathNormProx,
+    path_norm,
+    product_bound,
+    project_rows_l1_ball,
+    prox_l1,
+    prox_path_norm,
+)
+from pathnorm_lightning.callbacks import _Target
+
+N_SAMPLES, BATCH = 48, 8
+
+
+class MLP(pl.LightningModule):
+    """Small ELU MLP; the optimizer set-up is configurable per test."""
+
+    def __init__(
+        self,
+        sizes: tuple[int, ...] = (20, 16, 4),
+        lr: float = 0.5,
+        make_optimizers: Callable[[MLP], Any] | None = None,
+        manual_step: Callable[[MLP, Tensor, int], None] | None = None,
+        poison_batch: int | None = None,
+    ) -> None:
+        super().__init__()
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(itertools.pairwise(sizes)):
+            if i:
+                layers.append(nn.ELU())
+            layers.append(nn.Linear(a, b))
+        self.net = nn.Sequential(*layers)
+        self.lr = lr
+        self.make_optimizers = make_optimizers
+        self.manual_step = manual_step
+        self.poison_batch = poison_batch
+        self.automatic_optimization = manual_step is None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    def loss(self, batch: tuple[Tensor, Tensor]) -> Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self(x), y)
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor | None:
+        loss = self.loss(batch)
+        if self.poison_batch is not None and batch_idx == self.poison_batch:
+            loss = loss * float("inf")
+        if self.manual_step is not None:
+            self.manual_step(self, loss, batch_idx)
+            return None
+        return loss
+
+    def configure_optimizers(self) -> Any:
+        if self.make_optimizers is not None:
+            return self.make_optimizers(self)
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+def make_data(n: int = N_SAMPLES, m: int = 20, classes: int = 4, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(
+        torch.randn(n, m, generator=g), torch.randint(0, classes, (n,), generator=g)
+    )
+
+
+def loader(ds: TensorDataset, batch_size: int = BATCH) -> DataLoader:
+    return DataLoader(ds, batch_size=batch_size, shuffle=False)
+
+
+def trainer(**kwargs: Any) -> pl.Trainer:
+    base: dict[str, Any] = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        deterministic=True,
+    )
+    base.update(kwargs)
+    return pl.Trainer(**base)
+
+
+def linears(model: nn.Module) -> list[nn.Linear]:
+    return [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+class Spy(PathNormProx):
+    """Records every (target, lr) the callback acts on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[tuple[str, float]] = []
+
+    def apply(self, target: _Target, lr: float) -> None:
+        self.calls.append((target.name, lr))
+        super().apply(target, lr)
+
+
+def reference_prox_sgd(
+    model: MLP,
+    batches: list[tuple[Tensor, Tensor]],
+    lam: float,
+    pairs: list[tuple[int, int]],
+    dtype: torch.dtype = torch.float32,
+) -> MLP:
+    """Plain-torch proximal SGD: the optimizer step, then the prox of each pair with its group lr."""
+    model = copy.deepcopy(model).to(dtype)
+    config = model.configure_optimizers()
+    if isinstance(config, dict):
+        optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    else:
+        optimizer, scheduler = config, None
+    layers = linears(model)
+    for x, y in batches:
+        optimizer.zero_grad()
+        model.loss((x.to(dtype), y)).backward()
+        optimizer.step()
+        for i, j in pairs:
+            w_in, w_out = layers[i].weight, layers[j].weight
+            lr = next(
+                g["lr"] for g in optimizer.param_groups if any(p is w_in for p in g["params"])
+            )
+            new_in, new_out = prox_path_norm(w_in, w_out, lam * lr)
+            with torch.no_grad():
+                w_in.copy_(new_in)
+                w_out.copy_(new_out)
+        if scheduler is not None:
+            scheduler.step()
+    return model
+
+
+def assert_same_weights(a: nn.Module, b: nn.Module, atol: float = 1e-6) -> None:
+    for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(p.detach(), q.detach().to(p.dtype), atol=atol, rtol=0, msg=name)
+
+
+# --- the prox step itself ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.02, 0.3])
+def test_one_step_equals_prox_of_plain_sgd_step(lam: float) -> None:
+    torch.manual_seed(0)
+    model = MLP(lr=0.5)
+    ds = make_data()
+    plain = _one_plain_step(model, ds, 0.5)  # the same full batch, by hand
+    w_in, w_out = prox_path_norm(plain.net[0].weight, plain.net[2].weight, lam * 0.5)
+    trainer(max_steps=1, callbacks=[PathNormProx(lam=lam)]).fit(model, loader(ds, N_SAMPLES))
+    torch.testing.assert_close(model.net[0].weight.detach(), w_in, atol=1e-6, rtol=0)
+    torch.testing.assert_close(model.net[2].weight.detach(), w_out, atol=1e-6, rtol=0)
+    # Biases are not part of the path-norm: they follow the plain step.
+    torch.testing.assert_close(model.net[0].bias.detach(), plain.net[0].bias.detach())
+    torch.testing.assert_close(model.net[2].bias.detach(), plain.net[2].bias.detach())
+    if lam == 0.3:
+        assert (model.net[0].weight == 0).any(), "a strong prox should zero some weights"
+
+
+def test_multistep_matches_reference_with_explicit_pairs() -> None:
+    torch.manual_seed(1)
+    model = MLP(sizes=(20, 16, 12, 8, 4), lr=0.3)
+    ds = make_data()
+    ref = reference_prox_sgd(model, list(loader(ds)), 0.05, pairs=[(0, 1), (2, 3)])
+    cb = PathNormProx(lam=0.05, pairs=[("net.0", "net.2"), ("net.4", "net.6")])
+    trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(ds))
+    assert cb.num_steps == N_SAMPLES // BATCH
+    assert_same_weights(model, ref)
+
+
+# --- when it runs -----------------------------------------------------------------------
+
+
+def test_accumulate_grad_batches_applies_once_per_optimizer_step() -> None:
+    torch.manual_seed(0)
+    cb = Spy(lam=0.01)
+    trainer(max_epochs=1, accumulate_grad_batches=3, callbacks=[cb]).fit(MLP(), loader(make_data()))
+    # 6 batches, accumulation 3: two optimizer steps, one pair each.
+    assert len(cb.calls) == 2
+    assert cb.num_steps == 2
+
+
+def _raw_manual(model: MLP, loss: Tensor, batch_idx: int) -> None:
+    optimizer = model.optimizers(use_pl_optimizer=False)
+    optimizer.zero_grad()
+    model.manual_backward(loss)
+    optimizer.step()
+    if batch_idx % 2 == 0:  # a second raw step on even batches
+        optimizer.step()
+
+
+def _lightning_manual(model: MLP, loss: Tensor, batch_idx: int) -> None:
+    optimizer = model.optimizers()
+    optimizer.zero_grad()
+    model.manual_backward(loss)
+    if batch_idx % 3 != 2:  # skip the step on every third batch
+        optimizer.step()
+
+
+@pytest.mark.parametrize(("step_fn", "expected"), [(_raw_manual, 9), (_lightning_manual, 4)])
+def test_manual_optimization_counts_every_real_step(
+    step_fn: Callable[[MLP, Tensor, int], None], expected: int
+) -> None:
+    torch.manual_seed(0)
+    cb = Spy(lam=0.01)
+    trainer(max_epochs=1, callbacks=[cb]).fit(MLP(manual_step=step_fn), loader(make_data()))
+    assert len(cb.calls) == expected
+    assert cb.num_steps == expected
+
+
+def test_two_optimizers_each_prox_their_own_pair_with_their_lr() -> None:
+    def make(model: MLP) -> Any:
+        layers = linears(model)
+        first = [p for layer in layers[:2] for p in layer.parameters()]
+        second = [p for layer in layers[2:] for p in layer.parameters()]
+        return [torch.optim.SGD(first, lr=0.1), torch.optim.SGD(second, lr=0.3)]
+
+    def step(model: MLP, loss: Tensor, batch_idx: int) -> None:
+        opt_a, opt_b = model.optimizers()
+        opt_a.zero_grad()
+        opt_b.zero_grad()
+        model.manual_backward(loss)
+        opt_b.step()
+        if batch_idx % 2 == 0:
+            opt_a.step()
+
+    torch.manual_seed(0)
+    cb = Spy(lam=0.01)
+    model = MLP(sizes=(20, 16, 12, 8, 4), make_optimizers=make, manual_step=step)
+    trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(make_data()))
+    pair_a, pair_b = "pair ('net.0', 'net.2')", "pair ('net.4', 'net.6')"
+    assert [c for c in cb.calls if c[0] == pair_a] == [(pair_a, 0.1)] * 3
+    assert [c for c in cb.calls if c[0] == pair_b] == [(pair_b, 0.3)] * 6
+    assert cb.num_steps == 9
+
+
+def test_lr_scheduler_changes_the_threshold() -> None:
+    def make(model: MLP) -> Any:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.8)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
+
+    torch.manual_seed(0)
+    model = MLP(make_optimizers=make)
+    ds = make_data()
+    ref = reference_prox_sgd(model, list(loader(ds)), 0.05, pairs=[(0, 1)])
+    cb = Spy(lam=0.05)
+    trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(ds))
+    assert [lr for _, lr in cb.calls] == [0.8 * 0.5**k for k in range(6)]
+    assert_same_weights(model, ref)
+
+
+def test_per_group_learning_rates_are_honoured() -> None:
+    def make(model: MLP) -> Any:
+        layers = linears(model)
+        return torch.optim.SGD(
+            [
+                {"params": [layers[0].weight, layers[1].weight], "lr": 0.05},
+                {"params": [layers[0].bias, layers[1].bias]},
+                {"params": list(layers[2].parameters()) + list(layers[3].parameters()), "lr": 0.4},
+            ],
+            lr=0.2,
+        )
+
+    torch.manual_seed(0)
+    model = MLP(sizes=(20, 16, 12, 8, 4), make_optimizers=make)
+    ds = make_data()
+    ref = reference_prox_sgd(model, list(loader(ds)), 0.1, pairs=[(0, 1), (2, 3)])
+    cb = Spy(lam=0.1)
+    trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(ds))
+    assert sorted(set(cb.calls)) == [
+        ("pair ('net.0', 'net.2')", 0.05),
+        ("pair ('net.4', 'net.6')", 0.4),
+    ]
+    assert_same_weights(model, ref)
+
+
+def test_repeated_fit_applies_once_per_step_and_leaves_no_hooks() -> None:
+    torch.manual_seed(0)
+    cb = Spy(lam=0.01)
+    model = MLP()
+    optimizers = []
+    for fit in range(3):
+        tr = trainer(max_epochs=1, callbacks=[cb])
+        tr.fit(model, loader(make_data()))
+        optimizers.append(tr.optimizers[0])
+        assert cb.num_steps == 6 * (fit + 1)
+        assert len(cb.calls) == 6 * (fit + 1)
+    for optimizer in optimizers:
+        assert len(optimizer._optimizer_step_post_hooks) == 0
+    assert cb._handles == []
+
+
+def test_same_optimizer_object_across_fits_gets_one_hook() -> None:
+    torch.manual_seed(0)
+    shared: dict[str, torch.optim.Optimizer] = {}
+
+    def make(model: MLP) -> Any:
+        if "opt" not in shared:
+            shared["opt"] = torch.optim.SGD(model.parameters(), lr=0.1)
+        return shared["opt"]
+
+    cb = Spy(lam=0.01)
+    model = MLP(make_optimizers=make)
+    for _ in range(2):
+        trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(make_data()))
+    assert cb.num_steps == 12
+    assert len(shared["opt"]._optimizer_step_post_hooks) == 0
+
+
+def test_gradscaler_skipped_step_is_not_a_real_step() -> None:
+    torch.manual_seed(0)
+    cb = Spy(lam=0.01)
+    scaler = torch.amp.GradScaler("cpu")
+    plugin = MixedPrecision("16-mixed", device="cpu", scaler=scaler)
+    model = MLP(poison_batch=2)  # inf loss -> inf grads -> the scaler skips optimizer.step()
+    trainer(max_epochs=1, plugins=[plugin], callbacks=[cb]).fit(model, loader(make_data()))
+    assert cb.num_steps == 5
+    assert len(cb.calls) == 5
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# --- precision -------------------------------------------------------------------------
+
+
+def test_64_true_matches_float64_reference() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    ds = make_data()
+    ref = reference_prox_sgd(model, list(loader(ds))[:2], 0.05, pairs=[(0, 1)], dtype=torch.float64)
+    trainer(max_steps=2, precision="64-true", callbacks=[PathNormProx(lam=0.05)]).fit(
+        model, loader(ds)
+    )
+    assert model.net[0].weight.dtype == torch.float64
+    assert_same_weights(model, ref, atol=1e-12)
+
+
+def test_bf16_mixed_applies_the_prox_to_the_plain_step() -> None:
+    ds = make_data()
+    torch.manual_seed(0)
+    plain = MLP()
+    with_cb = copy.deepcopy(plain)
+    trainer(max_steps=1, precision="bf16-mixed").fit(plain, loader(ds, N_SAMPLES))
+    trainer(max_steps=1, precision="bf16-mixed", callbacks=[PathNormProx(lam=0.1)]).fit(
+        with_cb, loader(ds, N_SAMPLES)
+    )
+    w_in, w_out = prox_path_norm(plain.net[0].weight, plain.net[2].weight, 0.1 * 0.5)
+    assert with_cb.net[0].weight.dtype == torch.float32
+    torch.testing.assert_close(with_cb.net[0].weight.detach(), w_in, atol=1e-6, rtol=0)
+    torch.testing.assert_close(with_cb.net[2].weight.detach(), w_out, atol=1e-6, rtol=0)
+
+
+# --- baselines --------------------------------------------------------------------------
+
+
+def _one_plain_step(model: MLP, ds: TensorDataset, lr: float) -> MLP:
+    plain = copy.deepcopy(model)
+    plain.loss(ds.tensors).backward()
+    with torch.no_grad():
+        for p in plain.parameters():
+            p -= lr * p.grad
+    return plain
+
+
+def test_l1_prox_soft_thresholds_the_chosen_layers() -> None:
+    torch.manual_seed(0)
+    model = MLP(sizes=(20, 16, 12, 4))
+    ds = make_data()
+    plain = _one_plain_step(model, ds, 0.5)
+    trainer(max_steps=1, callbacks=[L1Prox(lam=0.02, layers=["net.0", "net.4"])]).fit(
+        model, loader(ds, N_SAMPLES)
+    )
+    expected = [
+        prox_l1(plain.net[0].weight, 0.01),
+        plain.net[2].weight,
+        prox_l1(plain.net[4].weight, 0.01),
+    ]
+    for layer, want in zip(linears(model), expected, strict=True):
+        torch.testing.assert_close(layer.weight.detach(), want.detach(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(model.net[0].bias.detach(), plain.net[0].bias.detach())
+
+
+def test_layerwise_linf_projection_bounds_every_row() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    ds = make_data()
+    plain = _one_plain_step(model, ds, 0.5)
+    trainer(max_steps=1, callbacks=[LayerwiseLinfProjection(radius=0.7)]).fit(
+        model, loader(ds, N_SAMPLES)
+    )
+    for layer, ref in zip(linears(model), linears(plain), strict=True):
+        want = project_rows_l1_ball(ref.weight.detach(), 0.7)
+        torch.testing.assert_close(layer.weight.detach(), want, atol=1e-6, rtol=0)
+        assert float(layer.weight.detach().abs().sum(1).max()) <= 0.7 + 1e-5
+
+
+# --- metrics logging ------------------------------------------------------------------
+
+
+def test_logged_metrics_equal_direct_computation(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    cb = PathNormProx(lam=0.3, prog_bar=True)
+    tr = trainer(
+        max_epochs=1, callbacks=[cb], logger=CSVLogger(tmp_path, name="run"), log_every_n_steps=2
+    )
+    tr.fit(model, loader(make_data()))
+    w_in, w_out = model.net[0].weight.detach(), model.net[2].weight.detach()
+    expected = {
+        "pathnorm/sparsity": float(
+            ((w_in == 0).sum() + (w_out == 0).sum()) / (w_in.numel() + w_out.numel())
+        ),
+        "pathnorm/alive_units": float(((w_in != 0).any(1) & (w_out != 0).any(0)).double().mean()),
+        "pathnorm/path_norm_bound": float(path_norm(w_in, w_out)),
+        "pathnorm/product_bound": float(product_bound(w_in, w_out)),
+    }
+    assert expected["pathnorm/sparsity"] > 0
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    logged_steps = [int(r["step"]) for r in rows if r.get("pathnorm/sparsity")]
+    assert logged_steps == [1, 3, 5]  # every 2nd of the 6 optimizer steps
+    last = [r for r in rows if r.get("pathnorm/sparsity")][-1]
+    for key, value in expected.items():
+        assert math.isclose(float(last[key]), value, rel_tol=1e-5), key
+        assert math.isclose(float(tr.callback_metrics[key]), value, rel_tol=1e-5), key
+        assert key in tr.progress_bar_metrics
+    assert expected["pathnorm/path_norm_bound"] <= expected["pathnorm/product_bound"]
+
+
+def test_own_log_every_n_steps_and_log_metrics_off() -> None:
+    torch.manual_seed(0)
+    cb = PathNormProx(lam=0.01, log_every_n_steps=4)
+    tr = trainer(max_epochs=1, callbacks=[cb], log_every_n_steps=50)
+    tr.fit(MLP(), loader(make_data()))
+    assert "pathnorm/path_norm_bound" in tr.callback_metrics
+    tr = trainer(max_epochs=1, callbacks=[PathNormProx(lam=0.01, log_metrics=False)])
+    tr.fit(MLP(), loader(make_data()))
+    assert not any(k.startswith("pathnorm/") for k in tr.callback_metrics)
+
+
+# --- checkpoints -----------------------------------------------------------------------
+
+
+def _momentum_with_schedule(model: MLP) -> Any:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.4, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
+    return {"optimizer": optimizer, "lr_scheduler": scheduler}  # epoch interval
+
+
+def test_checkpoint_resume_equals_uninterrupted_run(tmp_path: Path) -> None:
+    ds = make_data()
+    torch.manual_seed(0)
+    start = MLP(make_optimizers=_momentum_with_schedule)
+    full = copy.deepcopy(start)
+    trainer(max_epochs=4, callbacks=[PathNormProx(lam=0.05)]).fit(full, loader(ds))
+
+    first = copy.deepcopy(start)
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    trainer(max_epochs=2, callbacks=[PathNormProx(lam=0.05), ckpt], enable_checkpointing=True).fit(
+        first, loader(ds)
+    )
+    resumed_cb = PathNormProx(lam=0.05)
+    resumed = copy.deepcopy(start)
+    trainer(max_epochs=4, callbacks=[resumed_cb]).fit(
+        resumed, loader(ds), ckpt_path=tmp_path / "last.ckpt"
+    )
+    assert resumed_cb.num_steps == 4 * 6
+    assert_same_weights(resumed, full, atol=0)
+    state = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]
+    (saved,) = [v for k, v in state.items() if k.startswith("PathNormProx")]
+    assert saved["config"]["lam"] == 0.05 and saved["config"]["pairs"] == "auto"
+    assert saved["num_steps"] == 12
+
+
+def test_state_dict_round_trip_and_changed_config_warns() -> None:
+    cb = PathNormProx(lam=0.01, pairs=[("net.0", "net.2")])
+    cb.num_steps = 7
+    state = cb.state_dict()
+    other = PathNormProx(lam=0.01, pairs=[("net.0", "net.2")])
+    other.load_state_dict(state)
+    assert other.num_steps == 7
+    with pytest.warns(UserWarning, match=r"lam: checkpoint 0.01 -> now 0.02"):
+        PathNormProx(lam=0.02).load_state_dict(state)
+
+
+# --- data parallel ---------------------------------------------------------------------
+
+
+class _DumpWeights(pl.Callback):
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        cb = next(c for c in trainer.callbacks if isinstance(c, PathNormProx))
+        state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+        values = {k: v.item() for k, v in cb.metric_values().items()}
+        torch.save({"state": state, "metrics": values}, self.out / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_keep_identical_weights(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    tr = trainer(
+        max_epochs=2,
+        devices=2,
+        strategy="ddp_spawn",
+        callbacks=[PathNormProx(lam=0.2), _DumpWeights(tmp_path)],
+    )
+    tr.fit(MLP(), loader(make_data(n=64)))
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
+    for key, value in r0["state"].items():
+        assert torch.equal(value, r1["state"][key]), key
+    assert r0["metrics"] == r1["metrics"]
+    assert r0["metrics"]["pathnorm/sparsity"] > 0
+
+
+# --- errors ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"lam": -1.0}, ValueError, r"lam must be a finite number >= 0, got -1.0"),
+        ({"lam": float("nan")}, ValueError, r"lam must be a finite number >= 0, got nan"),
+        ({"lam": float("inf")}, ValueError, r"lam must be a finite number >= 0, got inf"),
+        ({"lam": "0.1"}, TypeError, r"lam must be a real number, got '0.1'"),
+        ({"lam": True}, TypeError, r"lam must be a real number, got True"),
+        ({"lam": 0.1, "pairs": "all"}, ValueError, r"pairs must be 'auto' or a list"),
+        ({"lam": 0.1, "pairs": 3}, TypeError, r"pairs must be 'auto' or a list .* got int"),
+        ({"lam": 0.1, "pairs": []}, ValueError, r"pairs is empty"),
+        (
+            {"lam": 0.1, "pairs": [("a", "b", "c")]},
+            ValueError,
+            r"pairs\[0\] must be a \(first, second\)",
+        ),
+        (
+            {"lam": 0.1, "log_every_n_steps": 0},
+            ValueError,
+            r"log_every_n_steps must be a positive int",
+        ),
+        ({"lam": 0.1, "prog_bar": "yes"}, TypeError, r"prog_bar must be a bool"),
+    ],
+)
+def test_path_norm_prox_rejects_bad_arguments(kwargs: dict, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        PathNormProx(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("factory", "error", "match"),
+    [
+        (lambda: L1Prox(lam=-0.5), ValueError, r"L1Prox: lam must be a finite number >= 0"),
+        (lambda: L1Prox(lam=0.1, layers="every"), ValueError, r"layers must be 'auto' or a list"),
+        (lambda: L1Prox(lam=0.1, layers=[]), ValueError, r"layers is empty"),
+        (
+            lambda: L1Prox(lam=0.1, layers=[1]),
+            TypeError,
+            r"layers must be 'auto' or a list of module names",
+        ),
+        (
+            lambda: LayerwiseLinfProjection(radius=float("inf")),
+            ValueError,
+            r"LayerwiseLinfProjection: radius must be a finite number >= 0, got inf",
+        ),
+    ],
+)
+def test_baselines_reject_bad_arguments(
+    factory: Callable[[], Any], error: type, match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        factory()
+
+
+def test_sharded_strategy_is_rejected_at_setup() -> None:
+    fake_trainer = SimpleNamespace(strategy=FSDPStrategy())
+    with pytest.raises(ValueError, match=r"does not support the sharded strategy FSDPStrategy"):
+        PathNormProx(lam=0.1).setup(fake_trainer, MLP(), "fit")  # type: ignore[arg-type]
+
+
+def _frozen_first_layer(model: MLP) -> Any:
+    return torch.optim.SGD(
+        [p for n, p in model.named_parameters() if not n.startswith("net.0.")], lr=0.1
+    )
+
+
+def _split_pair(model: MLP) -> Any:
+    return [
+        torch.optim.SGD(model.net[0].parameters(), lr=0.1),
+        torch.optim.SGD(model.net[2].parameters(), lr=0.1),
+    ]
+
+
+def _unequal_groups(model: MLP) -> Any:
+    return torch.optim.SGD(
+        [
+            {"params": model.net[0].parameters(), "lr": 0.1},
+            {"params": model.net[2].parameters(), "lr": 0.2},
+        ]
+    )
+
+
+def _manual_two(model: MLP, loss: Tensor, batch_idx: int) -> None:
+    for opt in model.optimizers():
+        opt.step()
+
+
+@pytest.mark.parametrize(
+    ("model_kwargs", "match"),
+    [
+        (
+            {"make_optimizers": _frozen_first_layer},
+            r"weight of pair \('net.0', 'net.2'\) is not in any optimizer",
+        ),
+        (
+            {"make_optimizers": _split_pair, "manual_step": _manual_two},
+            r"held by different optimizers \(indices \[0, 1\]\)",
+        ),
+        ({"make_optimizers": _unequal_groups}, r"different learning rates \[0.1, 0.2\]"),
+        ({"poison_batch": 1}, r"w_in contains NaN or inf"),
+    ],
+)
+def test_fit_time_errors_are_clear_and_leave_no_hooks(model_kwargs: dict, match: str) -> None:
+    torch.manual_seed(0)
+    cb = PathNormProx(lam=0.1)
+    tr = trainer(max_epochs=1, callbacks=[cb])
+    with pytest.raises(ValueError, match=match):
+        tr.fit(MLP(**model_kwargs), loader(make_data()))
+    assert cb._handles == []
+    for optimizer in tr.optimizers:
+        assert len(optimizer._optimizer_step_post_hooks) == 0
+
+
+def test_unknown_pair_name_fails_at_fit_start() -> None:
+    cb = PathNormProx(lam=0.1, pairs=[("net.0", "net.3")])
+    with pytest.raises(ValueError, match=r"no submodule named 'net.3'"):
+        trainer(max_epochs=1, callbacks=[cb]).fit(MLP(), loader(make_data()))
+
+
+@pytest.mark.parametrize(
+    "make_cb", [lambda: L1Prox(lam=0.1), lambda: LayerwiseLinfProjection(radius=1.0)]
+)
+def test_baselines_raise_on_non_finite_weights(make_cb: Callable[[], Any]) -> None:
+    torch.manual_seed(0)
+    with pytest.raises(ValueError, match=r"contains NaN or inf after the optimizer step"):
+        trainer(max_epochs=1, callbacks=[make_cb()]).fit(MLP(poison_batch=0), loader(make_data()))
+
+
+# --- LightningCLI ----------------------------------------------------------------------
+
+
+class CLIModel(MLP):
+    def __init__(self, hidden: int = 16, lr: float = 0.5) -> None:
+        super().__init__(sizes=(20, hidden, 4), lr=lr)
+
+
+class CLIData(pl.LightningDataModule):
+    def train_dataloader(self) -> DataLoader:
+        return loader(make_data())
+
+
+def test_lightning_cli_configures_the_callback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.cli import LightningCLI
+
+    monkeypatch.setattr("sys.argv", ["lightning_cli"])
+
+    cli = LightningCLI(
+        CLIModel,
+        CLIData,
+        args=[
+            "fit",
+            "--trainer.max_epochs=1",
+            "--trainer.accelerator=cpu",
+            "--trainer.logger=false",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_checkpointing=false",
+            "--trainer.enable_model_summary=false",
+            "--trainer.callbacks+=pathnorm_lightning.PathNormProx",
+            "--trainer.callbacks.lam=1e-3",
+            "--trainer.callbacks.pairs=[[net.0, net.2]]",
+            "--trainer.callbacks+=pathnorm_lightning.L1Prox",
+            "--trainer.callbacks.lam=0.0",
+        ],
+        save_config_kwargs={"overwrite": True},
+        seed_everything_default=0,
+    )
+    cbs = [c for c in cli.trainer.callbacks if isinstance(c, (PathNormProx, L1Prox))]
+    assert [type(c).__name__ for c in cbs] == ["PathNormProx", "L1Prox"]
+    assert cbs[0].lam == 1e-3 and cbs[0].pairs == [("net.0", "net.2")]
+    assert cbs[0].num_steps == 6 and cbs[1].num_steps == 6
