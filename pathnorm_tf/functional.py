@@ -1,0 +1,361 @@
+"""Pure TensorFlow functions: the exact 1-path-norm prox, its bounds and the paper's baselines.
+
+Layout (Keras, two ``Dense`` layers ``Dense(n) -> act -> Dense(p)`` on inputs of width m):
+``kernel_in`` is the first layer's kernel, shape (m, n); ``kernel_out`` the second's, shape
+(n, p). Hidden unit ``i`` owns the column ``kernel_in[:, i]`` (incoming) and the row
+``kernel_out[i, :]`` (outgoing). The 1-path-norm is
+``sum_i ||kernel_out[i, :]||_1 * ||kernel_in[:, i]||_1``; biases are not part of it.
+Internally every function works in the backend-neutral layout of ``shared_spec``:
+``X = kernel_out`` (n, p) outgoing and ``Y = transpose(kernel_in)`` (n, m) incoming weights.
+
+The prox solves, separately for every hidden unit (x = outgoing, y = incoming weights)::
+
+    min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
+
+exactly, with the same algorithm, candidate order and tie-breaking as
+``pathnorm_lightning.functional`` (results agree to rounding; zero patterns are identical):
+every minimiser is a stationary point fixed by its support sizes ``(k, l)`` (top-k of |x|,
+top-l of |y|) or a trivial point; the minimiser lies among ``(k, L(k))`` with ``L(k)`` the
+largest feasible ``l`` (a bisection of ``ceil(log2(m + 2))`` fixed steps), plus ``(x, 0)``.
+Everything is tf ops over static shapes, so it runs eagerly, in ``tf.function`` and under XLA
+(``jit_compile=True``), on CPU and GPU. float16/bfloat16 are computed in float32.
+
+On a Dense kernel the l_inf operator norm of the layer map ``u -> u @ kernel`` is the largest
+l1 norm of a *column* (one output unit's incoming weights): use
+:func:`project_linf_operator_norm` for the layer-wise constraint, not
+:func:`project_rows_l1_ball` (which is the generic row-wise projection).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tensorflow as tf
+
+__all__ = [
+    "path_norm",
+    "product_bound",
+    "project_linf_operator_norm",
+    "project_rows_l1_ball",
+    "prox_l1",
+    "prox_path_norm",
+]
+
+Scalar = Any  # a Python number or a 0-d tensor (tf.Tensor, tf.Variable)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input checks (eager: ValueError, like the torch side; inside a graph: runtime assertions)
+# ---------------------------------------------------------------------------------------------
+
+
+def _is_symbolic(t: Any) -> bool:
+    return isinstance(t, tf.Tensor) and not hasattr(t, "numpy")
+
+
+def _check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
+    """A Python float (validated now) or a 0-d float tensor (validated now or at run time)."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "dtype"):
+        t = tf.convert_to_tensor(value)
+        if t.shape.rank not in (None, 0) and t.shape.num_elements() != 1:
+            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(t.shape)}")
+        t = tf.reshape(t, [])
+        if not (t.dtype.is_floating or t.dtype.is_integer):
+            raise ValueError(f"{name} must be a real number, got dtype {t.dtype.name}")
+        if _is_symbolic(t):
+            tf.debugging.assert_all_finite(
+                tf.cast(t, tf.float64), f"{name} must be a finite number >= 0"
+            )
+            tf.debugging.assert_non_negative(t, message=f"{name} must be a finite number >= 0")
+            return t
+        value = float(t.numpy())
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a real number, got {value!r}") from None
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _as_matrix(w: Any, name: str, check_finite: bool) -> tf.Tensor:
+    if isinstance(w, (tf.Tensor, tf.Variable)):
+        t = tf.convert_to_tensor(w)
+    else:
+        try:
+            t = tf.convert_to_tensor(w)
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{name} must be a tf.Tensor, tf.Variable or keras.Variable, got {type(w).__name__}"
+            ) from None
+    if t.shape.rank != 2:
+        raise ValueError(f"{name} must be a 2-D kernel, got shape {tuple(t.shape)}")
+    if not t.dtype.is_floating:
+        raise ValueError(f"{name} must have a floating dtype, got {t.dtype.name}")
+    if check_finite:
+        msg = (
+            f"{name} contains NaN or inf; the prox of non-finite weights is undefined "
+            "(check the learning rate and the loss for divergence)"
+        )
+        if _is_symbolic(t):
+            t = tf.debugging.assert_all_finite(t, msg)
+        elif not bool(tf.reduce_all(tf.math.is_finite(t))):
+            raise ValueError(msg)
+    return t
+
+
+def _static_dims(t: tf.Tensor, name: str) -> tuple[int, int]:
+    a, b = t.shape
+    if a is None or b is None:
+        raise ValueError(
+            f"{name} needs a static shape (the bisection length depends on it), got {t.shape}"
+        )
+    return int(a), int(b)
+
+
+def _check_pair(kernel_in: Any, kernel_out: Any, check_finite: bool) -> tuple[tf.Tensor, tf.Tensor]:
+    k_in = _as_matrix(kernel_in, "kernel_in", check_finite)
+    k_out = _as_matrix(kernel_out, "kernel_out", check_finite)
+    n_in, n_out = k_in.shape[1], k_out.shape[0]
+    if n_in is not None and n_out is not None and n_in != n_out:
+        raise ValueError(
+            f"kernel_in (m, n) = {tuple(k_in.shape)} and kernel_out (n, p) = "
+            f"{tuple(k_out.shape)} do not pair: kernel_in.shape[1] must equal "
+            "kernel_out.shape[0] (the hidden width n)"
+        )
+    return k_in, k_out
+
+
+def _compute_dtype(dtype: tf.DType) -> tf.DType:
+    return tf.float64 if dtype == tf.float64 else tf.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# The exact prox, neutral layout
+# ---------------------------------------------------------------------------------------------
+
+
+def _prefix_sums(a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """For |values| ``a`` (n, q): ``c[:, k]`` = sum of the k largest, ``c2`` of their squares,
+    ``top[:, k]`` = the k-th largest (index 0 padded with 0); each (n, q + 1)."""
+    s = tf.sort(a, axis=1, direction="DESCENDING")
+    zero = tf.zeros_like(s[:, :1])
+    c = tf.concat([zero, tf.cumsum(s, axis=1)], 1)
+    c2 = tf.concat([zero, tf.cumsum(s * s, axis=1)], 1)
+    top = tf.concat([zero, s], 1)
+    return c, c2, top
+
+
+def _prox_rows(
+    x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights."""
+    p, m = int(x.shape[1]), int(y.shape[1])
+    if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
+        w, v = _prox_rows(y, x, lam, lam2)
+        return v, w
+    dtype = x.dtype
+    ax, ay = tf.abs(x), tf.abs(y)
+    cx, cx2, xk = _prefix_sums(ax)  # xk[:, k] = k-th largest |x|
+    cy, cy2, yl = _prefix_sums(ay)
+    zero = tf.zeros_like(cx[:, :1])
+
+    # --- Candidates (k, L(k)) for k = 0..p: k is the column index. ---
+    k_int = tf.range(p + 1)[tf.newaxis, :]
+    k = tf.cast(k_int, dtype)  # (1, p + 1), broadcast against (n, p + 1)
+    kx = cx  # X_k for every k
+    k_is_zero = k_int == 0
+
+    def feasible(l_idx: tf.Tensor) -> tf.Tensor:
+        # (k, l) is feasible iff k l lam^2 < 1 and the last kept entries of both candidate
+        # vectors are >= 0; multiplied through by d = 1 - k l lam^2 > 0 to avoid dividing.
+        lf = tf.cast(l_idx, dtype)
+        d = 1.0 - k * lf * lam2
+        ly = tf.gather(cy, l_idx, axis=1, batch_dims=1)
+        y_last = tf.gather(yl, l_idx, axis=1, batch_dims=1)
+        v_ok = k_is_zero | (d * xk + lam2 * lf * kx - lam * ly >= 0)
+        w_ok = (l_idx == 0) | (d * y_last + lam2 * k * ly - lam * kx >= 0)
+        return (d > 0) & v_ok & w_ok
+
+    # L(k) = the largest feasible l in [0, m] by bisection: l = 0 is always feasible and the
+    # feasible set is downward closed in l, so a fixed number of halvings is exact.
+    lo = tf.zeros_like(cx, dtype=tf.int32)
+    hi = tf.fill(tf.shape(lo), tf.constant(m + 1, tf.int32))
+    for _ in range(max(1, math.ceil(math.log2(m + 2)))):  # length depends on log2(m) only
+        mid = (lo + hi) // 2
+        ok = feasible(tf.minimum(mid, m))
+        lo = tf.where(ok, mid, lo)
+        hi = tf.where(ok, hi, mid)
+    big_l = lo
+
+    lf = tf.cast(big_l, dtype)
+    d = 1.0 - k * lf * lam2
+    ly = tf.gather(cy, big_l, axis=1, batch_dims=1)
+    a = tf.maximum((kx - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
+    b = tf.maximum((ly - lf * lam * kx) / d, 0.0)  # ||w||_1 of the candidate
+    # Objective up to the constant 1/2 (||x||^2 + ||y||^2).
+    h = (
+        0.5 * lam2 * (k * b * b + lf * a * a)
+        - 0.5 * (cx2 + tf.gather(cy2, big_l, axis=1, batch_dims=1))
+        + lam * a * b
+    )
+
+    # --- The trivial point (x, 0), appended last (same order as the torch side). ---
+    h = tf.concat([h, -0.5 * cx2[:, p:]], 1)
+    a = tf.concat([a, cx[:, p:]], 1)
+    b = tf.concat([b, zero], 1)
+    ks = tf.concat([k_int + tf.zeros_like(big_l), tf.fill(tf.shape(zero), p)], 1)
+    ls = tf.concat([big_l, tf.zeros_like(big_l[:, :1])], 1)
+
+    # --- Selection: the least objective, first index on ties (as torch.argmin). ---
+    best = tf.argmin(h, axis=1, output_type=tf.int32)[:, tf.newaxis]
+    a_star = tf.gather(a, best, axis=1, batch_dims=1)
+    b_star = tf.gather(b, best, axis=1, batch_dims=1)
+    v_keep = tf.gather(ks, best, axis=1, batch_dims=1) > 0
+    w_keep = tf.gather(ls, best, axis=1, batch_dims=1) > 0
+    v = tf.where(v_keep, tf.sign(x) * tf.maximum(ax - lam * b_star, 0.0), tf.zeros_like(x))
+    w = tf.where(w_keep, tf.sign(y) * tf.maximum(ay - lam * a_star, 0.0), tf.zeros_like(y))
+    return v, w
+
+
+@tf.autograph.experimental.do_not_convert
+def prox_path_norm(
+    kernel_in: Any, kernel_out: Any, lam: Scalar, *, check_finite: bool = True
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Exact prox of ``lam * path_norm``: ``argmin 1/2||A - K_in||^2 + 1/2||B - K_out||^2 + lam P(A, B)``.
+
+    Args:
+        kernel_in: first Dense kernel, shape (m, n) (static shape).
+        kernel_out: second Dense kernel, shape (n, p).
+        lam: prox step, finite and >= 0 (inside proximal SGD: ``lr * lambda``); a Python number
+            (checked now) or a 0-d tensor (checked when the graph runs).
+        check_finite: check the weights for NaN/inf (eager: ``ValueError``; inside a graph:
+            ``tf.debugging.assert_all_finite``). Disable on hot paths.
+
+    Returns:
+        ``(kernel_in_new, kernel_out_new)``, new tensors of the input dtypes. Half precision
+        inputs are computed in float32 and cast back.
+    """
+    lam = _check_scalar(lam, "lam")
+    k_in, k_out = _check_pair(kernel_in, kernel_out, check_finite)
+    m, n = _static_dims(k_in, "kernel_in")
+    _, p = _static_dims(k_out, "kernel_out")
+    if (isinstance(lam, float) and lam == 0.0) or m * n == 0 or n * p == 0:
+        return tf.identity(k_in), tf.identity(k_out)
+    return _prox_kernels(k_in, k_out, lam)
+
+
+def _prox_kernels(
+    k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """:func:`prox_path_norm` without input checks (Dense layout, static shapes)."""
+    cd = _compute_dtype(k_in.dtype)
+    if isinstance(lam, float):
+        # lam^2 in double precision, then rounded once: as the torch side does with a Python lam.
+        lam_c: float | tf.Tensor = lam
+        lam2_c: float | tf.Tensor = lam * lam
+    else:
+        # Same for a tensor lam: square in float64, round once to the compute dtype.
+        lam64 = tf.cast(lam, tf.float64)
+        lam_c = tf.cast(lam64, cd)
+        lam2_c = tf.cast(lam64 * lam64, cd)
+    x = tf.cast(tf.stop_gradient(k_out), cd)
+    y = tf.transpose(tf.cast(tf.stop_gradient(k_in), cd))
+    v, w = _prox_rows(x, y, lam_c, lam2_c)
+    return tf.cast(tf.transpose(w), k_in.dtype), tf.cast(v, k_out.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bounds
+# ---------------------------------------------------------------------------------------------
+
+
+@tf.autograph.experimental.do_not_convert
+def path_norm(kernel_in: Any, kernel_out: Any) -> tf.Tensor:
+    """1-path-norm ``sum_i ||kernel_out[i, :]||_1 ||kernel_in[:, i]||_1`` (0-d, differentiable).
+
+    It upper-bounds the (l_inf, l_1) Lipschitz constant of ``u -> act(u @ K_in) @ K_out`` for
+    any activation with slope in [0, 1] (Theorem 1 of the paper).
+    """
+    k_in, k_out = _check_pair(kernel_in, kernel_out, check_finite=False)
+    return tf.reduce_sum(tf.reduce_sum(tf.abs(k_out), 1) * tf.reduce_sum(tf.abs(k_in), 0))
+
+
+@tf.autograph.experimental.do_not_convert
+def product_bound(kernel_in: Any, kernel_out: Any) -> tf.Tensor:
+    """Layer-wise bound ``sum|K_out| * max_i ||K_in[:, i]||_1`` (l_inf operator norm of K_in)."""
+    k_in, k_out = _check_pair(kernel_in, kernel_out, check_finite=False)
+    return tf.reduce_sum(tf.abs(k_out)) * tf.reduce_max(tf.reduce_sum(tf.abs(k_in), 0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines
+# ---------------------------------------------------------------------------------------------
+
+
+@tf.autograph.experimental.do_not_convert
+def prox_l1(w: Any, lam: Scalar) -> tf.Tensor:
+    """Soft-thresholding ``sign(w) max(|w| - lam, 0)``: the prox of ``lam ||w||_1``."""
+    lam = _check_scalar(lam, "lam")
+    try:
+        t = tf.convert_to_tensor(w)
+    except (TypeError, ValueError):
+        raise ValueError(f"w must be a floating-point tensor, got {type(w).__name__}") from None
+    if not t.dtype.is_floating:
+        raise ValueError(f"w must be a floating-point tensor, got dtype {t.dtype.name}")
+    return _soft_threshold(t, lam)
+
+
+def _soft_threshold(t: tf.Tensor, lam: float | tf.Tensor) -> tf.Tensor:
+    lam_t = tf.cast(lam, t.dtype)
+    return tf.sign(t) * tf.maximum(tf.abs(t) - lam_t, tf.zeros([], t.dtype))
+
+
+@tf.autograph.experimental.do_not_convert
+def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
+    """Project each row of ``w`` (shape (r, c)) onto ``{z : ||z||_1 <= radius}``.
+
+    Exact (sort-based, Duchi et al. 2008), vectorised over rows. This is the generic row-wise
+    projection; for the l_inf operator-norm constraint of a Dense kernel (whose rows are
+    *inputs*) use :func:`project_linf_operator_norm`.
+    """
+    radius = _check_scalar(radius, "radius")
+    t = _as_matrix(w, "w", check_finite=False)
+    return _project_rows(t, radius)
+
+
+def _project_rows(t: tf.Tensor, radius: float | tf.Tensor) -> tf.Tensor:
+    """:func:`project_rows_l1_ball` without input checks."""
+    cd = _compute_dtype(t.dtype)
+    u = tf.cast(tf.stop_gradient(t), cd)
+    c = t.shape[1]
+    if c == 0 or (t.shape[0] == 0):
+        return tf.identity(t)
+    r = tf.cast(radius, cd)
+    au = tf.abs(u)
+    s = tf.sort(au, axis=1, direction="DESCENDING")
+    cs = tf.cumsum(s, axis=1)
+    j = tf.cast(tf.range(1, tf.shape(u)[1] + 1), cd)
+    rho = tf.reduce_sum(tf.cast(s - (cs - r) / j > 0, tf.int32), 1, keepdims=True)
+    rho = tf.maximum(rho, 1)
+    theta = tf.maximum((tf.gather(cs, rho - 1, axis=1, batch_dims=1) - r) / tf.cast(rho, cd), 0.0)
+    inside = tf.reduce_sum(au, 1, keepdims=True) <= r
+    out = tf.where(inside, u, tf.sign(u) * tf.maximum(au - theta, 0.0))
+    out = tf.where(r > 0, out, tf.zeros_like(out))
+    return tf.cast(out, t.dtype)
+
+
+@tf.autograph.experimental.do_not_convert
+def project_linf_operator_norm(kernel: Any, radius: Scalar) -> tf.Tensor:
+    """Project a Dense kernel (in, out) onto ``{K : ||K||_{inf -> inf} <= radius}``.
+
+    The l_inf operator norm of ``u -> u @ K`` is the largest l1 norm of a column of ``K``
+    (the incoming weights of one output unit), so each *column* is projected onto the l1
+    ball: the layer-wise constraint of the paper's baseline, equal to
+    ``project_rows_l1_ball`` on the torch weight ``K.T``.
+    """
+    t = _as_matrix(kernel, "kernel", check_finite=False)
+    return tf.transpose(project_rows_l1_ball(tf.transpose(t), radius))

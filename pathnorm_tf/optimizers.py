@@ -1,0 +1,394 @@
+"""Keras 3 optimizers that follow every real update with the exact path-norm prox (or a baseline).
+
+Proximal SGD (the paper's training method) is ``W <- prox_{lam * lr * R}(W - lr * grad)``.
+Two ways to get it:
+
+* :class:`PathNormSGD`: ``keras.optimizers.SGD`` (momentum, Nesterov, every base argument)
+  followed by the 1-path-norm prox of the paired Dense kernels with step ``lam * lr``.
+* :class:`ProxOptimizer`: wraps *any* Keras optimizer (like ``LossScaleOptimizer``) and
+  follows its step with the path-norm prox, the L1 prox (``regularizer="l1"``) or the
+  layer-wise l_inf projection (``regularizer="linf"``, ``||K||_{inf->inf} <= radius``).
+
+"Real update" means what the optimizer means by it: under ``gradient_accumulation_steps=s``
+the prox runs once per ``s`` batches, right after the weights move, with the learning rate that
+step used (schedules are honoured). Which kernels are regularized is resolved from the
+variables' paths when the optimizer is built (see :mod:`pathnorm_tf.pairing`); the optimizer
+stores indices, so model variables never become optimizer variables. Under
+``tf.distribute`` the prox runs on every replica's copy of the (already identical) weights.
+Requires the TensorFlow backend of Keras.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from pathnorm_tf import pairing
+from pathnorm_tf.functional import _prox_kernels, _soft_threshold
+from pathnorm_tf.functional import project_linf_operator_norm as _project_linf
+
+__all__ = ["PathNormSGD", "ProxOptimizer"]
+
+REGULARIZERS = ("path", "l1", "linf")
+
+
+def _check_backend(cls_name: str) -> None:
+    if keras.backend.backend() != "tensorflow":
+        raise RuntimeError(
+            f"{cls_name} needs the TensorFlow backend of Keras, but KERAS_BACKEND is "
+            f"{keras.backend.backend()!r}; set KERAS_BACKEND=tensorflow (torch users: "
+            "pathnorm_lightning)"
+        )
+
+
+def _check_strength(value: Any, name: str, owner: str) -> float:
+    if value is None:
+        raise ValueError(f"{owner} needs {name} (a finite number >= 0), e.g. {name}=1e-4")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return value
+
+
+def _tf_variable(v: Any) -> Any:
+    return v.value if isinstance(v, keras.Variable) else v
+
+
+def _when(is_real: tf.Tensor | None, fn: Any) -> None:
+    if is_real is None:
+        fn()
+        return
+
+    def run() -> tf.Tensor:
+        fn()
+        return tf.constant(True)
+
+    tf.cond(is_real, run, lambda: tf.constant(False))
+
+
+class _KernelRegularizer:
+    """Mixin: configuration, resolution at build time and the post-step update."""
+
+    _regularizer: str
+    _lam: float | None
+    _radius: float | None
+    _pairs_spec: pairing.PairsSpec
+    _layers_spec: pairing.LayersSpec
+    _check_finite: bool
+    _pair_indices: tuple[tuple[int, int], ...]
+    _layer_indices: tuple[int, ...]
+    _trainable_variables: list[Any]
+
+    def _init_regularizer(
+        self,
+        owner: str,
+        regularizer: str,
+        lam: Any,
+        radius: Any,
+        pairs: Any,
+        layers: Any,
+        check_finite: bool,
+    ) -> None:
+        if regularizer not in REGULARIZERS:
+            raise ValueError(f"regularizer must be one of {REGULARIZERS}, got {regularizer!r}")
+        if regularizer == "linf":
+            if lam is not None:
+                raise ValueError('regularizer="linf" is a projection: pass radius=..., not lam')
+            radius_v: float | None = _check_strength(radius, "radius", owner)
+            lam_v: float | None = None
+        else:
+            if radius is not None:
+                raise ValueError(f'radius applies to regularizer="linf" only, not {regularizer!r}')
+            lam_v, radius_v = _check_strength(lam, "lam", owner), None
+        pairs_spec = pairing.normalize_pairs(pairs)
+        layers_spec = pairing.normalize_layers(layers)
+        if regularizer == "path" and layers_spec != "auto":
+            raise ValueError('layers applies to regularizer="l1"/"linf"; for "path" use pairs')
+        if regularizer != "path" and pairs_spec != "auto":
+            raise ValueError(f'pairs applies to regularizer="path"; for {regularizer!r} use layers')
+        if not isinstance(check_finite, bool):
+            raise ValueError(f"check_finite must be a bool, got {check_finite!r}")
+        self._regularizer = regularizer
+        self._lam = lam_v
+        self._radius = radius_v
+        self._pairs_spec = pairs_spec
+        self._layers_spec = layers_spec
+        self._check_finite = check_finite
+        self._pair_indices = ()
+        self._layer_indices = ()
+
+    @property
+    def lam(self) -> float | None:
+        """Regularization strength (the prox step is ``lam * learning_rate``)."""
+        return self._lam
+
+    @property
+    def regularized_pairs(self) -> list[tuple[str, str]]:
+        """Paths of the (kernel_in, kernel_out) pairs the prox acts on (after ``build``)."""
+        tv = self._trainable_variables
+        return [(tv[i].path, tv[j].path) for i, j in self._pair_indices]
+
+    @property
+    def regularized_kernels(self) -> list[str]:
+        """Paths of the kernels the baseline acts on (after ``build``)."""
+        return [self._trainable_variables[i].path for i in self._layer_indices]
+
+    def _resolve_targets(self, variables: list[Any]) -> None:
+        if self._regularizer == "path":
+            self._pair_indices = pairing.resolve_pairs(variables, self._pairs_spec)
+        else:
+            self._layer_indices = pairing.resolve_layers(variables, self._layers_spec)
+
+    def _regularizer_config(self) -> dict[str, Any]:
+        pairs = self._pairs_spec
+        layers = self._layers_spec
+        return {
+            "lam": self._lam,
+            "pairs": pairs if isinstance(pairs, str) else [list(p) for p in pairs],
+            "check_finite": self._check_finite,
+            **({"layers": layers} if self._regularizer != "path" else {}),
+        }
+
+    # -- the update: after the step, on each replica's copy ----------------------------------
+
+    def _apply_regularizer(self, learning_rate: Any, is_real: tf.Tensor | None = None) -> None:
+        tf.__internal__.distribute.interim.maybe_merge_call(
+            self._distributed_regularize,
+            tf.distribute.get_strategy(),
+            learning_rate,
+            is_real,
+        )
+
+    def _distributed_regularize(
+        self, distribution: Any, learning_rate: Any, is_real: tf.Tensor | None
+    ) -> None:
+        tv = self._trainable_variables
+        for i, j in self._pair_indices:
+            distribution.extended.update(
+                _tf_variable(tv[i]),
+                self._path_update,
+                args=(_tf_variable(tv[j]), learning_rate, is_real),
+                group=False,
+            )
+        for i in self._layer_indices:
+            distribution.extended.update(
+                _tf_variable(tv[i]), self._layer_update, args=(learning_rate, is_real), group=False
+            )
+
+    def _step(self, learning_rate: Any) -> tf.Tensor:
+        # lam * lr in float64, rounded once (as the torch side's Python float).
+        return tf.cast(self._lam, tf.float64) * tf.cast(learning_rate, tf.float64)
+
+    def _read(self, var: Any, name: str) -> tf.Tensor:
+        value = tf.convert_to_tensor(var)
+        if self._check_finite:
+            value = tf.debugging.assert_all_finite(
+                value, f"{name} contains NaN or inf before the prox (training diverged?)"
+            )
+        return value
+
+    def _path_update(
+        self, k_in: Any, k_out: Any, learning_rate: Any, is_real: tf.Tensor | None
+    ) -> None:
+        def update() -> None:
+            new_in, new_out = _prox_kernels(
+                self._read(k_in, "kernel_in"),
+                self._read(k_out, "kernel_out"),
+                self._step(learning_rate),
+            )
+            k_in.assign(new_in)
+            k_out.assign(new_out)
+
+        _when(is_real, update)
+
+    def _layer_update(self, kernel: Any, learning_rate: Any, is_real: tf.Tensor | None) -> None:
+        def update() -> None:
+            value = self._read(kernel, "kernel")
+            if self._regularizer == "l1":
+                kernel.assign(_soft_threshold(value, self._step(learning_rate)))
+            else:
+                assert self._radius is not None
+                kernel.assign(_project_linf(value, self._radius))
+
+        _when(is_real, update)
+
+
+@keras.saving.register_keras_serializable(package="pathnorm")
+class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
+    """SGD followed, after every real update, by the exact 1-path-norm prox (proximal SGD).
+
+    ``W <- prox_{lam * lr * P}(SGD step(W))`` on every Dense pair, ``P`` the 1-path-norm
+    ``sum_i ||K_out[i, :]||_1 ||K_in[:, i]||_1``; ``lr`` is the rate of the current step (a
+    schedule is evaluated as SGD evaluates it).
+
+    Args:
+        learning_rate: float, ``LearningRateSchedule`` or callable, as for ``SGD``.
+        lam: path-norm strength, finite and >= 0 (required).
+        momentum, nesterov: as for ``SGD``.
+        pairs: ``"auto"`` (consecutive Dense layers (1, 2), (3, 4), ...) or a list of
+            ``(first_layer, second_layer)`` names or Dense layers; checked when the optimizer
+            is built (first ``fit`` batch), see :mod:`pathnorm_tf.pairing`.
+        check_finite: assert the kernels are finite before each prox (a graph assertion).
+        **kwargs: every other ``SGD`` argument (``gradient_accumulation_steps``,
+            ``weight_decay``, ``clipnorm``, ``use_ema``, ``name``, ...).
+    """
+
+    def __init__(
+        self,
+        learning_rate: Any = 0.01,
+        lam: float | None = None,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        pairs: Any = "auto",
+        check_finite: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        _check_backend(type(self).__name__)
+        if isinstance(momentum, int) and not isinstance(momentum, bool):
+            momentum = float(momentum)
+        super().__init__(
+            learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs
+        )
+        self._init_regularizer(type(self).__name__, "path", lam, None, pairs, "auto", check_finite)
+
+    def build(self, variables: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(variables)
+        self._resolve_targets(self._trainable_variables)
+
+    def _backend_update_step(
+        self, grads: Any, trainable_variables: Any, learning_rate: Any
+    ) -> None:
+        # Called once per real step (inside the accumulation cond), after clipping and decay.
+        super()._backend_update_step(grads, trainable_variables, learning_rate)
+        self._apply_regularizer(learning_rate)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config.update(self._regularizer_config())
+        return config
+
+
+@keras.saving.register_keras_serializable(package="pathnorm")
+class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
+    """Wrap any Keras optimizer: its step, then a prox/projection of the chosen Dense kernels.
+
+    ``W <- prox(inner step(W))`` with, per ``regularizer``:
+
+    * ``"path"``: the exact 1-path-norm prox with step ``lam * lr`` on each ``pairs`` pair;
+    * ``"l1"``: soft-thresholding by ``lam * lr`` of each kernel in ``layers``;
+    * ``"linf"``: each kernel in ``layers`` projected onto ``||K||_{inf->inf} <= radius``
+      (every column onto the l1 ball; the paper's layer-wise baseline; no ``lr``).
+
+    ``lr`` is the inner optimizer's rate for that step. The wrapper forwards ``learning_rate``,
+    ``iterations`` and ``variables`` to the inner optimizer (like ``LossScaleOptimizer``),
+    honours its ``gradient_accumulation_steps`` (one prox per real step) and serializes it.
+
+    Example::
+
+        opt = ProxOptimizer(keras.optimizers.Adam(1e-3), lam=1e-4)             # path-norm
+        opt = ProxOptimizer(keras.optimizers.SGD(0.1), lam=1e-4, regularizer="l1")
+        opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="linf", radius=2.0)
+    """
+
+    def __init__(
+        self,
+        inner_optimizer: keras.optimizers.Optimizer,
+        lam: float | None = None,
+        regularizer: str = "path",
+        radius: float | None = None,
+        pairs: Any = "auto",
+        layers: Any = "auto",
+        check_finite: bool = False,
+        name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        _check_backend(type(self).__name__)
+        if kwargs:
+            raise ValueError(
+                f"ProxOptimizer does not take {sorted(kwargs)}; set them on the inner optimizer"
+            )
+        if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
+            raise TypeError(
+                f"inner_optimizer must be a keras.optimizers.Optimizer, got {inner_optimizer!r}"
+            )
+        if isinstance(inner_optimizer, (PathNormSGD, ProxOptimizer)):
+            raise ValueError(
+                "inner_optimizer already applies a prox; wrap a plain optimizer (e.g. SGD, Adam)"
+            )
+        super().__init__(learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        self._init_regularizer(
+            type(self).__name__, regularizer, lam, radius, pairs, layers, check_finite
+        )
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+        self._resolve_targets(self._trainable_variables)
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> None:
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError(
+                    "ProxOptimizer is not built: pass trainable_variables or call build() first"
+                )
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+        learning_rate = self.inner_optimizer.learning_rate  # the rate this step will use
+        self.inner_optimizer.apply(grads, trainable_variables)
+        steps = self.inner_optimizer.gradient_accumulation_steps
+        is_real = None
+        if steps:
+            is_real = tf.equal(self.inner_optimizer._iterations % steps, 0)
+        self._apply_regularizer(learning_rate, is_real)
+
+    @property
+    def variables(self) -> list[Any]:
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def learning_rate(self) -> Any:
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate: Any) -> None:
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self) -> Any:
+        return self.inner_optimizer.iterations
+
+    def scale_loss(self, loss: Any) -> Any:
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list: Any) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "regularizer": self._regularizer,
+            "radius": self._radius,
+            "layers": self._layers_spec
+            if isinstance(self._layers_spec, str)
+            else list(self._layers_spec),
+            **{k: v for k, v in self._regularizer_config().items() if k != "layers"},
+        }
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> ProxOptimizer:
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(
+            config.pop("inner_optimizer"), custom_objects=custom_objects
+        )
+        return cls(inner, **config)

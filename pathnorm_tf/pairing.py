@@ -1,0 +1,187 @@
+"""Which Dense kernels the optimizers regularize, resolved from the variables they train.
+
+A Keras optimizer only sees variables (in ``build``), never the model. Every Keras 3
+variable has a ``.path`` such as ``"sequential/dense_1/kernel"``: the layer's path, then the
+variable name. A *Dense kernel* here is a trained 2-D variable named ``kernel``; a layer is
+named by its ``layer.name`` (``"dense_1"``), or by a longer suffix of its path
+(``"sequential/dense_1"``) when the name alone is ambiguous. Layer objects are accepted too
+and stored by name (so optimizer configs stay serializable).
+
+``pairs="auto"`` pairs consecutive Dense kernels in variable order (= layer order):
+(K1, K2), (K3, K4), ... as in the paper's multilayer extension, checking that the dimensions
+chain; an unpaired last kernel is reported with a warning. Explicit ``pairs`` name
+``(first_layer, second_layer)`` tuples.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["normalize_layers", "normalize_pairs", "resolve_layers", "resolve_pairs"]
+
+PairsSpec = str | list[tuple[str, str]]
+LayersSpec = str | list[str]
+
+
+def _layer_name(layer: Any, what: str) -> str:
+    if isinstance(layer, str):
+        if not layer:
+            raise ValueError(f"{what}: a layer name must not be empty")
+        return layer
+    import keras
+
+    if isinstance(layer, keras.layers.Layer):
+        if not isinstance(layer, keras.layers.Dense):
+            raise ValueError(
+                f"{what}: layer {layer.name!r} is a {type(layer).__name__}, not a Dense layer; "
+                "only Dense kernels can be regularized"
+            )
+        return str(layer.name)
+    raise TypeError(f"{what}: expected a layer name (str) or a keras Dense layer, got {layer!r}")
+
+
+def normalize_pairs(pairs: Any) -> PairsSpec:
+    """``"auto"`` or a list of ``(name_in, name_out)`` tuples (layers replaced by names)."""
+    if isinstance(pairs, str):
+        if pairs != "auto":
+            raise ValueError(
+                f'pairs must be "auto" or a list of (layer, layer) tuples, got {pairs!r}'
+            )
+        return "auto"
+    if not isinstance(pairs, Sequence) or len(pairs) == 0:
+        raise ValueError(
+            f'pairs must be "auto" or a non-empty list of (layer, layer) tuples, got {pairs!r}'
+        )
+    out: list[tuple[str, str]] = []
+    for pair in pairs:
+        if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
+            raise ValueError(
+                f"pairs: each entry must be a (first_layer, second_layer) tuple, got {pair!r}"
+            )
+        out.append((_layer_name(pair[0], "pairs"), _layer_name(pair[1], "pairs")))
+    return out
+
+
+def normalize_layers(layers: Any) -> LayersSpec:
+    """``"auto"`` or a list of layer names (layers replaced by names)."""
+    if isinstance(layers, str):
+        if layers != "auto":
+            raise ValueError(f'layers must be "auto" or a list of layer names, got {layers!r}')
+        return "auto"
+    if not isinstance(layers, Sequence) or len(layers) == 0:
+        raise ValueError(f'layers must be "auto" or a non-empty list of layers, got {layers!r}')
+    return [_layer_name(layer, "layers") for layer in layers]
+
+
+def _layer_of(variable: Any) -> tuple[str, str]:
+    path = str(getattr(variable, "path", variable.name))
+    layer, _, name = path.rpartition("/")
+    return layer, name
+
+
+def _kernels(variables: Sequence[Any]) -> list[tuple[int, str]]:
+    """(index, layer path) of every 2-D variable named ``kernel``, in variable order."""
+    out = []
+    for i, v in enumerate(variables):
+        layer, name = _layer_of(v)
+        if name == "kernel" and len(v.shape) == 2:
+            out.append((i, layer))
+    return out
+
+
+def _matches(layer_path: str, name: str) -> bool:
+    return layer_path == name or layer_path.endswith("/" + name)
+
+
+def _find(variables: Sequence[Any], name: str, what: str) -> int:
+    kernels = _kernels(variables)
+    hits = [i for i, layer in kernels if _matches(layer, name)]
+    if len(hits) == 1:
+        return hits[0]
+    if len(hits) > 1:
+        paths = [layer for i, layer in kernels if i in hits]
+        raise ValueError(
+            f"{what}: layer name {name!r} is ambiguous (matches {paths}); use a longer path"
+        )
+    other = [str(getattr(v, "path", v.name)) for v in variables if _matches(_layer_of(v)[0], name)]
+    if other:
+        shapes = [tuple(v.shape) for v in variables if _matches(_layer_of(v)[0], name)]
+        raise ValueError(
+            f"{what}: layer {name!r} is not a Dense layer (its trained variables are "
+            f"{list(zip(other, shapes, strict=True))}); only Dense kernels (2-D, named 'kernel') can be "
+            "regularized"
+        )
+    known = [layer for _, layer in kernels]
+    raise ValueError(
+        f"{what}: no trained Dense layer named {name!r}; the Dense layers this optimizer trains "
+        f"are {known}. Use layer.name (or a path suffix); frozen layers cannot be regularized."
+    )
+
+
+def _check_chain(variables: Sequence[Any], i: int, j: int, a: str, b: str, what: str) -> None:
+    m_units = variables[i].shape[1]
+    n_inputs = variables[j].shape[0]
+    if m_units != n_inputs:
+        raise ValueError(
+            f"{what}: layers {a!r} -> {b!r} do not chain: {a!r} has {m_units} units but "
+            f"{b!r} takes {n_inputs} inputs (kernels {tuple(variables[i].shape)} and "
+            f"{tuple(variables[j].shape)})"
+        )
+
+
+def resolve_pairs(variables: Sequence[Any], pairs: PairsSpec) -> tuple[tuple[int, int], ...]:
+    """Indices ``(i_in, i_out)`` into ``variables`` of the kernel pairs to regularize."""
+    if pairs == "auto":
+        kernels = _kernels(variables)
+        if len(kernels) < 2:
+            raise ValueError(
+                'pairs="auto" found fewer than two trained Dense kernels '
+                f"({[layer for _, layer in kernels]}); the path-norm prox needs a "
+                "Dense -> Dense pair"
+            )
+        out = []
+        for (i, a), (j, b) in zip(kernels[0::2], kernels[1::2], strict=False):
+            _check_chain(variables, i, j, a, b, 'pairs="auto"')
+            out.append((i, j))
+        if len(kernels) % 2:
+            warnings.warn(
+                f'pairs="auto": the last Dense layer {kernels[-1][1]!r} has no partner and is '
+                "not regularized; pass pairs=[...] to choose the pairs explicitly",
+                stacklevel=3,
+            )
+        return tuple(out)
+    assert not isinstance(pairs, str)
+    seen: dict[str, str] = {}
+    out = []
+    for a, b in pairs:
+        i = _find(variables, a, "pairs")
+        j = _find(variables, b, "pairs")
+        for name, idx in ((a, i), (b, j)):
+            key = _layer_of(variables[idx])[0]
+            if key in seen:
+                raise ValueError(
+                    f"pairs: layer {name!r} appears in two pairs ({seen[key]} and {(a, b)}); "
+                    "each layer can belong to one pair only"
+                )
+            seen[key] = str((a, b))
+        _check_chain(variables, i, j, a, b, "pairs")
+        out.append((i, j))
+    return tuple(out)
+
+
+def resolve_layers(variables: Sequence[Any], layers: LayersSpec) -> tuple[int, ...]:
+    """Indices into ``variables`` of the Dense kernels to regularize (baselines)."""
+    if layers == "auto":
+        kernels = _kernels(variables)
+        if not kernels:
+            raise ValueError('layers="auto" found no trained Dense kernel to regularize')
+        return tuple(i for i, _ in kernels)
+    out: list[int] = []
+    for name in layers:
+        i = _find(variables, name, "layers")
+        if i in out:
+            raise ValueError(f"layers: layer {name!r} is listed twice")
+        out.append(i)
+    return tuple(out)
