@@ -140,3 +140,113 @@ def project_rows_l1_ball(w: F64, radius: float) -> F64:
 def path_norm(X: F64, Y: F64) -> float:
     """1-path-norm sum_i ||X[i]||_1 ||Y[i]||_1 (neutral layout)."""
     return float(np.sum(np.abs(X).sum(1) * np.abs(Y).sum(1)))
+
+
+def prox_unit_candidates(x: F64, y: F64, lam: float) -> list[tuple[float, F64, F64]]:
+    """Every candidate point that :func:`prox_unit` compares, as ``(h, v, w)`` tuples.
+
+    The two trivial points come first, then one point per feasible support pair (k, l). The
+    global minimisers of the unit are exactly the candidates of least ``h``; the list lets a
+    caller measure how clearly the minimiser wins (see :func:`minimiser_margin`).
+    """
+    lam = _check(lam)
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    ax, ay = np.abs(x), np.abs(y)
+    order_x, order_y = np.argsort(-ax, kind="stable"), np.argsort(-ay, kind="stable")
+    xs, ys = ax[order_x], ay[order_y]
+    cx = np.concatenate([[0.0], np.cumsum(xs)])
+    cy = np.concatenate([[0.0], np.cumsum(ys)])
+    points = [(x.copy(), np.zeros_like(y)), (np.zeros_like(x), y.copy())]
+    for k in range(1, x.size + 1):
+        for j in range(1, y.size + 1):
+            d = 1.0 - k * j * lam * lam
+            if d <= 0.0:
+                continue
+            a, b = (cx[k] - k * lam * cy[j]) / d, (cy[j] - j * lam * cx[k]) / d
+            if a < 0 or b < 0 or xs[k - 1] - lam * b < 0 or ys[j - 1] - lam * a < 0:
+                continue
+            v, w = np.zeros_like(x), np.zeros_like(y)
+            iv, iw = order_x[:k], order_y[:j]
+            v[iv] = np.sign(x[iv]) * (ax[iv] - lam * b)
+            w[iw] = np.sign(y[iw]) * (ay[iw] - lam * a)
+            points.append((v, w))
+    return [(objective(v, w, x, y, lam), v, w) for v, w in points]
+
+
+def _unit_candidate_objectives(x: F64, y: F64, lam: float) -> F64:
+    """Objectives and sorted-magnitude points of every candidate of one unit, vectorised.
+
+    The same candidate set as :func:`prox_unit_candidates` (trivial points first), each
+    objective evaluated directly on the candidate point, one support size k at a time.
+    Returns an array with one row ``(h, k, l, a, b)`` per candidate: sorted ``|v|`` is ``|x|``'s top-k minus
+    ``lam b`` and sorted ``|w|`` is ``|y|``'s top-l minus ``lam a``.
+    """
+    xs, ys = np.sort(np.abs(x))[::-1], np.sort(np.abs(y))[::-1]
+    cx = np.concatenate([[0.0], np.cumsum(xs)])
+    cy = np.concatenate([[0.0], np.cumsum(ys)])
+    p, m = x.size, y.size
+    # Columns: h, k, l, a, b.
+    rows = [
+        np.array(
+            [[0.5 * float(ys @ ys), p, 0, cx[p], 0.0], [0.5 * float(xs @ xs), 0, m, 0.0, cy[m]]]
+        )
+    ]
+    j = np.arange(1, m + 1)
+    for k in range(1, p + 1):
+        d = 1.0 - k * j * lam * lam
+        with np.errstate(divide="ignore", invalid="ignore"):
+            a = (cx[k] - k * lam * cy[j]) / d
+            b = (cy[j] - j * lam * cx[k]) / d
+        ok = (d > 0) & (a >= 0) & (b >= 0) & (xs[k - 1] - lam * b >= 0) & (ys[j - 1] - lam * a >= 0)
+        if not ok.any():
+            continue
+        a, b, jj = a[ok], b[ok], j[ok]
+        vs = np.where(np.arange(p) < k, xs - lam * b[:, None], 0.0)
+        ws = np.where(np.arange(m) < jj[:, None], ys - lam * a[:, None], 0.0)
+        h = 0.5 * np.sum((vs - xs) ** 2, 1) + 0.5 * np.sum((ws - ys) ** 2, 1)
+        h += lam * vs.sum(1) * ws.sum(1)
+        rows.append(np.stack([h, np.full(h.size, k), jj, a, b], 1))
+    return np.concatenate(rows)
+
+
+def minimiser_margin(X: F64, Y: F64, lam: float, rel_margin: float) -> tuple[float, float]:
+    """How clearly the exact prox of a layer pair is determined (neutral layout).
+
+    For every unit, candidates whose objective is within ``rel_margin * (1 + s)`` of the best
+    (``s = 1/2 (||x||^2 + ||y||^2)``, the unit's scale) count as *rivals*: an implementation
+    rounding at that level may return any of them.
+
+    Returns:
+        ``(gap, spread)``: ``gap`` is the least relative objective gap, over units, between
+        the best candidate and the best candidate at a different point (``inf`` when every
+        unit has a single candidate point); ``spread`` is the largest max-abs distance from a
+        unit's best point to any of its rivals. The minimiser is unique, for a backend that
+        compares points at tolerance ``tol``, when ``spread <= tol``.
+    """
+    lam = _check(lam)
+    X = np.asarray(X, dtype=np.float64)
+    Y = np.asarray(Y, dtype=np.float64)
+    gap, spread = float("inf"), 0.0
+    for x, y in zip(X, Y, strict=True):
+        cand = _unit_candidate_objectives(x, y, lam)
+        xs, ys = np.sort(np.abs(x))[::-1], np.sort(np.abs(y))[::-1]
+        ip, im = np.arange(x.size), np.arange(y.size)
+
+        def point(row: F64, xs: F64 = xs, ys: F64 = ys, ip: F64 = ip, im: F64 = im) -> F64:
+            _, k, l_, a, b = row
+            return np.concatenate(
+                [np.where(ip < k, xs - lam * b, 0.0), np.where(im < l_, ys - lam * a, 0.0)]
+            )
+
+        scale = 1.0 + 0.5 * (float(x @ x) + float(y @ y))
+        order = np.argsort(cand[:, 0], kind="stable")
+        h0, p0 = cand[order[0], 0], point(cand[order[0]])
+        for c in order[1:]:
+            dist = float(np.max(np.abs(point(cand[c]) - p0)))
+            if dist > 0.0:
+                gap = min(gap, float(cand[c, 0] - h0) / scale)
+            if cand[c, 0] - h0 > rel_margin * scale:
+                break
+            spread = max(spread, dist)
+    return float(gap), spread

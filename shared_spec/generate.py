@@ -1,0 +1,598 @@
+"""Regenerate ``shared_spec/vectors/*.json`` from the exhaustive float64 reference.
+
+Usage::
+
+    python -m shared_spec.generate            # rewrite the packaged vector files
+    python -m shared_spec.generate --out DIR  # write them somewhere else
+    python -m shared_spec.generate --check    # exit 1 if the packaged files are stale
+
+Every input comes from a fixed seed or is written out by hand, every expected value from
+:mod:`shared_spec.reference`, and the files are written with sorted keys and a fixed layout, so
+the output is byte-for-byte reproducible. The layout is neutral (see ``schema.json``):
+``X`` (n, p) holds the outgoing and ``Y`` (n, m) the incoming weights of each hidden unit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared_spec import reference as ref
+from shared_spec.reference import F64
+
+VECTORS_DIR = Path(__file__).resolve().parent / "vectors"
+
+#: Tolerances a backend compares with, by the dtype it runs the case in.
+TOLERANCE: dict[str, dict[str, float]] = {
+    "float64": {"rtol": 1e-9, "atol": 1e-12, "objective_rtol": 1e-9, "objective_atol": 1e-12},
+    "float32": {"rtol": 1e-5, "atol": 1e-6, "objective_rtol": 1e-5, "objective_atol": 1e-6},
+}
+#: Relative objective margin within which a rival candidate could be returned by an exact
+#: implementation that rounds in that dtype (see :func:`reference.minimiser_margin`).
+REL_MARGIN = {"float64": 1e-12, "float32": 1e-6}
+
+# The authors' conformance vector (ERRATA.md), torch layout: W1 = w_in (3, 4), W2 = w_out (2, 3).
+ERRATA_LAM = 0.1
+ERRATA_W1 = [
+    [0.4116, 0.1772, -0.2248, 0.1030],
+    [0.3919, -0.0149, 0.1139, 0.4613],
+    [-0.2737, 0.3785, -0.0665, -0.0034],
+]
+ERRATA_W2 = [[0.4999, 0.5504, -0.2444], [-0.0930, 0.5427, -0.2093]]
+ERRATA_PROX_W1 = [
+    [0.3671, 0.1327, -0.1802, 0.0585],
+    [0.2962, 0.0, 0.0182, 0.3656],
+    [-0.2407, 0.3455, -0.0335, 0.0],
+]
+ERRATA_PROX_W2 = [[0.4261, 0.4824, -0.1825], [-0.0191, 0.4747, -0.1473]]
+#: The printed values are rounded to 4 decimals.
+ERRATA_ATOL = 1e-4
+
+
+class GenerationError(RuntimeError):
+    """A generated case does not have the property the generator meant it to have."""
+
+
+def _clean(a: F64) -> list[Any]:
+    # -0.0 carries no meaning in a weight; writing it as 0.0 keeps the files sign-noise free.
+    return (np.asarray(a, dtype=np.float64) + 0.0).tolist()
+
+
+def _uniform(seed: int, shape: tuple[int, int], scale: float = 1.0) -> F64:
+    """Uniform in [-scale, scale), rounded to 4 decimals (readable and seed-stable)."""
+    rng = np.random.default_rng(seed)
+    return np.round(scale * (2.0 * rng.random(shape) - 1.0), 4)
+
+
+def _f32(a: F64) -> F64:
+    return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
+
+
+def _first_unique(
+    seed: int, n: int, p: int, m: int, lam: float, dtype: str, tries: int = 50
+) -> tuple[F64, F64]:
+    """A float32-representable random layer pair whose prox at ``lam`` is clearly unique.
+
+    Random float32 layers often have a unit where two candidates are within float32 rounding
+    of each other; such a layer only tests the objective. Seeds ``seed, seed + 1000, ...`` are
+    tried in order, so the choice is deterministic.
+    """
+    for t in range(tries):
+        X = _f32(_uniform(seed + 1000 * t, (n, p)))
+        Y = _f32(_uniform(seed + 1000 * t + 1, (n, m)))
+        if ref.minimiser_margin(X, Y, lam, REL_MARGIN[dtype])[1] == 0.0:
+            return X, Y
+    raise GenerationError(f"no seed from {seed} gives a unique minimiser")
+
+
+def _tolerance(dtype: str, overrides: dict[str, float] | None) -> dict[str, float]:
+    tol = dict(TOLERANCE[dtype])
+    tol.update(overrides or {})
+    return tol
+
+
+def _check_dtype_inputs(name: str, dtype: str, arrays: Sequence[F64], scalar: float) -> None:
+    if dtype != "float32":
+        return
+    for a in (*arrays, np.array([scalar])):
+        if not np.array_equal(_f32(a), a):
+            raise GenerationError(f"{name}: float32 case with inputs not representable in float32")
+
+
+def prox_case(
+    name: str,
+    description: str,
+    X: F64,
+    Y: F64,
+    lam: float,
+    *,
+    dtype: str = "float64",
+    unique: bool | None = True,
+    tolerance: dict[str, float] | None = None,
+) -> dict[str, Any]:
+    """A ``path_norm_prox`` case; ``unique`` is what the case is meant to be (None: either)."""
+    X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
+    _check_dtype_inputs(name, dtype, (X, Y), lam)
+    tol = _tolerance(dtype, tolerance)
+    V, W = ref.prox_path_norm(X, Y, lam)
+    _, spread = ref.minimiser_margin(X, Y, lam, REL_MARGIN[dtype])
+    is_unique = spread <= tol["atol"]
+    if unique is not None and unique != is_unique:
+        raise GenerationError(
+            f"{name}: meant to be {'unique' if unique else 'non-unique'}, "
+            f"but rival minimisers lie {spread:.3g} apart"
+        )
+    return {
+        "name": name,
+        "kind": "path_norm_prox",
+        "description": description,
+        "dtype": dtype,
+        "unique": bool(is_unique),
+        "tolerance": tol,
+        "inputs": {"X": _clean(X), "Y": _clean(Y), "lam": float(lam)},
+        "expected": {
+            "V": _clean(V),
+            "W": _clean(W),
+            "objective": ref.path_norm_objective(V, W, X, Y, lam),
+        },
+    }
+
+
+def _elementwise_case(
+    kind: str,
+    key: str,
+    op: Callable[[F64, float], F64],
+    name: str,
+    description: str,
+    w: F64,
+    value: float,
+    dtype: str,
+) -> dict[str, Any]:
+    w = np.asarray(w, dtype=np.float64)
+    _check_dtype_inputs(name, dtype, (w,), value)
+    return {
+        "name": name,
+        "kind": kind,
+        "description": description,
+        "dtype": dtype,
+        "unique": True,
+        "tolerance": _tolerance(dtype, None),
+        "inputs": {"w": _clean(w), key: float(value)},
+        "expected": {"w": _clean(op(w, value))},
+    }
+
+
+def l1_case(name: str, description: str, w: F64, lam: float, dtype: str = "float64") -> dict:
+    """An ``l1_prox`` (soft-thresholding) case."""
+    return _elementwise_case("l1_prox", "lam", ref.prox_l1, name, description, w, lam, dtype)
+
+
+def ball_case(name: str, description: str, w: F64, radius: float, dtype: str = "float64") -> dict:
+    """An ``l1_ball_rows`` (row-wise projection onto the l1 ball) case."""
+    return _elementwise_case(
+        "l1_ball_rows", "radius", ref.project_rows_l1_ball, name, description, w, radius, dtype
+    )
+
+
+def errata_case() -> dict[str, Any]:
+    """The authors' conformance vector, checked against the printed (4-decimal) prox."""
+    w_in, w_out = np.array(ERRATA_W1), np.array(ERRATA_W2)
+    case = prox_case(
+        "errata_conformance",
+        "The authors' conformance vector (ERRATA.md), lam = 0.1; torch layout there: "
+        "W1 = w_in (3x4) = Y, W2 = w_out (2x3) = X.T. Expected values are the exact "
+        "reference output; the printed 4-decimal values agree to 1e-4.",
+        w_out.T,
+        w_in,
+        ERRATA_LAM,
+    )
+    V, W = np.array(case["expected"]["V"]), np.array(case["expected"]["W"])
+    err = max(np.abs(W - ERRATA_PROX_W1).max(), np.abs(V.T - ERRATA_PROX_W2).max())
+    if err > ERRATA_ATOL:
+        raise GenerationError(f"reference misses the ERRATA conformance vector by {err:.3g}")
+    return case
+
+
+def _equal_norm_pair() -> tuple[F64, F64]:
+    # Per unit ||x||^2 == ||y||^2 exactly (dyadic entries): under a huge lam both (x, 0) and
+    # (0, y) are minimisers.
+    X = np.array([[0.5, -0.25], [0.75, 0.0], [-0.5, 0.5]])
+    Y = np.array([[-0.25, 0.5, 0.0], [0.0, 0.0, -0.75], [0.5, -0.5, 0.0]])
+    return X, Y
+
+
+def _ties() -> tuple[F64, F64]:
+    # Repeated magnitudes within and across the two sides of a unit, mixed signs.
+    X = np.array(
+        [
+            [0.5, -0.5, 0.25, 0.25],
+            [-0.375, 0.375, -0.375, 0.125],
+            [0.25, 0.25, 0.25, 0.25],
+            [1.0, -0.5, 0.5, 0.0],
+        ]
+    )
+    Y = np.array(
+        [
+            [0.5, 0.5, -0.5, 0.25, 0.125],
+            [0.375, -0.375, 0.0, 0.375, -0.375],
+            [-0.25, 0.25, -0.25, 0.25, -0.25],
+            [0.5, 0.5, 1.0, -1.0, 0.0],
+        ]
+    )
+    return X, Y
+
+
+def _zeros() -> tuple[F64, F64]:
+    X = _uniform(301, (6, 3))
+    Y = _uniform(302, (6, 5))
+    X[1] = 0.0  # unit 1 has no outgoing weights
+    Y[2] = 0.0  # unit 2 has no incoming weights
+    X[3], Y[3] = 0.0, 0.0  # unit 3 is dead
+    X[4, 1] = Y[4, 0] = Y[4, 3] = 0.0  # scattered zero entries
+    X[5, 2] = Y[5, 4] = 0.0
+    return X, Y
+
+
+def _boundary(k: int, l_: int, sign: float) -> dict[str, Any]:
+    """lam with k l lam^2 = (1 -/+ 1e-6)^2: the support pair (k, l) just feasible/infeasible."""
+    lam = (1.0 + sign * 1e-6) / math.sqrt(k * l_)
+    # Units whose leading entries are well separated, so the (k, l) pair decides the optimum.
+    X = _uniform(400 + 10 * k + l_, (5, max(k + 1, 3)), scale=2.0)
+    Y = _uniform(401 + 10 * k + l_, (5, max(l_ + 1, 4)), scale=2.0)
+    side = "below" if sign < 0 else "above"
+    return prox_case(
+        f"lam_boundary_k{k}_l{l_}_{side}",
+        f"lam = (1 {'-' if sign < 0 else '+'} 1e-6) / sqrt({k} * {l_}): k l lam^2 just "
+        f"{side} 1, where the support pair (k, l) = ({k}, {l_}) turns infeasible.",
+        X,
+        Y,
+        lam,
+        unique=None,
+        # d = 1 - k l lam^2 is about 2e-6 here; the solution is that much worse conditioned.
+        tolerance={"rtol": 1e-7, "atol": 1e-9, "objective_rtol": 1e-9},
+    )
+
+
+def prox_float64_cases() -> list[dict[str, Any]]:
+    """Float64 ``path_norm_prox`` cases: shapes, ties, zeros, and the range of lam."""
+    cases = [errata_case()]
+    for i, lam in enumerate((0.05, 0.2, 0.6)):
+        cases.append(
+            prox_case(
+                f"single_output_lam_{lam}",
+                f"Single output (p = 1), n = 6 hidden units, m = 8 inputs, lam = {lam}.",
+                _uniform(10 + i, (6, 1)),
+                _uniform(20 + i, (6, 8)),
+                lam,
+            )
+        )
+    for i, lam in enumerate((0.05, 0.15, 0.4)):
+        cases.append(
+            prox_case(
+                f"multi_output_lam_{lam}",
+                f"Multi output, n = 6, m = 7, p = 4, lam = {lam}.",
+                _uniform(30 + i, (6, 4)),
+                _uniform(40 + i, (6, 7)),
+                lam,
+            )
+        )
+    cases += [
+        prox_case(
+            "more_outputs_than_inputs",
+            "p = 6 > m = 2 (implementations that enumerate the shorter side swap roles).",
+            _uniform(50, (5, 6)),
+            _uniform(51, (5, 2)),
+            0.15,
+        ),
+        prox_case(
+            "scalar_units",
+            "p = m = 1: every unit is a pair of scalars.",
+            _uniform(52, (8, 1), scale=2.0),
+            _uniform(53, (8, 1), scale=2.0),
+            0.7,
+        ),
+        prox_case(
+            "ties_equal_magnitudes",
+            "Equal magnitudes within and across the sides of each unit, mixed signs.",
+            *_ties(),
+            0.125,
+        ),
+        prox_case(
+            "ties_equal_magnitudes_large_lam",
+            "The tie layer with lam = 0.75 (only small supports survive).",
+            *_ties(),
+            0.75,
+        ),
+        prox_case(
+            "zeros_rows_and_entries",
+            "A unit with zero outgoing weights, one with zero incoming weights, a dead unit, "
+            "and scattered zero entries; zeros must stay zero.",
+            *_zeros(),
+            0.2,
+        ),
+        prox_case(
+            "all_zero",
+            "An all-zero layer pair is its own prox.",
+            np.zeros((3, 2)),
+            np.zeros((3, 4)),
+            0.5,
+        ),
+        prox_case(
+            "lam_zero_identity",
+            "lam = 0: the prox is the identity.",
+            _uniform(60, (4, 3)),
+            _uniform(61, (4, 5)),
+            0.0,
+        ),
+        prox_case(
+            "lam_tiny",
+            "lam = 1e-8: every entry moves by about lam times the other side's l1 norm.",
+            _uniform(62, (4, 3)),
+            _uniform(63, (4, 5)),
+            1e-8,
+        ),
+        prox_case(
+            "lam_one",
+            "lam = 1: k l lam^2 >= 1 for every support pair, so each unit keeps one side.",
+            _uniform(64, (5, 3), scale=3.0),
+            _uniform(65, (5, 4), scale=3.0),
+            1.0,
+        ),
+        prox_case(
+            "lam_large",
+            "lam = 4: every unit keeps its side of larger squared norm unchanged.",
+            _uniform(66, (5, 3)),
+            _uniform(67, (5, 4)),
+            4.0,
+        ),
+        prox_case(
+            "lam_huge",
+            "lam = 1e6: each unit keeps its side of larger squared norm unchanged, zeros the "
+            "other; no NaN or overflow.",
+            _uniform(68, (6, 3)),
+            _uniform(69, (6, 5)),
+            1e6,
+        ),
+        prox_case(
+            "lam_huge_equal_norms",
+            "lam = 1e6 with ||x||^2 == ||y||^2 in every unit: (x, 0) and (0, y) are both "
+            "minimisers; compare the objective only.",
+            *_equal_norm_pair(),
+            1e6,
+            unique=False,
+        ),
+    ]
+    for k, l_ in ((1, 1), (2, 3), (1, 4)):
+        cases += [_boundary(k, l_, -1.0), _boundary(k, l_, +1.0)]
+    for lam in (0.5, 0.25):
+        cases.append(
+            prox_case(
+                f"lam_exact_boundary_{lam}",
+                f"lam = {lam}: k l lam^2 == 1 exactly (in floating point) for k l = "
+                f"{round(lam**-2)}; the pair must be skipped, not divided by zero.",
+                _uniform(500 + round(lam**-2), (5, 4), scale=lam * 4),
+                _uniform(501 + round(lam**-2), (5, 8), scale=lam * 4),
+                lam,
+                unique=None,
+            )
+        )
+    return cases
+
+
+def prox_wide_cases() -> list[dict[str, Any]]:
+    """Wide hidden-to-hidden pairs (p and m in the hundreds, few units: the reference is slow)."""
+    return [
+        prox_case(
+            "wide_p200_m300",
+            "Wide hidden-to-hidden pair: n = 4, p = 200, m = 300, lam = 0.004 (supports of "
+            "about 100 and 250 survive).",
+            _uniform(70, (4, 200)),
+            _uniform(71, (4, 300)),
+            0.004,
+        ),
+        prox_case(
+            "wide_p300_m120",
+            "Wide pair with p > m: n = 3, p = 300, m = 120, lam = 0.006.",
+            _uniform(72, (3, 300)),
+            _uniform(73, (3, 120)),
+            0.006,
+        ),
+    ]
+
+
+def prox_float32_cases() -> list[dict[str, Any]]:
+    """Float32 cases: inputs exactly representable in float32, expected values in float64."""
+    f32 = "float32"
+    return [
+        prox_case(
+            "f32_single_output",
+            "float32, single output: n = 6, m = 8, p = 1, lam = 0.2.",
+            *_first_unique(80, 6, 1, 8, float(np.float32(0.2)), f32),
+            float(np.float32(0.2)),
+            dtype=f32,
+        ),
+        prox_case(
+            "f32_multi_output",
+            "float32, multi output: n = 8, m = 10, p = 5, lam = 0.1.",
+            *_first_unique(82, 8, 5, 10, float(np.float32(0.1)), f32),
+            float(np.float32(0.1)),
+            dtype=f32,
+        ),
+        prox_case(
+            "f32_ties_and_zeros",
+            "float32, ties (dyadic magnitudes) and exact zeros, lam = 0.125.",
+            _ties()[0],
+            _ties()[1],
+            0.125,
+            dtype=f32,
+        ),
+        prox_case(
+            "f32_zeros_rows_and_entries",
+            "float32 version of zeros_rows_and_entries.",
+            _f32(_zeros()[0]),
+            _f32(_zeros()[1]),
+            float(np.float32(0.2)),
+            dtype=f32,
+        ),
+        prox_case(
+            "f32_lam_huge",
+            "float32, lam = 1e6: one side kept, the other zeroed.",
+            _f32(_uniform(84, (6, 3))),
+            _f32(_uniform(85, (6, 5))),
+            1e6,
+            dtype=f32,
+        ),
+        prox_case(
+            "f32_wide_p64_m96",
+            "float32, n = 4, p = 64, m = 96, lam = 0.01.",
+            _f32(_uniform(86, (4, 64))),
+            _f32(_uniform(87, (4, 96))),
+            float(np.float32(0.01)),
+            dtype=f32,
+            unique=None,
+        ),
+    ]
+
+
+def _ball_rows() -> F64:
+    return np.array(
+        [
+            [0.2, -0.3, 0.1, 0.0],  # inside (||.||_1 = 0.6)
+            [0.5, -0.25, 0.25, 0.0],  # exactly on the sphere
+            [1.5, -0.5, 0.25, -2.0],  # outside
+            [0.0, 0.0, 0.0, 0.0],  # zero row
+            [0.75, -0.75, 0.75, -0.75],  # outside, all tied
+            [3.0, 0.01, -0.02, 0.0],  # outside, one entry dominates
+        ]
+    )
+
+
+def l1_cases() -> list[dict[str, Any]]:
+    """Soft-thresholding and the row-wise l1-ball projection."""
+    ties = np.array([[0.25, -0.25, 0.5, 0.0], [-0.125, 0.375, -0.5, 0.25]])
+    return [
+        l1_case("l1_random", "Soft-thresholding, lam = 0.3.", _uniform(90, (5, 7)), 0.3),
+        l1_case(
+            "l1_at_threshold",
+            "Entries with |w| == lam exactly (dyadic) go to zero; zeros stay zero.",
+            ties,
+            0.25,
+        ),
+        l1_case("l1_lam_zero", "lam = 0 is the identity.", _uniform(91, (3, 4)), 0.0),
+        l1_case("l1_lam_huge", "lam = 1e6 zeros everything.", _uniform(92, (3, 4)), 1e6),
+        l1_case(
+            "l1_f32",
+            "float32 soft-thresholding, lam = 0.3.",
+            _f32(_uniform(93, (6, 9))),
+            float(np.float32(0.3)),
+            "float32",
+        ),
+        ball_case(
+            "ball_mixed_rows",
+            "Rows inside (unchanged), on, and outside the l1 ball of radius 1 (projected onto "
+            "the sphere), a zero row, an all-tied row.",
+            _ball_rows(),
+            1.0,
+        ),
+        ball_case("ball_radius_zero", "radius = 0 projects every row to zero.", _ball_rows(), 0.0),
+        ball_case(
+            "ball_random_wide",
+            "Random rows of length 300, radius 5 (about half the rows outside).",
+            _uniform(94, (8, 300), scale=0.04),
+            5.0,
+        ),
+        ball_case(
+            "ball_f32",
+            "float32 projection of random rows, radius 1.5.",
+            _f32(_uniform(95, (6, 9))),
+            1.5,
+            "float32",
+        ),
+    ]
+
+
+#: file name -> (description, case builder)
+FILES: dict[str, tuple[str, Callable[[], list[dict[str, Any]]]]] = {
+    "path_norm_prox.json": (
+        "Exact prox of the 1-path-norm, float64: the authors' conformance vector, single and "
+        "multi output, ties, zeros, lam from 0 to 1e6 and around k l lam^2 = 1.",
+        prox_float64_cases,
+    ),
+    "path_norm_prox_wide.json": (
+        "Exact prox of the 1-path-norm, float64, wide hidden-to-hidden pairs.",
+        prox_wide_cases,
+    ),
+    "path_norm_prox_float32.json": (
+        "Exact prox of the 1-path-norm run in float32 (expected values from float64).",
+        prox_float32_cases,
+    ),
+    "l1.json": (
+        "The paper's baselines: soft-thresholding and the row-wise l1-ball projection.",
+        l1_cases,
+    ),
+}
+
+
+def _dump(obj: Any, indent: int = 0) -> str:
+    """JSON with sorted keys; a list of numbers (a matrix row) stays on one line."""
+    pad, inner = " " * indent, " " * (indent + 2)
+    if isinstance(obj, dict):
+        items = [f"{inner}{json.dumps(k)}: {_dump(obj[k], indent + 2)}" for k in sorted(obj)]
+        return "{\n" + ",\n".join(items) + "\n" + pad + "}"
+    if isinstance(obj, list):
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in obj):
+            return "[" + ", ".join(json.dumps(x, allow_nan=False) for x in obj) + "]"
+        return "[\n" + ",\n".join(inner + _dump(x, indent + 2) for x in obj) + "\n" + pad + "]"
+    return json.dumps(obj, allow_nan=False)
+
+
+def render() -> dict[str, str]:
+    """The text of every vector file, by file name."""
+    out = {}
+    for fname, (description, build) in FILES.items():
+        doc = {"format_version": 1, "description": description, "cases": build()}
+        out[fname] = _dump(doc) + "\n"
+    return out
+
+
+def write(out_dir: Path) -> list[Path]:
+    """Write every vector file into ``out_dir`` (created if missing); return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fname, text in render().items():
+        path = out_dir / fname
+        path.write_text(text, encoding="utf-8", newline="\n")
+        paths.append(path)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shared_spec.generate", description=__doc__)
+    parser.add_argument("--out", type=Path, default=VECTORS_DIR, help="output directory")
+    parser.add_argument(
+        "--check", action="store_true", help="compare with the files in --out instead of writing"
+    )
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = [
+            f
+            for f, text in render().items()
+            if not (args.out / f).is_file() or (args.out / f).read_text(encoding="utf-8") != text
+        ]
+        for f in stale:
+            print(f"stale: {args.out / f} (run python -m shared_spec.generate)", file=sys.stderr)
+        return 1 if stale else 0
+    for path in write(args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

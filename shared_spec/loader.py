@@ -1,0 +1,325 @@
+"""Load and validate the shared test vectors (NumPy + jsonschema only, no backend).
+
+A backend's conformance test is a loop over :func:`iter_cases`::
+
+    from shared_spec import iter_cases
+
+    for case in iter_cases("path_norm_prox"):
+        w_in, w_out = case.torch_layout()          # or case.keras_layout()
+        ...run the backend in case.dtype, map the result back to neutral (V, W)...
+        case.check(V, W)                           # raises AssertionError with details
+
+Layout (neutral, per hidden unit i): ``X[i]`` = outgoing weights, ``X`` (n, p); ``Y[i]`` =
+incoming weights, ``Y`` (n, m). Torch: ``X = w_out.T``, ``Y = w_in``. Keras Dense:
+``X = kernel_out``, ``Y = kernel_in.T``. Arrays are float64 (float32 cases hold values that are
+exact in float32: cast the inputs to ``case.dtype`` before running).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jsonschema import Draft202012Validator
+from numpy.typing import NDArray
+
+from shared_spec import reference
+
+F64 = NDArray[np.float64]
+
+KINDS = ("path_norm_prox", "l1_prox", "l1_ball_rows")
+
+__all__ = [
+    "KINDS",
+    "Case",
+    "SpecError",
+    "iter_cases",
+    "load_schema",
+    "load_vectors",
+    "vector_files",
+]
+
+
+class SpecError(ValueError):
+    """A vector file is malformed: the message names the file, the case and the JSON path."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One test vector. Inputs and expected values are float64 NumPy arrays.
+
+    ``path_norm_prox``: inputs ``X`` (n, p), ``Y`` (n, m), ``lam``; expected ``V``, ``W``,
+    ``objective``. ``l1_prox``: inputs ``w``, ``lam``; expected ``expected_w``.
+    ``l1_ball_rows``: inputs ``w``, ``radius``; expected ``expected_w``. Fields that do not
+    apply to the kind are None.
+    """
+
+    file: str
+    name: str
+    kind: str
+    description: str
+    dtype: str
+    unique: bool
+    rtol: float
+    atol: float
+    objective_rtol: float
+    objective_atol: float
+    lam: float | None = None
+    radius: float | None = None
+    X: F64 | None = None
+    Y: F64 | None = None
+    V: F64 | None = None
+    W: F64 | None = None
+    objective: float | None = None
+    w: F64 | None = None
+    expected_w: F64 | None = None
+
+    @property
+    def id(self) -> str:
+        """``file::name``, unique over the packaged vectors (a pytest id)."""
+        return f"{Path(self.file).stem}::{self.name}"
+
+    @property
+    def np_dtype(self) -> np.dtype:
+        """The NumPy dtype the backend must run the case in."""
+        return np.dtype(self.dtype)
+
+    def _pair(self) -> tuple[F64, F64]:
+        if self.X is None or self.Y is None:
+            raise ValueError(f"{self.id} is a {self.kind} case, not a path_norm_prox case")
+        return self.X, self.Y
+
+    def torch_layout(self) -> tuple[F64, F64]:
+        """``(w_in, w_out)`` = ``(Y, X.T)``: the weights of ``Linear(m, n)`` and ``Linear(n, p)``."""
+        X, Y = self._pair()
+        return Y.copy(), X.T.copy()
+
+    def keras_layout(self) -> tuple[F64, F64]:
+        """``(kernel_in, kernel_out)`` = ``(Y.T, X)``: the kernels of two Dense layers."""
+        X, Y = self._pair()
+        return Y.T.copy(), X.copy()
+
+    def objective_of(self, V: F64, W: F64) -> float:
+        """The prox objective of a candidate ``(V, W)`` (neutral layout), in float64."""
+        X, Y = self._pair()
+        V = np.asarray(V, dtype=np.float64)
+        W = np.asarray(W, dtype=np.float64)
+        return reference.path_norm_objective(V, W, X, Y, float(self.lam))  # type: ignore[arg-type]
+
+    def check(self, V: F64, W: F64 | None = None) -> None:
+        """Assert a backend's output conforms; ``check(w)`` for the l1 kinds.
+
+        ``path_norm_prox``: the objective always; when ``unique``, also the point and its zero
+        pattern. Raises AssertionError naming the case and the worst entry.
+        """
+        if self.kind != "path_norm_prox":
+            _assert_close(self.id, "w", np.asarray(V, dtype=np.float64), self.expected_w, self)
+            return
+        X, Y = self._pair()
+        V = np.asarray(V, dtype=np.float64)
+        W = np.asarray(W, dtype=np.float64)
+        if V.shape != X.shape or W.shape != Y.shape:
+            raise AssertionError(
+                f"{self.id}: got V {V.shape}, W {W.shape}; expected {X.shape}, {Y.shape}"
+            )
+        if not (np.isfinite(V).all() and np.isfinite(W).all()):
+            raise AssertionError(f"{self.id}: output contains NaN or inf")
+        got, want = self.objective_of(V, W), float(self.objective)  # type: ignore[arg-type]
+        if abs(got - want) > self.objective_atol + self.objective_rtol * abs(want):
+            raise AssertionError(
+                f"{self.id}: objective {got!r} != expected {want!r} "
+                f"(|diff| = {abs(got - want):.3g}, rtol {self.objective_rtol}, "
+                f"atol {self.objective_atol})"
+            )
+        if self.unique:
+            _assert_close(self.id, "V", V, self.V, self)
+            _assert_close(self.id, "W", W, self.W, self)
+            for label, got_a, want_a in (("V", V, self.V), ("W", W, self.W)):
+                bad = np.argwhere((got_a == 0) != (want_a == 0))
+                if bad.size:
+                    raise AssertionError(
+                        f"{self.id}: zero pattern of {label} differs at {len(bad)} entries, "
+                        f"first {tuple(bad[0])}: got {got_a[tuple(bad[0])]!r}, "
+                        f"expected {want_a[tuple(bad[0])]!r}"  # type: ignore[index]
+                    )
+
+
+def _assert_close(cid: str, label: str, got: F64, want: F64 | None, case: Case) -> None:
+    assert want is not None
+    if got.shape != want.shape:
+        raise AssertionError(f"{cid}: {label} has shape {got.shape}, expected {want.shape}")
+    err = np.abs(got - want) - (case.atol + case.rtol * np.abs(want))
+    if not (err <= 0).all():  # also catches NaN
+        i = np.unravel_index(np.nanargmax(np.where(np.isnan(err), np.inf, err)), err.shape)
+        raise AssertionError(
+            f"{cid}: {label}{list(i)} = {got[i]!r}, expected {want[i]!r} "
+            f"(rtol {case.rtol}, atol {case.atol})"
+        )
+
+
+def _package_dir() -> Any:
+    return resources.files("shared_spec")
+
+
+def load_schema() -> dict[str, Any]:
+    """The JSON Schema of vector files (``shared_spec/schema.json``)."""
+    return json.loads((_package_dir() / "schema.json").read_text(encoding="utf-8"))
+
+
+def vector_files() -> list[str]:
+    """Names of the packaged vector files, sorted."""
+    vdir = _package_dir() / "vectors"
+    return sorted(e.name for e in vdir.iterdir() if e.name.endswith(".json"))
+
+
+def _json_path(parts: Any) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _matrix(value: list[list[float]], where: str, fail: Any, exact_f32: bool) -> F64:
+    """A validated matrix; ``fail(msg, path)`` raises."""
+    widths = {len(r) for r in value}
+    if len(widths) != 1:
+        fail(f"rows of unequal length {sorted(widths)}", where)
+    a = np.asarray(value, dtype=np.float64)
+    if not np.isfinite(a).all():
+        fail("contains a non-finite number", where)
+    if exact_f32 and not np.array_equal(a.astype(np.float32).astype(np.float64), a):
+        fail("a float32 case's input is not exactly representable in float32", where)
+    return a
+
+
+def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
+    name = raw["name"]
+
+    def fail(msg: str, path: str) -> None:
+        raise SpecError(f"{file}: case {name!r} (cases[{index}]) at {path}: {msg}")
+
+    base = f"$.cases[{index}]"
+    inp, exp, tol = raw["inputs"], raw["expected"], raw["tolerance"]
+    common = {
+        "file": file,
+        "name": name,
+        "kind": raw["kind"],
+        "description": raw["description"],
+        "dtype": raw["dtype"],
+        "unique": raw["unique"],
+        "rtol": float(tol["rtol"]),
+        "atol": float(tol["atol"]),
+        "objective_rtol": float(tol["objective_rtol"]),
+        "objective_atol": float(tol["objective_atol"]),
+    }
+
+    def mat(group: dict[str, Any], key: str, where: str) -> F64:
+        exact_f32 = raw["dtype"] == "float32" and where == "inputs"
+        return _matrix(group[key], f"{base}.{where}.{key}", fail, exact_f32)
+
+    if raw["kind"] == "path_norm_prox":
+        X, Y = mat(inp, "X", "inputs"), mat(inp, "Y", "inputs")
+        V, W = mat(exp, "V", "expected"), mat(exp, "W", "expected")
+        if X.shape[0] != Y.shape[0]:
+            fail(
+                f"X has {X.shape[0]} rows but Y has {Y.shape[0]}: both need one row per "
+                "hidden unit (X = outgoing (n, p), Y = incoming (n, m))",
+                f"{base}.inputs",
+            )
+        if V.shape != X.shape:
+            fail(f"V has shape {V.shape}, X has {X.shape}", f"{base}.expected.V")
+        if W.shape != Y.shape:
+            fail(f"W has shape {W.shape}, Y has {Y.shape}", f"{base}.expected.W")
+        return Case(
+            **common,
+            lam=float(inp["lam"]),
+            X=X,
+            Y=Y,
+            V=V,
+            W=W,
+            objective=float(exp["objective"]),
+        )
+    w, ew = mat(inp, "w", "inputs"), mat(exp, "w", "expected")
+    if ew.shape != w.shape:
+        fail(f"expected w has shape {ew.shape}, input w has {w.shape}", f"{base}.expected.w")
+    if raw["kind"] == "l1_prox":
+        return Case(**common, lam=float(inp["lam"]), w=w, expected_w=ew)
+    return Case(**common, radius=float(inp["radius"]), w=w, expected_w=ew)
+
+
+def parse_document(doc: Any, file: str) -> list[Case]:
+    """Validate a parsed vector file against the schema and build its cases."""
+    validator = Draft202012Validator(load_schema())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    if errors:
+        # The deepest error is the most specific one (if/then branches report at depth).
+        err = max(errors, key=lambda e: len(e.absolute_path))
+        path = list(err.absolute_path)
+        where = ""
+        if len(path) >= 2 and path[0] == "cases" and isinstance(path[1], int):
+            case = doc["cases"][path[1]]
+            cname = case.get("name", "?") if isinstance(case, dict) else "?"
+            where = f" case {cname!r} (cases[{path[1]}])"
+        raise SpecError(
+            f"{file}:{where} at {_json_path(path)}: {err.message} "
+            f"(schema: shared_spec/schema.json, {len(errors)} error(s) in all)"
+        )
+    cases = [_parse_case(file, i, raw) for i, raw in enumerate(doc["cases"])]
+    seen: set[str] = set()
+    for i, c in enumerate(cases):
+        if c.name in seen:
+            raise SpecError(f"{file}: case {c.name!r} (cases[{i}]) at $.cases[{i}].name: duplicate")
+        seen.add(c.name)
+    return cases
+
+
+def _read(path_or_name: str | os.PathLike[str]) -> tuple[str, str]:
+    """(display name, text) of a packaged file name or a filesystem path."""
+    p = Path(path_or_name)
+    if p.is_file():
+        return str(p), p.read_text(encoding="utf-8")
+    name = p.name if p.suffix == ".json" else f"{p.name}.json"
+    entry = _package_dir() / "vectors" / name
+    if len(p.parts) == 1 and entry.is_file():
+        return name, entry.read_text(encoding="utf-8")
+    raise SpecError(f"no vector file {str(path_or_name)!r}: give a path or one of {vector_files()}")
+
+
+def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Case]:
+    """Load and validate vector files.
+
+    Args:
+        path_or_name: None for every packaged file (sorted by name); a packaged file name
+            with or without ``.json`` (``"l1"``, ``"path_norm_prox.json"``); or a path.
+
+    Raises:
+        SpecError: the file is missing, not JSON, fails the schema, or has inconsistent
+            shapes; the message names the file, the case and the JSON path.
+    """
+    if path_or_name is None:
+        return [c for f in vector_files() for c in load_vectors(f)]
+    file, text = _read(path_or_name)
+
+    def reject(token: str) -> None:
+        raise SpecError(f"{file}: {token} is not a JSON number (vectors hold finite numbers only)")
+
+    try:
+        doc = json.loads(text, parse_constant=reject)
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{file}: not valid JSON: {e}") from None
+    return parse_document(doc, file)
+
+
+def iter_cases(kind: str | None = None) -> Iterator[Case]:
+    """Every packaged case, optionally only those of one ``kind`` (see :data:`KINDS`)."""
+    if kind is not None and kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS} or None, got {kind!r}")
+    for case in load_vectors():
+        if kind is None or case.kind == kind:
+            yield case
