@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,8 @@ from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
 from pathnorm_lightning.pairing import (
     LayersSpec,
     linear_chain,
+    normalize_layers,
+    normalize_pairs,
     resolve_layers,
     resolve_pairs,
 )
@@ -345,6 +347,14 @@ class AfterOptimizerStep(Callback):
         self.num_steps += 1
 
 
+def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
+    """Run a spec check, prefixing its error message with the callback's name."""
+    try:
+        return check(value)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"{owner}: {err}") from None
+
+
 def _as_float(lr: Any) -> float:
     return float(lr.item()) if isinstance(lr, Tensor) else float(lr)
 
@@ -398,37 +408,7 @@ class PathNormProx(AfterOptimizerStep):
     ) -> None:
         super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite)
         self.lam = _check_nonneg(lam, "lam", "PathNormProx")
-        if isinstance(pairs, str):
-            if pairs != "auto":
-                raise ValueError(
-                    f"PathNormProx: pairs must be 'auto' or a list of (first, second) module "
-                    f"names, got {pairs!r}"
-                )
-            self.pairs: str | list[tuple[str, str]] = "auto"
-        else:
-            if not isinstance(pairs, Sequence):
-                raise TypeError(
-                    f"PathNormProx: pairs must be 'auto' or a list of (first, second) module "
-                    f"names, got {type(pairs).__name__}"
-                )
-            clean = []
-            for index, pair in enumerate(pairs):
-                if (
-                    isinstance(pair, str)
-                    or not isinstance(pair, Sequence)
-                    or len(pair) != 2
-                    or not all(isinstance(n, str) for n in pair)
-                ):
-                    raise ValueError(
-                        f"PathNormProx: pairs[{index}] must be a (first, second) pair of module "
-                        f"names, got {pair!r}"
-                    )
-                clean.append((pair[0], pair[1]))
-            if not clean:
-                raise ValueError(
-                    "PathNormProx: pairs is empty; give at least one (first, second) pair or 'auto'"
-                )
-            self.pairs = clean
+        self.pairs = _prefixed("PathNormProx", normalize_pairs, pairs)
         self._layer_pairs: list[tuple[nn.Linear, nn.Linear]] = []
 
     @override
@@ -466,23 +446,7 @@ class _LayerwiseBase(AfterOptimizerStep):
         check_finite: bool,
     ) -> None:
         super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite)
-        owner = type(self).__name__
-        if isinstance(layers, str):
-            if layers != "auto":
-                raise ValueError(
-                    f"{owner}: layers must be 'auto' or a list of module names, got {layers!r}"
-                )
-            self.layers: str | list[str] = "auto"
-        else:
-            if not isinstance(layers, Sequence) or not all(isinstance(n, str) for n in layers):
-                raise TypeError(
-                    f"{owner}: layers must be 'auto' or a list of module names, got {layers!r}"
-                )
-            if len(layers) == 0:
-                raise ValueError(
-                    f"{owner}: layers is empty; name at least one nn.Linear or use 'auto'"
-                )
-            self.layers = list(layers)
+        self.layers = _prefixed(type(self).__name__, normalize_layers, layers)
         self._linear_layers: list[nn.Linear] = []
 
     @override

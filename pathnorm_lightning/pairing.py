@@ -21,6 +21,8 @@ __all__ = [
     "LayersSpec",
     "PairsSpec",
     "linear_chain",
+    "normalize_layers",
+    "normalize_pairs",
     "resolve_layers",
     "resolve_pairs",
 ]
@@ -81,6 +83,53 @@ def _check_chain(first_name: str, first: nn.Linear, second_name: str, second: nn
         )
 
 
+def normalize_pairs(pairs: PairsSpec) -> str | list[tuple[str, str]]:
+    """Check the *form* of a pairs spec (no model needed): ``"auto"`` or ``[(first, second), ...]``.
+
+    Raises:
+        ValueError / TypeError: anything else, an empty list, or an entry that is not two names.
+    """
+    if isinstance(pairs, str):
+        if pairs != "auto":
+            raise ValueError(
+                f"pairs must be 'auto' or a list of (first, second) module names, got {pairs!r}"
+            )
+        return "auto"
+    if not isinstance(pairs, Sequence):
+        raise TypeError(
+            "pairs must be 'auto' or a list of (first, second) module names, "
+            f"got {type(pairs).__name__}"
+        )
+    if len(pairs) == 0:
+        raise ValueError("pairs is empty: give at least one (first, second) pair or use 'auto'")
+    clean = []
+    for index, pair in enumerate(pairs):
+        if (
+            isinstance(pair, str)
+            or not isinstance(pair, Sequence)
+            or len(pair) != 2
+            or not all(isinstance(name, str) for name in pair)
+        ):
+            raise ValueError(
+                f"pairs[{index}] must be a (first, second) pair of module names, got {pair!r}"
+            )
+        clean.append((pair[0], pair[1]))
+    return clean
+
+
+def normalize_layers(layers: LayersSpec) -> str | list[str]:
+    """Check the *form* of a layers spec: ``"auto"`` or a non-empty list of module names."""
+    if isinstance(layers, str):
+        if layers != "auto":
+            raise ValueError(f"layers must be 'auto' or a list of module names, got {layers!r}")
+        return "auto"
+    if not isinstance(layers, Sequence) or not all(isinstance(name, str) for name in layers):
+        raise TypeError(f"layers must be 'auto' or a list of module names, got {layers!r}")
+    if len(layers) == 0:
+        raise ValueError("layers is empty: name at least one nn.Linear layer or use 'auto'")
+    return list(layers)
+
+
 def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair]:
     """Resolve ``pairs`` against ``model`` into a list of :class:`LayerPair`.
 
@@ -94,11 +143,8 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
         ValueError: unknown names, non-Linear modules, dimensions that do not chain, a layer in
             two pairs, or no pair at all.
     """
-    if isinstance(pairs, str):
-        if pairs != "auto":
-            raise ValueError(
-                f"pairs must be 'auto' or a list of (first, second) module names, got {pairs!r}"
-            )
+    spec = normalize_pairs(pairs)
+    if spec == "auto":
         layers = _linear_layers(model)
         if len(layers) < 2:
             raise ValueError(
@@ -106,7 +152,6 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
                 "the path-norm prox needs at least two chained Linear layers "
                 "(Linear(m, n) -> activation -> Linear(n, p))."
             )
-        named = [(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
         if len(layers) % 2 == 1:
             rank_zero_warn(
                 f"pairs='auto': {len(layers)} nn.Linear layers, so the last one "
@@ -114,37 +159,26 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
                 "Pass pairs=[...] explicitly to choose the pairs.",
                 category=UserWarning,
             )
-        result = []
-        for (n1, l1), (n2, l2) in named:
-            _check_chain(n1, l1, n2, l2)
-            result.append(LayerPair(n1, n2, l1, l2))
-        return result
-
-    if not isinstance(pairs, Sequence):
-        raise TypeError(
-            f"pairs must be 'auto' or a list of (first, second) module names, got {type(pairs).__name__}"
-        )
-    if len(pairs) == 0:
-        raise ValueError("pairs is empty: give at least one (first, second) pair or use 'auto'")
+        named = [(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
+    else:
+        used: dict[str, int] = {}
+        named = []
+        for index, (n1, n2) in enumerate(spec):
+            l1 = _lookup(model, n1, f"pairs[{index}]")
+            l2 = _lookup(model, n2, f"pairs[{index}]")
+            if n1 == n2:
+                raise ValueError(f"pairs[{index}]: a layer cannot pair with itself ({n1!r})")
+            for name in (n1, n2):
+                if name in used:
+                    raise ValueError(
+                        f"pairs[{index}]: layer {name!r} is already in pairs[{used[name]}]; each "
+                        "layer may belong to at most one pair (the prox of overlapping pairs is "
+                        "not defined)."
+                    )
+                used[name] = index
+            named.append(((n1, l1), (n2, l2)))
     result = []
-    used: dict[str, int] = {}
-    for index, pair in enumerate(pairs):
-        if isinstance(pair, str) or not isinstance(pair, Sequence) or len(pair) != 2:
-            raise ValueError(
-                f"pairs[{index}] must be a (first, second) pair of module names, got {pair!r}"
-            )
-        n1, n2 = pair
-        l1 = _lookup(model, n1, f"pairs[{index}]")
-        l2 = _lookup(model, n2, f"pairs[{index}]")
-        if n1 == n2:
-            raise ValueError(f"pairs[{index}]: a layer cannot pair with itself ({n1!r})")
-        for name in (n1, n2):
-            if name in used:
-                raise ValueError(
-                    f"pairs[{index}]: layer {name!r} is already in pairs[{used[name]}]; each layer "
-                    "may belong to at most one pair (the prox of overlapping pairs is not defined)."
-                )
-            used[name] = index
+    for (n1, l1), (n2, l2) in named:
         _check_chain(n1, l1, n2, l2)
         result.append(LayerPair(n1, n2, l1, l2))
     return result
@@ -156,9 +190,8 @@ def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[
     Raises:
         ValueError: unknown names, non-Linear modules, duplicates, or no layer at all.
     """
-    if isinstance(layers, str):
-        if layers != "auto":
-            raise ValueError(f"layers must be 'auto' or a list of module names, got {layers!r}")
+    spec = normalize_layers(layers)
+    if spec == "auto":
         found = _linear_layers(model)
         if not found:
             raise ValueError(
@@ -166,15 +199,9 @@ def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[
                 "only nn.Linear layers are supported."
             )
         return found
-    if not isinstance(layers, Sequence):
-        raise TypeError(
-            f"layers must be 'auto' or a list of module names, got {type(layers).__name__}"
-        )
-    if len(layers) == 0:
-        raise ValueError("layers is empty: name at least one nn.Linear layer or use 'auto'")
     seen: set[str] = set()
     result = []
-    for index, name in enumerate(layers):
+    for index, name in enumerate(spec):
         layer = _lookup(model, name, f"layers[{index}]")
         if name in seen:
             raise ValueError(f"layers[{index}]: layer {name!r} is listed twice")

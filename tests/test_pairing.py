@@ -1,0 +1,194 @@
+"""Which nn.Linear layers pair up: auto pairing, explicit names, and every error message."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytest
+from torch import nn
+
+from pathnorm_lightning.pairing import (
+    linear_chain,
+    normalize_layers,
+    normalize_pairs,
+    resolve_layers,
+    resolve_pairs,
+)
+
+
+class Net(nn.Module):
+    """Nested names as users write them: encoder.0, encoder.2, head."""
+
+    def __init__(self, sizes: tuple[int, ...] = (8, 6, 5, 4, 3), conv: bool = False) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(
+            nn.Linear(sizes[0], sizes[1]), nn.ELU(), nn.Linear(sizes[1], sizes[2])
+        )
+        self.middle = nn.Linear(sizes[2], sizes[3])
+        self.head = nn.Linear(sizes[3], sizes[4])
+        if conv:
+            self.conv = nn.Conv1d(1, 1, 3)
+
+
+def names(pairs: list[Any]) -> list[tuple[str, str]]:
+    return [(p.first_name, p.second_name) for p in pairs]
+
+
+def test_auto_pairs_consecutive_linears_in_module_order() -> None:
+    net = Net()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pairs = resolve_pairs(net, "auto")
+    assert names(pairs) == [("encoder.0", "encoder.2"), ("middle", "head")]
+    assert pairs[0].first is net.encoder[0] and pairs[1].second is net.head
+    assert [p.hidden_width for p in pairs] == [6, 4]
+
+
+def test_auto_warns_about_an_unpaired_last_layer() -> None:
+    net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    with pytest.warns(
+        UserWarning, match=r"3 nn.Linear layers, so the last one \('4'\) is not paired"
+    ):
+        pairs = resolve_pairs(net, "auto")
+    assert names(pairs) == [("0", "2")]
+
+
+def test_explicit_pairs_by_module_name() -> None:
+    net = Net()
+    pairs = resolve_pairs(net, [("encoder.2", "middle")])
+    assert names(pairs) == [("encoder.2", "middle")]
+    assert pairs[0].first is net.encoder[2] and pairs[0].second is net.middle
+    # Lists (as YAML/CLI deliver them) work like tuples.
+    assert names(resolve_pairs(net, [["encoder.0", "encoder.2"], ["middle", "head"]])) == [
+        ("encoder.0", "encoder.2"),
+        ("middle", "head"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model", "pairs", "error", "match"),
+    [
+        (
+            Net(),
+            [("encoder.0", "encodr.2")],
+            ValueError,
+            r"no submodule named 'encodr.2'\. Did you mean \['encoder.2'",
+        ),
+        (
+            Net(),
+            [("encoder.0", "tail")],
+            ValueError,
+            r"Its nn.Linear layers are \['encoder.0', 'encoder.2', 'middle', 'head'\]",
+        ),
+        (
+            Net(),
+            [("encoder.0", "encoder.1")],
+            ValueError,
+            r"module 'encoder.1' is a ELU, but only nn.Linear layers are supported",
+        ),
+        (
+            Net(conv=True),
+            [("conv", "head")],
+            ValueError,
+            r"module 'conv' is a Conv1d, but only nn.Linear",
+        ),
+        (
+            Net(),
+            [("encoder.0", "middle")],
+            ValueError,
+            r"'encoder.0' \(out_features=6\) and 'middle' \(in_features=5\) do not chain",
+        ),
+        (
+            Net(),
+            [("encoder.0", "encoder.2"), ("encoder.2", "middle")],
+            ValueError,
+            r"pairs\[1\]: layer 'encoder.2' is already in pairs\[0\]",
+        ),
+        (Net(), [("middle", "middle")], ValueError, r"cannot pair with itself \('middle'\)"),
+        (Net(), [], ValueError, r"pairs is empty"),
+        (
+            Net(),
+            "every",
+            ValueError,
+            r"pairs must be 'auto' or a list of \(first, second\) module names, got 'every'",
+        ),
+        (Net(), 5, TypeError, r"pairs must be 'auto' or a list .* got int"),
+        (
+            Net(),
+            ["encoder.0"],
+            ValueError,
+            r"pairs\[0\] must be a \(first, second\) pair of module names, got 'encoder.0'",
+        ),
+        (Net(), [("encoder.0", 2)], ValueError, r"pairs\[0\] must be a \(first, second\) pair"),
+        (
+            nn.Sequential(nn.Linear(3, 2), nn.ReLU()),
+            "auto",
+            ValueError,
+            r"pairs='auto' found 1 nn.Linear layer\(s\) in Sequential",
+        ),
+        (nn.Sequential(nn.Conv1d(1, 1, 3)), "auto", ValueError, r"found 0 nn.Linear layer"),
+        (
+            nn.Sequential(nn.Linear(3, 2), nn.Linear(4, 2)),
+            "auto",
+            ValueError,
+            r"'0' \(out_features=2\) and '1' \(in_features=4\) do not chain",
+        ),
+    ],
+)
+def test_resolve_pairs_errors(model: nn.Module, pairs: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        resolve_pairs(model, pairs)
+
+
+def test_resolve_layers_auto_and_explicit() -> None:
+    net = Net(conv=True)
+    assert [n for n, _ in resolve_layers(net)] == ["encoder.0", "encoder.2", "middle", "head"]
+    found = resolve_layers(net, ["head", "encoder.0"])
+    assert [n for n, _ in found] == ["head", "encoder.0"]
+    assert found[0][1] is net.head
+
+
+@pytest.mark.parametrize(
+    ("model", "layers", "error", "match"),
+    [
+        (
+            Net(),
+            ["headd"],
+            ValueError,
+            r"layers\[0\]: Net has no submodule named 'headd'\. Did you mean \['head'\]",
+        ),
+        (
+            Net(conv=True),
+            ["conv"],
+            ValueError,
+            r"layers\[0\]: module 'conv' is a Conv1d, but only nn.Linear",
+        ),
+        (Net(), ["head", "head"], ValueError, r"layers\[1\]: layer 'head' is listed twice"),
+        (Net(), [], ValueError, r"layers is empty"),
+        (Net(), "all", ValueError, r"layers must be 'auto' or a list of module names, got 'all'"),
+        (Net(), [3], TypeError, r"layers must be 'auto' or a list of module names, got \[3\]"),
+        (
+            nn.Sequential(nn.ReLU()),
+            "auto",
+            ValueError,
+            r"layers='auto' found no nn.Linear layer in Sequential",
+        ),
+    ],
+)
+def test_resolve_layers_errors(model: nn.Module, layers: Any, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        resolve_layers(model, layers)
+
+
+def test_normalize_specs() -> None:
+    assert normalize_pairs("auto") == "auto"
+    assert normalize_pairs([["a", "b"]]) == [("a", "b")]
+    assert normalize_layers(("a", "b")) == ["a", "b"]
+
+
+def test_linear_chain() -> None:
+    net = Net()
+    assert linear_chain(net) == [net.encoder[0], net.encoder[2], net.middle, net.head]
+    assert linear_chain(nn.Sequential(nn.Linear(3, 2), nn.Linear(3, 2))) is None
+    assert linear_chain(nn.Sequential(nn.ReLU())) is None
