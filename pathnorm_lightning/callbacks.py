@@ -230,7 +230,7 @@ class AfterOptimizerStep(Callback):
             due = step % self.log_every_n_steps == 0
         if due:
             self._last_logged_step = step
-            self.log_metric_values(pl_module)
+            self.log_metric_values(trainer, pl_module)
 
     @override
     def state_dict(self) -> dict[str, Any]:
@@ -281,20 +281,33 @@ class AfterOptimizerStep(Callback):
                 values[f"{self._log_prefix}/{key}"] = metric.compute()
         return values
 
-    def log_metric_values(self, pl_module: pl.LightningModule) -> None:
-        """Log :meth:`metric_values` with ``pl_module.log`` (values are identical on every rank:
-        the weights are replicated, so no ``sync_dist`` reduction is needed)."""
-        to_logger = bool(pl_module.trainer.loggers)
-        for name, value in self.metric_values().items():
+    def log_metric_values(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Log :meth:`metric_values` (identical on every rank: the weights are replicated, so no
+        ``sync_dist`` reduction is needed).
+
+        With ``log_every_n_steps=None`` the values go through ``pl_module.log`` and reach the
+        loggers at the trainer's flushes. With an own interval they are written to every logger
+        directly at that step (Lightning's loggers write on rank zero only) and ``pl_module.log``
+        only feeds ``trainer.callback_metrics`` and the progress bar.
+        """
+        values = self.metric_values()
+        direct = self.log_every_n_steps is not None
+        for name, value in values.items():
             pl_module.log(
                 name,
                 value.float(),
                 on_step=True,
                 on_epoch=False,
                 prog_bar=self.prog_bar,
-                logger=to_logger,
+                logger=bool(trainer.loggers) and not direct,
                 batch_size=1,
             )
+        if direct and trainer.loggers:
+            # The step axis Lightning's own step-level logging uses.
+            step = trainer.fit_loop.epoch_loop._batches_that_stepped
+            scalars = {name: float(value) for name, value in values.items()}
+            for logger in trainer.loggers:
+                logger.log_metrics(scalars, step=step)
 
     # --- mechanics ---------------------------------------------------------------------
     def _remove_hooks(self) -> None:

@@ -454,12 +454,22 @@ def test_logged_metrics_equal_direct_computation(tmp_path: Path) -> None:
     assert expected["pathnorm/path_norm_bound"] <= expected["pathnorm/product_bound"]
 
 
-def test_own_log_every_n_steps_and_log_metrics_off() -> None:
+def test_own_log_every_n_steps_writes_to_loggers_and_log_metrics_off(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    cb = PathNormProx(lam=0.01, log_every_n_steps=4)
-    tr = trainer(max_epochs=1, callbacks=[cb], log_every_n_steps=50)
-    tr.fit(MLP(), loader(make_data()))
+    cb = PathNormProx(lam=0.1, log_every_n_steps=4)
+    logger = CSVLogger(tmp_path, name="own")
+    tr = trainer(max_epochs=2, callbacks=[cb], logger=logger, log_every_n_steps=50)
+    model = MLP()
+    tr.fit(model, loader(make_data()))
+    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    # 12 optimizer steps, every 4th logged, on Lightning's 0-based step axis.
+    assert [int(r["step"]) for r in rows if r.get("pathnorm/sparsity")] == [3, 7, 11]
+    w_in, w_out = model.net[0].weight.detach(), model.net[2].weight.detach()
+    assert math.isclose(
+        float(rows[-1]["pathnorm/path_norm_bound"]), float(path_norm(w_in, w_out)), rel_tol=1e-6
+    )
     assert "pathnorm/path_norm_bound" in tr.callback_metrics
+
     tr = trainer(max_epochs=1, callbacks=[PathNormProx(lam=0.01, log_metrics=False)])
     tr.fit(MLP(), loader(make_data()))
     assert not any(k.startswith("pathnorm/") for k in tr.callback_metrics)
