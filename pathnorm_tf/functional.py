@@ -129,6 +129,14 @@ def _check_pair(kernel_in: Any, kernel_out: Any, check_finite: bool) -> tuple[tf
     return k_in, k_out
 
 
+def _scalar(value: float | tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """``value`` in ``dtype``; a Python float is converted directly (tf.cast would round it to
+    float32 first)."""
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        return tf.cast(value, dtype)
+    return tf.constant(value, dtype)
+
+
 def _compute_dtype(dtype: tf.DType) -> tf.DType:
     return tf.float64 if dtype == tf.float64 else tf.float32
 
@@ -310,7 +318,7 @@ def prox_l1(w: Any, lam: Scalar) -> tf.Tensor:
 
 
 def _soft_threshold(t: tf.Tensor, lam: float | tf.Tensor) -> tf.Tensor:
-    lam_t = tf.cast(lam, t.dtype)
+    lam_t = _scalar(lam, t.dtype)
     return tf.sign(t) * tf.maximum(tf.abs(t) - lam_t, tf.zeros([], t.dtype))
 
 
@@ -334,7 +342,7 @@ def _project_rows(t: tf.Tensor, radius: float | tf.Tensor) -> tf.Tensor:
     c = t.shape[1]
     if c == 0 or (t.shape[0] == 0):
         return tf.identity(t)
-    r = tf.cast(radius, cd)
+    r = _scalar(radius, cd)
     au = tf.abs(u)
     s = tf.sort(au, axis=1, direction="DESCENDING")
     cs = tf.cumsum(s, axis=1)

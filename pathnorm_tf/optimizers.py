@@ -182,7 +182,7 @@ class _KernelRegularizer:
 
     def _step(self, learning_rate: Any) -> tf.Tensor:
         # lam * lr in float64, rounded once (as the torch side's Python float).
-        return tf.cast(self._lam, tf.float64) * tf.cast(learning_rate, tf.float64)
+        return tf.constant(self._lam, tf.float64) * tf.cast(learning_rate, tf.float64)
 
     def _read(self, var: Any, name: str) -> tf.Tensor:
         value = tf.convert_to_tensor(var)
