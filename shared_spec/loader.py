@@ -17,6 +17,7 @@ exact in float32: cast the inputs to ``case.dtype`` before running).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator
@@ -143,10 +144,11 @@ class Case:
             for label, got_a, want_a in (("V", V, self.V), ("W", W, self.W)):
                 bad = np.argwhere((got_a == 0) != (want_a == 0))
                 if bad.size:
+                    i = tuple(int(j) for j in bad[0])
                     raise AssertionError(
                         f"{self.id}: zero pattern of {label} differs at {len(bad)} entries, "
-                        f"first {tuple(bad[0])}: got {got_a[tuple(bad[0])]!r}, "
-                        f"expected {want_a[tuple(bad[0])]!r}"  # type: ignore[index]
+                        f"first {list(i)}: got {float(got_a[i])!r}, "
+                        f"expected {float(want_a[i])!r}"  # type: ignore[index]
                     )
 
 
@@ -156,9 +158,11 @@ def _assert_close(cid: str, label: str, got: F64, want: F64 | None, case: Case) 
         raise AssertionError(f"{cid}: {label} has shape {got.shape}, expected {want.shape}")
     err = np.abs(got - want) - (case.atol + case.rtol * np.abs(want))
     if not (err <= 0).all():  # also catches NaN
-        i = np.unravel_index(np.nanargmax(np.where(np.isnan(err), np.inf, err)), err.shape)
+        i = tuple(
+            int(j) for j in np.unravel_index(np.argmax(np.nan_to_num(err, nan=np.inf)), err.shape)
+        )
         raise AssertionError(
-            f"{cid}: {label}{list(i)} = {got[i]!r}, expected {want[i]!r} "
+            f"{cid}: {label}{list(i)} = {float(got[i])!r}, expected {float(want[i])!r} "
             f"(rtol {case.rtol}, atol {case.atol})"
         )
 
@@ -170,6 +174,11 @@ def _package_dir() -> Any:
 def load_schema() -> dict[str, Any]:
     """The JSON Schema of vector files (``shared_spec/schema.json``)."""
     return json.loads((_package_dir() / "schema.json").read_text(encoding="utf-8"))
+
+
+@functools.lru_cache(maxsize=1)
+def _validator() -> Draft202012Validator:
+    return Draft202012Validator(load_schema())
 
 
 def vector_files() -> list[str]:
@@ -255,8 +264,7 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
 
 def parse_document(doc: Any, file: str) -> list[Case]:
     """Validate a parsed vector file against the schema and build its cases."""
-    validator = Draft202012Validator(load_schema())
-    errors = sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path))
+    errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         # The deepest error is the most specific one (if/then branches report at depth).
         err = max(errors, key=lambda e: len(e.absolute_path))

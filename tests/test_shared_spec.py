@@ -1,0 +1,341 @@
+"""The shared spec itself: schema, loader, generator determinism, and the reference solver."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from jsonschema import Draft202012Validator
+
+from shared_spec import KINDS, Case, SpecError, iter_cases, load_schema, load_vectors
+from shared_spec import generate as gen
+from shared_spec import reference as ref
+from shared_spec.loader import parse_document, vector_files
+
+ALL_CASES = load_vectors()
+PROX_CASES = [c for c in ALL_CASES if c.kind == "path_norm_prox"]
+
+
+def test_schema_is_a_valid_draft_2020_12_schema() -> None:
+    schema = load_schema()
+    Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    # The layout is stated once, in the schema.
+    assert "X = w_out.T" in schema["description"]
+    assert "X = kernel_out" in schema["description"]
+
+
+def test_packaged_files_and_counts() -> None:
+    assert vector_files() == sorted(gen.FILES)
+    assert len(ALL_CASES) >= 40
+    assert len({c.id for c in ALL_CASES}) == len(ALL_CASES)
+    kinds = {c.kind for c in ALL_CASES}
+    assert kinds == set(KINDS)
+    assert {c.dtype for c in PROX_CASES} == {"float32", "float64"}
+    # Mostly unique minimisers; a few flagged on purpose.
+    assert 0 < sum(not c.unique for c in PROX_CASES) <= 3
+
+
+@pytest.mark.parametrize("case", ALL_CASES, ids=lambda c: c.id)
+def test_expected_values_pass_their_own_check(case: Case) -> None:
+    if case.kind == "path_norm_prox":
+        assert case.V is not None and case.W is not None
+        case.check(case.V, case.W)
+        assert case.objective == pytest.approx(case.objective_of(case.V, case.W), rel=1e-15)
+    else:
+        assert case.expected_w is not None
+        case.check(case.expected_w)
+
+
+def test_coverage_of_the_brief() -> None:
+    """The vectors cover what the issue asks for; a regenerated set must keep covering it."""
+    prox = {c.name: c for c in PROX_CASES}
+    assert "errata_conformance" in prox
+    shapes = [(c.X.shape, c.Y.shape) for c in PROX_CASES if c.X is not None and c.Y is not None]
+    assert any(x[1] == 1 for x, _ in shapes)  # single output
+    assert any(x[1] > 1 for x, _ in shapes)  # multi output
+    assert any(x[1] >= 200 and y[1] >= 100 for x, y in shapes)  # wide pairs
+    lams = [c.lam for c in PROX_CASES if c.lam is not None]
+    assert 0.0 in lams and 1e-8 in lams and 1e6 in lams and any(1 <= x < 1e6 for x in lams)
+    assert any(abs(lam**2 * kl - 1) < 1e-5 for lam in lams for kl in range(1, 65))
+    zero_rows = [c for c in PROX_CASES if c.X is not None and (np.abs(c.X).sum(1) == 0).any()]
+    assert zero_rows
+    ball = [c for c in ALL_CASES if c.kind == "l1_ball_rows"]
+    assert any(c.radius == 0 for c in ball)
+    mixed = next(c for c in ball if c.name == "ball_mixed_rows")
+    assert mixed.w is not None and mixed.radius is not None
+    norms = np.abs(mixed.w).sum(1)
+    assert (norms < mixed.radius).any() and (norms > mixed.radius).any()
+
+
+@pytest.mark.parametrize("kind", [*KINDS, None])
+def test_iter_cases_filters_by_kind(kind: str | None) -> None:
+    got = list(iter_cases(kind))
+    assert got and all(kind is None or c.kind == kind for c in got)
+    assert len(got) == len([c for c in ALL_CASES if kind is None or c.kind == kind])
+
+
+def test_iter_cases_rejects_an_unknown_kind() -> None:
+    with pytest.raises(ValueError, match="kind must be one of"):
+        list(iter_cases("prox"))
+
+
+@pytest.mark.parametrize("name", ["l1", "l1.json"])
+def test_load_by_packaged_name(name: str) -> None:
+    cases = load_vectors(name)
+    assert [c.name for c in cases] == [c.name for c in ALL_CASES if c.file == "l1.json"]
+
+
+def test_load_by_path_and_missing_name(tmp_path: Path) -> None:
+    path = tmp_path / "mine.json"
+    path.write_text((Path(gen.VECTORS_DIR) / "l1.json").read_text())
+    assert len(load_vectors(path)) == len(load_vectors("l1"))
+    with pytest.raises(SpecError, match=r"no vector file 'nope'.*l1\.json"):
+        load_vectors("nope")
+
+
+def test_layout_helpers() -> None:
+    case = next(c for c in PROX_CASES if c.name == "more_outputs_than_inputs")
+    assert case.X is not None and case.Y is not None
+    w_in, w_out = case.torch_layout()
+    kernel_in, kernel_out = case.keras_layout()
+    n, p = case.X.shape
+    m = case.Y.shape[1]
+    assert w_in.shape == (n, m) and w_out.shape == (p, n)
+    assert kernel_in.shape == (m, n) and kernel_out.shape == (n, p)
+    np.testing.assert_array_equal(w_out[:, 0], case.X[0])
+    np.testing.assert_array_equal(kernel_in[:, 0], case.Y[0])
+    l1 = next(c for c in ALL_CASES if c.kind == "l1_prox")
+    with pytest.raises(ValueError, match="not a path_norm_prox case"):
+        l1.torch_layout()
+
+
+# --- Case.check catches wrong answers -----------------------------------------------------
+
+
+def _unique_case() -> Case:
+    return next(c for c in PROX_CASES if c.name == "multi_output_lam_0.15")
+
+
+def test_check_rejects_a_moved_point() -> None:
+    case = _unique_case()
+    assert case.V is not None and case.W is not None
+    V = case.V.copy()
+    i = np.argwhere(V != 0)[0]
+    V[tuple(i)] += 1e-6
+    with pytest.raises(AssertionError, match=r"multi_output_lam_0\.15: (objective|V)"):
+        case.check(V, case.W)
+
+
+def test_check_rejects_a_changed_zero_pattern() -> None:
+    case = _unique_case()
+    assert case.V is not None and case.W is not None
+    W = case.W.copy()
+    i = tuple(np.argwhere(W == 0)[0])
+    W[i] = 1e-300  # within every tolerance, but no longer a zero
+    with pytest.raises(AssertionError, match="zero pattern of W"):
+        case.check(case.V, W)
+
+
+def test_check_on_a_non_unique_case_compares_the_objective_only() -> None:
+    case = next(c for c in PROX_CASES if c.name == "lam_huge_equal_norms")
+    assert not case.unique and case.X is not None and case.Y is not None
+    # The other minimiser: every unit keeps its incoming side instead.
+    case.check(np.zeros_like(case.X), case.Y)
+    with pytest.raises(AssertionError, match="objective"):
+        case.check(case.X, case.Y)  # the identity is far from optimal at lam = 1e6
+    with pytest.raises(AssertionError, match="NaN or inf"):
+        case.check(np.full_like(case.X, np.nan), case.Y)
+
+
+def test_check_l1_kind() -> None:
+    case = next(c for c in ALL_CASES if c.name == "l1_random")
+    assert case.expected_w is not None
+    with pytest.raises(AssertionError, match=r"l1::l1_random: w\[\d+, \d+\]"):
+        case.check(case.expected_w + 1e-3)
+
+
+# --- malformed files -------------------------------------------------------------------------
+
+
+def _doc() -> dict[str, Any]:
+    return json.loads((Path(gen.VECTORS_DIR) / "path_norm_prox.json").read_text())
+
+
+def _set(path: list[Any], value: Any) -> Any:
+    def edit(doc: dict[str, Any]) -> dict[str, Any]:
+        doc = copy.deepcopy(doc)
+        node = doc
+        for p in path[:-1]:
+            node = node[p]
+        if value is _DELETE:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+        return doc
+
+    return edit
+
+
+_DELETE = object()
+
+MALFORMED = {
+    "missing_field": (
+        _set(["cases", 1, "tolerance"], _DELETE),
+        r"case 'single_output_lam_0\.05' \(cases\[1\]\) at \$\.cases\[1\]: 'tolerance' is a required",
+    ),
+    "unknown_kind": (
+        _set(["cases", 2, "kind"], "prox"),
+        r"case 'single_output_lam_0\.2' \(cases\[2\]\) at \$\.cases\[2\]\.kind: 'prox' is not one of",
+    ),
+    "negative_lam": (
+        _set(["cases", 0, "inputs", "lam"], -0.1),
+        r"case 'errata_conformance' \(cases\[0\]\) at \$\.cases\[0\]\.inputs\.lam: -0\.1 is less than",
+    ),
+    "string_entry": (
+        _set(["cases", 0, "inputs", "X", 1, 0], "0.5"),
+        r"at \$\.cases\[0\]\.inputs\.X\[1\]\[0\]: '0\.5' is not of type 'number'",
+    ),
+    "bad_dtype": (
+        _set(["cases", 0, "dtype"], "float16"),
+        r"at \$\.cases\[0\]\.dtype: 'float16' is not one of",
+    ),
+    "rows_do_not_pair": (
+        _set(["cases", 0, "inputs", "Y"], [[0.1, 0.2], [0.3, 0.4]]),
+        r"case 'errata_conformance' \(cases\[0\]\) at \$\.cases\[0\]\.inputs: X has 3 rows but Y has 2",
+    ),
+    "ragged_rows": (
+        _set(["cases", 0, "inputs", "X", 1], [0.1]),
+        r"at \$\.cases\[0\]\.inputs\.X: rows of unequal length \[1, 2\]",
+    ),
+    "expected_shape": (
+        _set(["cases", 0, "expected", "V"], [[0.1, 0.2]]),
+        r"at \$\.cases\[0\]\.expected\.V: V has shape \(1, 2\), X has \(3, 2\)",
+    ),
+    "extra_key": (
+        _set(["cases", 0, "expected", "V_new"], [[0.0]]),
+        r"at \$\.cases\[0\]\.expected: Additional properties are not allowed \('V_new'",
+    ),
+    "no_cases": (_set(["cases"], []), r"at \$\.cases: \[\] should be non-empty"),
+    "duplicate_name": (
+        _set(["cases", 1, "name"], "errata_conformance"),
+        r"case 'errata_conformance' \(cases\[1\]\) at \$\.cases\[1\]\.name: duplicate",
+    ),
+    "float32_not_exact": (
+        _set(["cases", 0, "dtype"], "float32"),
+        r"at \$\.cases\[0\]\.inputs\.X: a float32 case's input is not exactly representable",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_malformed_document_is_rejected_with_a_clear_message(name: str) -> None:
+    edit, pattern = MALFORMED[name]
+    with pytest.raises(SpecError) as info:
+        parse_document(edit(_doc()), "broken.json")
+    assert isinstance(info.value, ValueError)
+    message = str(info.value)
+    assert message.startswith("broken.json:"), message
+    assert re.search(pattern, message), message
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [
+        ('{"format_version": 1, "cases": [', r"bad\.json: not valid JSON"),
+        (
+            '{"format_version": 1, "description": "", "cases": [NaN]}',
+            r"bad\.json: NaN is not a JSON number",
+        ),
+    ],
+)
+def test_malformed_file_is_rejected(tmp_path: Path, text: str, pattern: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=pattern.replace(r"bad\.json", r".*bad\.json")):
+        load_vectors(path)
+
+
+# --- generation ------------------------------------------------------------------------------
+
+
+def test_generation_is_deterministic_and_matches_the_committed_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths = gen.write(tmp_path)  # one full regeneration (the slow part of this file)
+    assert sorted(p.name for p in paths) == vector_files()
+    for p in paths:
+        committed = (Path(gen.VECTORS_DIR) / p.name).read_bytes()
+        assert p.read_bytes() == committed, (
+            f"{p.name} is stale: run `python -m shared_spec.generate` and commit the result"
+        )
+    # --check compares without writing; reuse the rendered text instead of regenerating.
+    texts = {p.name: p.read_text(encoding="utf-8") for p in paths}
+    monkeypatch.setattr(gen, "render", lambda: texts)
+    assert gen.main(["--check", "--out", str(tmp_path)]) == 0
+    (tmp_path / "l1.json").write_text("{}")
+    assert gen.main(["--check", "--out", str(tmp_path)]) == 1
+    assert (tmp_path / "l1.json").read_text() == "{}"
+
+
+# --- the reference ---------------------------------------------------------------------------
+
+
+def test_reference_reproduces_the_errata_conformance_vector() -> None:
+    w_in, w_out = np.array(gen.ERRATA_W1), np.array(gen.ERRATA_W2)
+    V, W = ref.prox_path_norm(w_out.T, w_in, gen.ERRATA_LAM)
+    np.testing.assert_allclose(W, gen.ERRATA_PROX_W1, atol=1e-4, rtol=0)
+    np.testing.assert_allclose(V.T, gen.ERRATA_PROX_W2, atol=1e-4, rtol=0)
+    case = next(c for c in PROX_CASES if c.name == "errata_conformance")
+    np.testing.assert_array_equal(case.W, W)
+    np.testing.assert_array_equal(case.V, V)
+    # The printed zeros are exact zeros.
+    assert W[1, 1] == 0.0 and W[2, 3] == 0.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_reference_candidate_views_agree(seed: int) -> None:
+    """prox_unit, prox_unit_candidates and the vectorised candidate table see the same optimum."""
+    rng = np.random.default_rng(seed)
+    p, m = rng.integers(1, 6), rng.integers(1, 9)
+    x, y = rng.normal(size=p), rng.normal(size=m)
+    if seed % 4 == 0:
+        x[0] = 0.0
+        y = np.round(y * 2) / 2  # ties
+    lam = float(rng.choice([0.01, 0.1, 0.3, 0.7, 2.0]))
+    v, w, h = ref.prox_unit(x, y, lam)
+    cands = ref.prox_unit_candidates(x, y, lam)
+    assert min(c[0] for c in cands) == h
+    table = ref._unit_candidate_objectives(x, y, lam)
+    assert table[:, 0].min() == pytest.approx(h, rel=1e-12, abs=1e-15)
+    assert len(table) == len(cands)
+    # Block-wise optimality (every global minimiser is a fixed point of both soft-thresholds).
+    np.testing.assert_allclose(v, ref.prox_l1(x, lam * np.abs(w).sum()), atol=1e-12)
+    np.testing.assert_allclose(w, ref.prox_l1(y, lam * np.abs(v).sum()), atol=1e-12)
+
+
+def test_minimiser_margin_flags_a_tie() -> None:
+    X, Y = np.array([[0.5, -0.25]]), np.array([[-0.25, 0.5, 0.0]])
+    gap, spread = ref.minimiser_margin(X, Y, 1e6, 1e-12)
+    assert gap == 0.0 and spread == 0.5
+    gap, spread = ref.minimiser_margin(np.array([[0.5, 0.0]]), Y, 1e6, 1e-12)
+    assert gap == pytest.approx((0.3125 - 0.25) / 2 / (1 + (0.25 + 0.3125) / 2)) and spread == 0.0
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: ref.prox_path_norm(np.ones((2, 1)), np.ones((3, 1)), 0.1), "must pair"),
+        (lambda: ref.prox_unit(np.ones(2), np.ones(2), -1.0), "lam must be a finite"),
+        (lambda: ref.prox_l1(np.ones(2), float("nan")), "lam must be a finite"),
+        (lambda: ref.project_rows_l1_ball(np.ones((2, 2)), -1.0), "radius must be a finite"),
+    ],
+)
+def test_reference_rejects_bad_input(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        call()
