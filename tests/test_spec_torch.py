@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from pathnorm_lightning import (  # noqa: E402
+from pathnorm_lightning import (
     project_rows_l1_ball,
     project_rows_l1_ball_,
     prox_l1,
     prox_path_norm,
     prox_path_norm_,
 )
-from shared_spec import Case, iter_cases  # noqa: E402
+from shared_spec import Case, iter_cases
 
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
 CASES = list(iter_cases())
@@ -23,6 +22,11 @@ CASES = list(iter_cases())
 def _tensor(a: np.ndarray | None, case: Case, device: str) -> torch.Tensor:
     assert a is not None
     return torch.tensor(a, dtype=getattr(torch, case.dtype), device=device)
+
+
+def _scalar(value: float | None) -> float:
+    assert value is not None
+    return value
 
 
 def _numpy(t: torch.Tensor) -> np.ndarray:
@@ -36,25 +40,25 @@ def test_torch_passes_the_vector(case: Case, device: str) -> None:
     if case.kind == "path_norm_prox":
         w_in_np, w_out_np = case.torch_layout()  # Y, X.T
         w_in, w_out = _tensor(w_in_np, case, device), _tensor(w_out_np, case, device)
-        new_in, new_out = prox_path_norm(w_in, w_out, case.lam)
+        new_in, new_out = prox_path_norm(w_in, w_out, _scalar(case.lam))
         assert new_in.dtype == new_out.dtype == dtype
         assert new_in.device == w_in.device
         assert new_in.shape == w_in.shape and new_out.shape == w_out.shape
         # Back to neutral layout: V = new w_out.T, W = new w_in.
         case.check(_numpy(new_out).T, _numpy(new_in))
         # The in-place form on the same vector gives the identical result.
-        prox_path_norm_(w_in, w_out, case.lam)
+        prox_path_norm_(w_in, w_out, _scalar(case.lam))
         assert torch.equal(w_in, new_in) and torch.equal(w_out, new_out)
     elif case.kind == "l1_prox":
-        out = prox_l1(_tensor(case.w, case, device), case.lam)
+        out = prox_l1(_tensor(case.w, case, device), _scalar(case.lam))
         assert out.dtype == dtype
         case.check(_numpy(out))
     else:
         w = _tensor(case.w, case, device)
-        out = project_rows_l1_ball(w, case.radius)
+        out = project_rows_l1_ball(w, _scalar(case.radius))
         assert out.dtype == dtype
         case.check(_numpy(out))
-        project_rows_l1_ball_(w, case.radius)
+        project_rows_l1_ball_(w, _scalar(case.radius))
         assert torch.equal(w, out)
 
 
@@ -76,7 +80,7 @@ def test_float32_tolerance_has_headroom(case: Case) -> None:
     new_in, new_out = prox_path_norm(
         torch.tensor(w_in_np, dtype=torch.float32),
         torch.tensor(w_out_np, dtype=torch.float32),
-        case.lam,
+        _scalar(case.lam),
     )
     for got, want in ((_numpy(new_out).T, case.V), (_numpy(new_in), case.W)):
         assert want is not None
