@@ -24,6 +24,7 @@ import numpy as np
 __all__ = [
     "certified_error",
     "certified_mask",
+    "effective_nonzero_fraction",
     "forward",
     "lipschitz_matrix",
     "nonzero_fraction",
@@ -173,3 +174,23 @@ def nonzero_fraction(weights: Sequence[np.ndarray]) -> float:
     _check(weights)
     total = sum(w.size for w in weights)
     return float(sum(np.count_nonzero(w) for w in weights) / total)
+
+
+def effective_nonzero_fraction(weights: Sequence[np.ndarray]) -> float:
+    """Fraction of weight entries that are nonzero AND lie on a path from an input to an output.
+
+    A proximal step on the path-norm can zero a unit's outgoing weights but keep its incoming
+    ones (or vice versa); such weights do not affect the function and a pruned network drops
+    them, so this counts only weights of units connected on both sides.
+    """
+    _check(weights)
+    nz = [w != 0 for w in weights]
+    fwd = [np.ones(weights[0].shape[1], dtype=bool)]  # units reachable from the input
+    for m in nz:
+        fwd.append((m & fwd[-1][None, :]).any(1))
+    bwd = [np.ones(weights[-1].shape[0], dtype=bool)]  # units that reach an output
+    for m in reversed(nz):
+        bwd.append((m & bwd[-1][:, None]).any(0))
+    bwd.reverse()
+    live = sum(int((m & bwd[i + 1][:, None] & fwd[i][None, :]).sum()) for i, m in enumerate(nz))
+    return float(live / sum(w.size for w in weights))

@@ -103,6 +103,7 @@ class History:
     iteration: list[int] = field(default_factory=list)
     batch_objective: list[float] = field(default_factory=list)  # mean over the last records
     nonzero_pct: list[float] = field(default_factory=list)
+    effective_nonzero_pct: list[float] = field(default_factory=list)  # on live paths only
     epoch_objective: list[float] = field(default_factory=list)  # on eval_train_samples
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from pathnorm_experiments.certify import (
     certified_error,
+    effective_nonzero_fraction,
     nonzero_fraction,
     path_norm_bound,
     product_bound,
@@ -57,6 +58,7 @@ def build_result(
         "robust_error": robust_error,
         "certified_error": cert,
         "nonzero_weights_pct": 100.0 * nonzero_fraction(weights),
+        "effective_nonzero_pct": 100.0 * effective_nonzero_fraction(weights),
         "path_norm_bound": path_norm_bound(weights),
         "product_bound": product_bound(weights),
         "layer_linf_norms": max_row,
@@ -86,7 +88,8 @@ def format_summary(result: dict[str, Any]) -> str:
             f"{e:>6g} {100 * result['robust_error'][k]:>13.2f} {100 * result['certified_error'][k]:>16.2f}"
         )
     lines += [
-        f"nonzero weights {result['nonzero_weights_pct']:.2f}%  path-norm bound "
+        f"nonzero weights {result['nonzero_weights_pct']:.2f}% (on live paths "
+        f"{result['effective_nonzero_pct']:.2f}%)  path-norm bound "
         f"{result['path_norm_bound']:.4g}  product bound {result['product_bound']:.4g}",
         f"final regularized loss {result['final_regularized_loss']:.5f} (train CE "
         f"{result['train_cross_entropy']:.5f} + lam * g, g = {result['regularizer_value']:.5g})",

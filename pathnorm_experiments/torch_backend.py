@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
 from pathnorm_experiments.config import History, TrainConfig
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.evaluation import build_result
@@ -40,6 +41,7 @@ __all__ = [
     "linear_layers",
     "penalty",
     "pgd_attack",
+    "record_sparsity",
     "robust_error",
     "train_loop",
 ]
@@ -97,9 +99,11 @@ def apply_prox_(layers: Sequence[nn.Linear], regularizer: str, lam: float, lr: f
         raise ValueError(f"unknown regularizer {regularizer!r}")
 
 
-def _nonzero_pct(layers: Sequence[nn.Linear]) -> float:
-    nz = sum(int(torch.count_nonzero(lin.weight)) for lin in layers)
-    return 100.0 * nz / sum(lin.weight.numel() for lin in layers)
+def record_sparsity(hist: History, layers: Sequence[nn.Linear]) -> None:
+    """Append the raw and the live-path % of nonzero weights to ``hist``."""
+    ws = [lin.weight.detach().cpu().numpy() for lin in layers]
+    hist.nonzero_pct.append(100.0 * nonzero_fraction(ws))
+    hist.effective_nonzero_pct.append(100.0 * effective_nonzero_fraction(ws))
 
 
 @torch.no_grad()
@@ -289,7 +293,7 @@ def train_loop(
             if it % cfg.log_every == 0:
                 hist.iteration.append(it)
                 hist.batch_objective.append(acc / acc_n)
-                hist.nonzero_pct.append(_nonzero_pct(layers))
+                record_sparsity(hist, layers)
                 acc, acc_n = 0.0, 0
                 if bar is not None:
                     bar.set_postfix(obj=f"{hist.batch_objective[-1]:.4f}")

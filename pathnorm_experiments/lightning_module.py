@@ -1,0 +1,162 @@
+"""Lightning side of the main job: a ``LightningDataModule`` over the NumPy arrays and the
+paper's classifier as a ``LightningModule``; the prox is the library's callbacks.
+
+Imported only by the torch backend (this module imports ``lightning``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from torch.nn import functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import override
+
+from pathnorm_experiments.config import History, TrainConfig
+from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.torch_backend import build_model, linear_layers, penalty, record_sparsity
+from pathnorm_lightning import L1Prox, LayerwiseLinfProjection, PathNormProx
+
+__all__ = ["ArrayDataModule", "PaperMLP", "regularizer_callbacks", "train_lightning"]
+
+
+class ArrayDataModule(pl.LightningDataModule):
+    """Train/test loaders over a :class:`~pathnorm_experiments.data.Dataset` (float32 in [0, 1]).
+
+    Args:
+        data: the arrays.
+        batch_size: minibatch size (the paper: 100).
+        seed: seed of the training shuffle.
+        n_train: use only the first ``n_train`` training samples (``None``: all).
+    """
+
+    def __init__(
+        self, data: Dataset, batch_size: int = 100, seed: int = 0, n_train: int | None = None
+    ) -> None:
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.data = data
+        self.batch_size = batch_size
+        self.seed = seed
+        self.n_train = n_train
+
+    @override
+    def train_dataloader(self) -> DataLoader:
+        x = torch.from_numpy(self.data.x_train[: self.n_train])
+        y = torch.from_numpy(self.data.y_train[: self.n_train])
+        g = torch.Generator().manual_seed(self.seed)
+        return DataLoader(
+            TensorDataset(x, y), batch_size=self.batch_size, shuffle=True, generator=g
+        )
+
+    @override
+    def test_dataloader(self) -> DataLoader:
+        ds = TensorDataset(torch.from_numpy(self.data.x_test), torch.from_numpy(self.data.y_test))
+        return DataLoader(ds, batch_size=1000)
+
+
+class PaperMLP(pl.LightningModule):
+    """The paper's network (784-200-10 ELU by default) trained with constant-lr SGD.
+
+    With ``method="penalty"`` the loss is ``CE + lam * g`` (plain SGD through autograd); with
+    ``method="prox"`` the loss is the CE alone and a callback from
+    :func:`regularizer_callbacks` applies the prox after each step.
+    """
+
+    def __init__(
+        self, cfg: TrainConfig, x_eval: Tensor | None = None, y_eval: Tensor | None = None
+    ) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.net = build_model(cfg.widths, cfg.activation)
+        self.history = History()
+        self._acc, self._acc_n = 0.0, 0
+        self._x_eval, self._y_eval = x_eval, y_eval
+
+    @override
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x)
+
+    @override
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        ce = F.cross_entropy(self.net(x), y)
+        reg = penalty(linear_layers(self.net), self.cfg.regularizer)
+        obj = ce + self.cfg.lam * reg
+        self._acc += float(obj.detach())
+        self._acc_n += 1
+        self.log("objective", obj.detach(), prog_bar=True, on_step=True, on_epoch=False)
+        return obj if self.cfg.method == "penalty" else ce
+
+    @override
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        step = self.global_step  # optimizer steps so far (the prox has run for this one)
+        if step % self.cfg.log_every == 0 and self._acc_n:
+            self.history.iteration.append(step)
+            self.history.batch_objective.append(self._acc / self._acc_n)
+            record_sparsity(self.history, linear_layers(self.net))
+            self._acc, self._acc_n = 0.0, 0
+
+    @override
+    def on_train_epoch_end(self) -> None:
+        if self._x_eval is None or self._y_eval is None:
+            return
+        with torch.no_grad():
+            ce = 0.0
+            for s in range(0, self._x_eval.shape[0], 10000):
+                z = self.net(self._x_eval[s : s + 10000])
+                ce += float(F.cross_entropy(z, self._y_eval[s : s + 10000], reduction="sum"))
+            g = float(penalty(linear_layers(self.net), self.cfg.regularizer))
+        self.history.epoch_objective.append(ce / self._x_eval.shape[0] + self.cfg.lam * g)
+
+    @override
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.cfg.lr)
+
+
+def regularizer_callbacks(cfg: TrainConfig, *, prog_bar: bool = True) -> list[Callback]:
+    """The library callback that implements ``cfg``'s proximal step (empty for penalty/none)."""
+    if cfg.method != "prox" or cfg.regularizer == "none" or cfg.lam == 0:
+        return []
+    if cfg.regularizer == "path":
+        return [PathNormProx(lam=cfg.lam, prog_bar=prog_bar)]
+    if cfg.regularizer == "l1":
+        return [L1Prox(lam=cfg.lam, prog_bar=prog_bar)]
+    return [LayerwiseLinfProjection(radius=1.0 / cfg.lam, prog_bar=prog_bar)]
+
+
+def train_lightning(
+    cfg: TrainConfig, data: Dataset, *, progress: bool = True, evaluate_model: bool = True
+) -> tuple[PaperMLP, dict[str, Any]]:
+    """Train with ``lightning.Trainer`` + the library callbacks; returns (module, result)."""
+    from pathnorm_experiments.torch_backend import evaluate
+
+    pl.seed_everything(cfg.seed, verbose=False)
+    x_eval = torch.from_numpy(data.x_train[: cfg.eval_train_samples])
+    y_eval = torch.from_numpy(data.y_train[: cfg.eval_train_samples])
+    module = PaperMLP(cfg, x_eval, y_eval)
+    trainer = pl.Trainer(
+        max_epochs=cfg.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=progress,
+        callbacks=regularizer_callbacks(cfg, prog_bar=progress),
+        log_every_n_steps=cfg.log_every,
+    )
+    t0 = time.perf_counter()
+    trainer.fit(module, datamodule=ArrayDataModule(data, cfg.batch_size, cfg.seed))
+    timings = {"train_s": time.perf_counter() - t0, "iterations": float(trainer.global_step)}
+    if not all(bool(torch.isfinite(p).all()) for p in module.parameters()):
+        raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
+    if not evaluate_model:
+        return module, {"history": module.history, "timings": timings}
+    return module, evaluate(module.net, cfg, data, module.history, timings)
