@@ -1,0 +1,139 @@
+"""Epoch time of the paper's MLP in a Lightning Trainer, with and without PathNormProx.
+
+The network is 784-200-10 with ELU, trained with SGD at batch size 100 on the 60,000 MNIST
+training images (``/work/shared/data/mnist`` or ``--data``; random tensors of the same shape
+when the files are absent). Plain and PathNormProx epochs alternate in one process, so both
+see the same machine load; the script prints the median epoch times and their ratio.
+
+    python benchmarks/bench_lightning_epoch.py [--repeats 3] [--lam 1e-4] [--lr 0.1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
+
+from pathnorm_lightning import PathNormProx
+
+DEFAULT_MNIST = Path("/work/shared/data/mnist")
+
+
+def load_mnist_train(root: Path) -> tuple[Tensor, Tensor] | None:
+    images, labels = root / "train-images-idx3-ubyte.gz", root / "train-labels-idx1-ubyte.gz"
+    if not (images.exists() and labels.exists()):
+        return None
+    with gzip.open(images) as f:
+        x = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784)
+    with gzip.open(labels) as f:
+        y = np.frombuffer(f.read(), dtype=np.uint8, offset=8)
+    return torch.from_numpy(x.astype(np.float32) / 255.0), torch.from_numpy(y.astype(np.int64))
+
+
+class PaperMLP(pl.LightningModule):
+    def __init__(self, lr: float) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(784, 200), nn.ELU(), nn.Linear(200, 10))
+        self.lr = lr
+
+    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+
+class EpochTimer(pl.Callback):
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.times.append(time.perf_counter() - self._start)
+
+
+def epoch_time(
+    loader: DataLoader, lr: float, prox: PathNormProx | None, seed: int
+) -> tuple[float, PaperMLP]:
+    torch.manual_seed(seed)
+    model = PaperMLP(lr)
+    timer = EpochTimer()
+    callbacks: list[pl.Callback] = [timer] + ([prox] if prox is not None else [])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
+    trainer.fit(model, loader)
+    return timer.times[0], model
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", type=Path, default=DEFAULT_MNIST, help="folder with MNIST .gz files"
+    )
+    parser.add_argument("--repeats", type=int, default=3, help="epochs per configuration")
+    parser.add_argument("--lam", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+
+    data = load_mnist_train(args.data)
+    source = f"MNIST train ({args.data})"
+    if data is None:
+        g = torch.Generator().manual_seed(0)
+        data = (torch.rand(60000, 784, generator=g), torch.randint(0, 10, (60000,), generator=g))
+        source = "synthetic (60000 x 784, MNIST files not found)"
+    dataset = TensorDataset(*data)
+    # Whole-batch indexing: per-sample collation would dominate the epoch and hide the prox.
+    sampler = BatchSampler(RandomSampler(dataset), batch_size=100, drop_last=False)
+    loader = DataLoader(dataset, sampler=sampler, batch_size=None)
+
+    print(
+        f"data: {source}; 784-200-10 ELU, SGD lr={args.lr}, batch 100, {len(sampler)} steps/epoch"
+    )
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, lam {args.lam}")
+    epoch_time(loader, args.lr, None, seed=0)  # warm-up (imports, allocator, first-call costs)
+    plain, prox = [], []
+    final = None
+    for r in range(args.repeats):
+        plain.append(epoch_time(loader, args.lr, None, seed=r)[0])
+        callback = PathNormProx(lam=args.lam, log_metrics=False)
+        t, final = epoch_time(loader, args.lr, callback, seed=r)
+        prox.append(t)
+        print(f"  repeat {r}: plain {plain[-1]:.3f} s, PathNormProx {prox[-1]:.3f} s")
+    p, q = statistics.median(plain), statistics.median(prox)
+    steps = len(sampler)
+    print(f"median epoch: plain {p:.3f} s, PathNormProx {q:.3f} s")
+    print(f"ratio PathNormProx / plain: {q / p:.3f}  (+{(q - p) / steps * 1e3:.3f} ms per step)")
+    if final is not None:
+        w_in, w_out = final.net[0].weight, final.net[2].weight
+        zero = float(((w_in == 0).sum() + (w_out == 0).sum()) / (w_in.numel() + w_out.numel()))
+        print(f"after one prox epoch: {zero:.1%} of the weights are exactly zero")
+
+
+if __name__ == "__main__":
+    main()
