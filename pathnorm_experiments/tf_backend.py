@@ -1,0 +1,281 @@
+"""TensorFlow / Keras side of the main job: ``tf.data`` pipeline, the paper's MLP, proximal SGD
+with the library's optimizers (``pathnorm_tf.PathNormSGD`` / ``ProxOptimizer``), PGD.
+
+Same configuration, step semantics and evaluation as the torch backend: an SGD step on the
+cross-entropy, then the prox with step ``lr * lam`` (``linf``: every kernel projected onto
+``||K||_{inf->inf} <= 1/lam``), or for ``method="penalty"`` plain SGD on ``CE + lam * g``.
+Keras' Dense layers use Glorot-uniform initialisation (torch: Kaiming-uniform), so the two
+backends do not start from the same weights. Certificates and bounds are computed by the
+backend-neutral :mod:`pathnorm_experiments.certify` on the kernels transposed to torch layout.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import time
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
+from pathnorm_experiments.config import History, TrainConfig
+from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.evaluation import build_result
+from pathnorm_tf import PathNormSGD, ProxOptimizer
+
+__all__ = [
+    "RegularizedMLP",
+    "build_model",
+    "make_optimizer",
+    "make_tf_dataset",
+    "pgd_attack",
+    "robust_error",
+    "train_keras",
+]
+
+
+def make_tf_dataset(
+    x: np.ndarray, y: np.ndarray, batch_size: int, *, shuffle: bool = True, seed: int = 0
+) -> tf.data.Dataset:
+    """``tf.data`` pipeline over the arrays: reshuffled every epoch, batched, prefetched."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    ds = tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32)))
+    if shuffle:
+        ds = ds.shuffle(x.shape[0], seed=seed, reshuffle_each_iteration=True)
+    return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def _kernels(model: keras.Model) -> list[Any]:
+    return [layer.kernel for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+
+
+def penalty(kernels: list[Any], regularizer: str) -> tf.Tensor:
+    """Differentiable ``g`` on Keras kernels (in, out): l1 sum |K|, path = pairwise path-norms."""
+    if regularizer in ("none", "linf"):
+        return tf.constant(0.0)
+    if regularizer == "l1":
+        return tf.add_n([tf.reduce_sum(tf.abs(k)) for k in kernels])
+    if regularizer == "path":
+        return tf.add_n(
+            [
+                tf.reduce_sum(
+                    tf.reduce_sum(tf.abs(kernels[i]), 0) * tf.reduce_sum(tf.abs(kernels[i + 1]), 1)
+                )
+                for i in range(0, len(kernels), 2)
+            ]
+        )
+    raise ValueError(f"unknown regularizer {regularizer!r}")
+
+
+class RegularizedMLP(keras.Sequential):
+    """``keras.Sequential`` whose training loss is ``CE + lam * g`` when ``penalty_lam > 0``."""
+
+    def __init__(
+        self, layers: list[Any], regularizer: str = "none", penalty_lam: float = 0.0, **kw: Any
+    ) -> None:
+        super().__init__(layers, **kw)
+        self.regularizer = regularizer
+        self.penalty_lam = float(penalty_lam)
+
+    def compute_loss(
+        self,
+        x: Any = None,
+        y: Any = None,
+        y_pred: Any = None,
+        sample_weight: Any = None,
+        training: bool = True,
+    ) -> Any:
+        loss = super().compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=training
+        )
+        if self.penalty_lam:
+            loss = loss + self.penalty_lam * penalty(_kernels(self), self.regularizer)
+        return loss
+
+
+def build_model(cfg: TrainConfig) -> RegularizedMLP:
+    """Dense 784 -> hidden (activation) -> 10 logits; penalty term for ``method="penalty"``."""
+    layers: list[Any] = [keras.Input((cfg.widths[0],))]
+    for i, h in enumerate(cfg.hidden):
+        layers.append(keras.layers.Dense(h, activation=cfg.activation, name=f"dense_{i}"))
+    layers.append(keras.layers.Dense(cfg.widths[-1], name="logits"))
+    lam = cfg.lam if cfg.method == "penalty" else 0.0
+    return RegularizedMLP(layers, regularizer=cfg.regularizer, penalty_lam=lam)
+
+
+def make_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
+    """The library optimizer for ``method="prox"``; plain SGD otherwise."""
+    if cfg.method != "prox" or cfg.regularizer == "none" or cfg.lam == 0:
+        return keras.optimizers.SGD(cfg.lr)
+    if cfg.regularizer == "path":
+        return PathNormSGD(learning_rate=cfg.lr, lam=cfg.lam)
+    if cfg.regularizer == "l1":
+        return ProxOptimizer(keras.optimizers.SGD(cfg.lr), lam=cfg.lam, regularizer="l1")
+    return ProxOptimizer(keras.optimizers.SGD(cfg.lr), regularizer="linf", radius=1.0 / cfg.lam)
+
+
+def pgd_attack(
+    model: keras.Model,
+    x: tf.Tensor,
+    y: tf.Tensor,
+    eps: float,
+    *,
+    steps: int = 40,
+    step_size: float | None = None,
+    random_start: bool = True,
+    seed: int = 0,
+) -> tf.Tensor:
+    """l_inf PGD on the cross-entropy (step ``eps / 20``, random start, clipped to [0, 1])."""
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    step = eps / 20 if step_size is None else step_size
+    x = tf.convert_to_tensor(x, tf.float32)
+    y = tf.convert_to_tensor(y, tf.int32)
+    lo, hi = tf.maximum(x - eps, 0.0), tf.minimum(x + eps, 1.0)
+    if random_start:
+        noise = tf.random.stateless_uniform(tf.shape(x), seed=[seed, 0], minval=-eps, maxval=eps)
+        x_adv = tf.clip_by_value(x + noise, lo, hi)
+    else:
+        x_adv = x
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+
+    @tf.function
+    def one_step(xa: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            tape.watch(xa)
+            obj = ce(y, model(xa, training=False))
+        grad = tape.gradient(obj, xa)
+        return tf.clip_by_value(xa + step * tf.sign(grad), lo, hi)
+
+    for _ in range(steps):
+        x_adv = one_step(x_adv)
+    return x_adv
+
+
+def robust_error(
+    model: keras.Model, x: np.ndarray, y: np.ndarray, eps: float, *, steps: int = 40, seed: int = 0
+) -> float:
+    """Fraction misclassified at ``x`` or at its PGD point."""
+    logits = model(x, training=False)
+    wrong = np.argmax(logits, 1) != y
+    if eps > 0:
+        xa = pgd_attack(model, x, y, eps, steps=steps, seed=seed)
+        wrong |= np.argmax(model(xa, training=False), 1) != y
+    return float(wrong.mean())
+
+
+class _History(keras.callbacks.Callback):
+    def __init__(self, cfg: TrainConfig, x_eval: np.ndarray, y_eval: np.ndarray) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.hist = History()
+        self.step = 0
+        self.x_eval, self.y_eval = x_eval, y_eval
+
+    def _g(self) -> float:
+        return float(penalty(_kernels(self.model), self.cfg.regularizer))
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.step += 1
+        if self.step % self.cfg.log_every == 0 and logs is not None:
+            ws = [np.asarray(k).T for k in _kernels(self.model)]
+            extra = self.cfg.lam * self._g() if self.cfg.method == "prox" else 0.0
+            self.hist.iteration.append(self.step)
+            # Keras reports the epoch's running mean loss (with the penalty for "penalty")
+            self.hist.batch_objective.append(float(logs["loss"]) + extra)
+            self.hist.nonzero_pct.append(100.0 * nonzero_fraction(ws))
+            self.hist.effective_nonzero_pct.append(100.0 * effective_nonzero_fraction(ws))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self.hist.epoch_objective.append(
+            _mean_ce(self.model, self.x_eval, self.y_eval) + self.cfg.lam * self._g()
+        )
+
+
+def _mean_ce(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
+    total = 0.0
+    for s in range(0, x.shape[0], 10000):
+        z = model(x[s : s + 10000], training=False)
+        total += float(
+            tf.reduce_sum(
+                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[s : s + 10000], logits=z)
+            )
+        )
+    return total / x.shape[0]
+
+
+def train_keras(
+    cfg: TrainConfig, data: Dataset, *, progress: bool = True, threads: int | None = None
+) -> tuple[keras.Model, dict[str, Any]]:
+    """Train with ``model.fit`` and the library optimizer, then evaluate; returns (model, result)."""
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:  # TF already initialised in this process: keep its setting
+            pass
+    keras.utils.set_random_seed(cfg.seed)
+    model = build_model(cfg)
+    model.compile(
+        optimizer=make_optimizer(cfg),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    n_eval = cfg.eval_train_samples
+    cb = _History(cfg, data.x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
+    t0 = time.perf_counter()
+    model.fit(
+        make_tf_dataset(data.x_train, data.y_train, cfg.batch_size, seed=cfg.seed),
+        epochs=cfg.epochs,
+        verbose=1 if progress else 0,
+        callbacks=[cb],
+        shuffle=False,  # the tf.data pipeline reshuffles every epoch
+    )
+    timings = {"train_s": time.perf_counter() - t0, "iterations": float(cb.step)}
+    ws = [np.asarray(k, dtype=np.float32).T.copy() for k in _kernels(model)]
+    if not all(np.isfinite(w).all() for w in ws):
+        raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
+    bs = [
+        np.asarray(layer.bias, dtype=np.float32).copy()
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Dense)
+    ]
+
+    t1 = time.perf_counter()
+    y_te = data.y_test.astype(np.int32)
+    clean = float(
+        np.mean(np.argmax(model.predict(data.x_test, batch_size=2000, verbose=0), 1) != y_te)
+    )
+    n_adv = (
+        data.x_test.shape[0]
+        if cfg.pgd_samples is None
+        else min(cfg.pgd_samples, data.x_test.shape[0])
+    )
+    robust = {
+        f"{e:g}": robust_error(
+            model, data.x_test[:n_adv], y_te[:n_adv], e, steps=cfg.pgd_steps, seed=cfg.seed
+        )
+        for e in cfg.eps
+    }
+    ce = _mean_ce(model, data.x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
+    timings["eval_s"] = time.perf_counter() - t1
+    result = build_result(
+        cfg,
+        data,
+        ws,
+        bs,
+        clean_error=clean,
+        robust_error=robust,
+        train_ce=ce,
+        n_adv=n_adv,
+        history=cb.hist,
+        timings=timings,
+        backend="tf",
+    )
+    return model, result
