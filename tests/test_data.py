@@ -1,0 +1,250 @@
+"""Dataset loaders: generated IDX files, corrupt files, the real files when present."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pathnorm_experiments import data as D
+
+SHARED = Path(
+    os.environ.get("PATHNORM_SHARED_DATA", Path(__file__).parents[1] / ".." / "shared" / "data")
+)
+needs_shared = pytest.mark.skipif(
+    not (SHARED / "mnist").is_dir(),
+    reason=f"real datasets not found at {SHARED} (set PATHNORM_SHARED_DATA)",
+)
+
+
+def idx_bytes(arr: np.ndarray, kind: str, count: int | None = None) -> bytes:
+    n = arr.shape[0] if count is None else count
+    if kind == "images":
+        head = struct.pack(">IIII", D.IMAGE_MAGIC, n, 28, 28)
+    else:
+        head = struct.pack(">II", D.LABEL_MAGIC, n)
+    return head + arr.astype(np.uint8).tobytes()
+
+
+def write_gz(path: Path, payload: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wb") as f:
+        f.write(payload)
+
+
+def make_mnist_dir(
+    root: Path, n_train: int = 30, n_test: int = 20, seed: int = 0
+) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    arrs = {
+        "train_images": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "train_labels": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "test_images": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "test_labels": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
+    d = root / "mnist"
+    write_gz(d / "train-images-idx3-ubyte.gz", idx_bytes(arrs["train_images"], "images"))
+    write_gz(d / "train-labels-idx1-ubyte.gz", idx_bytes(arrs["train_labels"], "labels"))
+    write_gz(d / "t10k-images-idx3-ubyte.gz", idx_bytes(arrs["test_images"], "images"))
+    write_gz(d / "t10k-labels-idx1-ubyte.gz", idx_bytes(arrs["test_labels"], "labels"))
+    return arrs
+
+
+@pytest.fixture
+def small_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shrink the expected sample counts of every dataset to 30 train / 20 test."""
+    for name, spec in list(D.DATASETS.items()):
+
+        def shrink(fs: D.FileSpec) -> D.FileSpec:
+            return D.FileSpec(fs.name, 30 if fs.count == 60000 else 20, fs.sha256, fs.kind)
+
+        new = D.DatasetSpec(
+            spec.name,
+            spec.subdir,
+            spec.url,
+            spec.license,
+            tuple(map(shrink, spec.train_images)),
+            tuple(map(shrink, spec.train_labels)),
+            tuple(map(shrink, spec.test_images)),
+            tuple(map(shrink, spec.test_labels)),
+            shrink(spec.partial_train_images) if spec.partial_train_images else None,
+        )
+        monkeypatch.setitem(D.DATASETS, name, new)
+
+
+def test_generated_idx_roundtrip(tmp_path: Path, small_counts: None) -> None:
+    arrs = make_mnist_dir(tmp_path)
+    ds = D.load_dataset("mnist", tmp_path, verify=False)
+    assert ds.x_train.shape == (30, 784) and ds.x_train.dtype == np.float32
+    np.testing.assert_array_equal(
+        ds.x_train, arrs["train_images"].reshape(30, 784) / np.float32(255)
+    )
+    np.testing.assert_array_equal(ds.y_test, arrs["test_labels"])
+    assert ds.x_train.min() >= 0 and ds.x_train.max() <= 1
+    assert not ds.partial
+
+
+def test_env_var_data_dir(
+    tmp_path: Path, small_counts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_mnist_dir(tmp_path)
+    monkeypatch.setenv(D.ENV_VAR, str(tmp_path))
+    assert D.default_data_dir() == tmp_path
+    assert D.load_dataset("mnist", verify=False).x_test.shape == (20, 784)
+
+
+def test_raw_idx_uncompressed(tmp_path: Path) -> None:
+    lab = np.arange(10, dtype=np.uint8)
+    p = tmp_path / "labels-idx1-ubyte"
+    p.write_bytes(idx_bytes(lab, "labels"))
+    np.testing.assert_array_equal(D.read_idx(p, "labels"), lab)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "match"),
+    [
+        (lambda b: struct.pack(">I", 1234) + b[4:], "bad IDX magic number 1234"),
+        (lambda b: b[: len(b) - 100], "truncated"),
+        (lambda b: b[:4] + struct.pack(">I", 31) + b[8:], "truncated: header says 31"),
+        (lambda b: b[:8] + struct.pack(">II", 32, 28) + b[16:], "images are 32x28"),
+        (lambda b: b[:10], "truncated IDX file"),
+    ],
+    ids=["bad-magic", "truncated-body", "count-mismatch", "bad-shape", "short-header"],
+)
+def test_corrupt_image_file(tmp_path: Path, small_counts: None, mutate, match: str) -> None:
+    arrs = make_mnist_dir(tmp_path)
+    p = tmp_path / "mnist" / "train-images-idx3-ubyte.gz"
+    write_gz(p, mutate(idx_bytes(arrs["train_images"], "images")))
+    with pytest.raises(D.DataError, match=match) as e:
+        D.load_dataset("mnist", tmp_path, verify=False)
+    assert "train-images-idx3-ubyte.gz" in str(e.value)
+
+
+def test_wrong_count_against_spec(tmp_path: Path, small_counts: None) -> None:
+    make_mnist_dir(tmp_path, n_train=29)  # consistent file, but not the published count
+    with pytest.raises(D.DataError, match=r"labels have shape \(29,\), expected \(30,\)"):
+        D.load_dataset("mnist", tmp_path, verify=False)
+
+
+def test_label_out_of_range(tmp_path: Path, small_counts: None) -> None:
+    make_mnist_dir(tmp_path)
+    write_gz(tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz", idx_bytes(np.full(20, 11), "labels"))
+    with pytest.raises(D.DataError, match=r"labels must be in 0\.\.9, found 11"):
+        D.load_dataset("mnist", tmp_path, verify=False)
+
+
+def test_broken_gzip(tmp_path: Path, small_counts: None) -> None:
+    make_mnist_dir(tmp_path)
+    p = tmp_path / "mnist" / "t10k-labels-idx1-ubyte.gz"
+    p.write_bytes(p.read_bytes()[:-12])
+    with pytest.raises(D.DataError, match="cannot decompress"):
+        D.load_dataset("mnist", tmp_path, verify=False)
+
+
+def test_checksum_mismatch_names_file_and_source(tmp_path: Path, small_counts: None) -> None:
+    make_mnist_dir(tmp_path)
+    with pytest.raises(D.DataError) as e:
+        D.load_dataset("mnist", tmp_path)  # verify=True: generated files are not the originals
+    msg = str(e.value)
+    assert "SHA-256 mismatch" in msg and "expected 3552534a" in msg and "ossci-datasets" in msg
+
+
+def test_missing_file_says_where_to_get_it(tmp_path: Path) -> None:
+    with pytest.raises(D.DataError) as e:
+        D.load_dataset("fashion-mnist", tmp_path)
+    msg = str(e.value)
+    assert "train-labels-idx1-ubyte.gz not found" in msg
+    assert "fashion-mnist.s3-website" in msg and "Nothing is downloaded" in msg
+
+
+def test_unknown_dataset() -> None:
+    with pytest.raises(ValueError, match="unknown dataset 'cifar'"):
+        D.load_dataset("cifar")
+
+
+def _truncated_gz(payload: bytes, keep: int) -> bytes:
+    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    body = comp.compress(payload) + comp.flush()
+    header = (
+        b"\x1f\x8b\x08\x08" + struct.pack("<I", 0) + b"\x02\xff" + b"train-images-idx3-ubyte\x00"
+    )
+    return (header + body)[:keep]
+
+
+def test_kmnist_partial_train_set(tmp_path: Path, small_counts: None) -> None:
+    rng = np.random.default_rng(1)
+    imgs = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 30, dtype=np.uint8)
+    d = tmp_path / "kmnist"
+    blob = _truncated_gz(idx_bytes(imgs, "images"), keep=10**9)
+    # keep the header and part of the stream: a prefix of the images decodes
+    (d / "partial").mkdir(parents=True)
+    (d / "partial" / "train-images-idx3-ubyte.gz.truncated").write_bytes(blob[: len(blob) * 2 // 3])
+    write_gz(d / "train-labels-idx1-ubyte.gz", idx_bytes(labels, "labels"))
+    write_gz(d / "t10k-images-idx3-ubyte.gz", idx_bytes(imgs[:20], "images"))
+    write_gz(d / "t10k-labels-idx1-ubyte.gz", idx_bytes(labels[:20], "labels"))
+    with pytest.raises(D.DataError, match="allow_partial=True"):
+        D.load_dataset("kmnist", tmp_path, verify=False)
+    with pytest.warns(UserWarning, match=r"PARTIAL training set: (\d+) of 30"):
+        ds = D.load_dataset("kmnist", tmp_path, verify=False, allow_partial=True)
+    n = ds.x_train.shape[0]
+    assert 0 < n < 30 and ds.partial
+    np.testing.assert_array_equal(ds.x_train, imgs[:n].reshape(n, 784) / np.float32(255))
+    np.testing.assert_array_equal(ds.y_train, labels[:n])
+
+
+def test_embedded_subset_is_stratified() -> None:
+    ds = D.load_dataset("embedded")
+    assert ds.x_train.shape == (5000, 784) and ds.x_test.shape == (1000, 784)
+    np.testing.assert_array_equal(np.bincount(ds.y_train), np.full(10, 500))
+    np.testing.assert_array_equal(np.bincount(ds.y_test), np.full(10, 100))
+    assert ds.x_train.dtype == np.float32 and 0 <= ds.x_train.min() and ds.x_train.max() <= 1
+    assert (D.EMBEDDED_PATH.parent / "LICENSE-DATA.md").is_file()
+
+
+def test_subset_validation() -> None:
+    ds = D.load_dataset("embedded")
+    assert ds.subset(100, 10).x_train.shape == (100, 784)
+    with pytest.raises(ValueError, match="n_train must be >= 1"):
+        ds.subset(0)
+
+
+@needs_shared
+@pytest.mark.parametrize("name", ["mnist", "fashion-mnist"])
+def test_real_datasets(name: str) -> None:
+    ds = D.load_dataset(name, SHARED)
+    assert ds.x_train.shape == (60000, 784) and ds.x_test.shape == (10000, 784)
+    assert np.bincount(ds.y_train).min() > 5000
+    assert 0.1 < ds.x_train.mean() < 0.4
+
+
+@needs_shared
+def test_real_kmnist_partial() -> None:
+    with pytest.raises(D.DataError, match="only the truncated"):
+        D.load_dataset("kmnist", SHARED)
+    with pytest.warns(UserWarning, match="7011 of 60000"):
+        ds = D.load_dataset("kmnist", SHARED, allow_partial=True)
+    assert ds.x_train.shape == (7011, 784) and ds.partial
+    assert ds.x_test.shape == (10000, 784)
+
+
+@needs_shared
+def test_embedded_subset_matches_real_mnist() -> None:
+    with np.load(D.EMBEDDED_PATH) as z:
+        tr, te, x_tr, y_te = z["train_index"], z["test_index"], z["x_train"], z["y_test"]
+    mnist = D.load_dataset("mnist", SHARED)
+    np.testing.assert_array_equal(x_tr.reshape(-1, 784) / np.float32(255), mnist.x_train[tr])
+    np.testing.assert_array_equal(y_te, mnist.y_test[te])
+
+
+@needs_shared
+def test_make_subset_is_deterministic(tmp_path: Path) -> None:
+    out = D.make_subset(SHARED, tmp_path / "s.npz")
+    digest = hashlib.sha256(out.read_bytes()).hexdigest()
+    assert digest == hashlib.sha256(D.EMBEDDED_PATH.read_bytes()).hexdigest()
