@@ -1,0 +1,571 @@
+"""PathNormSGD and ProxOptimizer: step semantics, pairing, serialization, distribution, errors."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import json
+import subprocess
+import sys
+import textwrap
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pathnorm_tf import PathNormSGD, ProxOptimizer, prox_path_norm
+from pathnorm_tf.functional import project_linf_operator_norm, prox_l1
+from shared_spec import reference as ref
+
+X_DIM, CLASSES, SAMPLES = 6, 3, 16
+
+
+@pytest.fixture(autouse=True)
+def float64_keras() -> Iterator[None]:
+    old = keras.config.floatx()
+    keras.config.set_floatx("float64")
+    yield
+    keras.config.set_floatx(old)
+
+
+def mlp(sizes: tuple[int, ...] = (5, CLASSES), seed: int = 0, names: bool = False) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    layers: list[Any] = [keras.Input((X_DIM,))]
+    for i, units in enumerate(sizes):
+        last = i == len(sizes) - 1
+        layers.append(
+            keras.layers.Dense(
+                units, activation=None if last else "elu", name=f"d{i + 1}" if names else None
+            )
+        )
+    return keras.Sequential(layers, name="net")
+
+
+def data(seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((SAMPLES, X_DIM)), rng.integers(0, CLASSES, SAMPLES)
+
+
+def loss_fn() -> keras.losses.Loss:
+    # Created per test, under float64 floatx (a loss built under float32 computes in float32).
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def grads_of(model: keras.Model, x: np.ndarray, y: np.ndarray) -> list[tf.Tensor]:
+    with tf.GradientTape() as tape:
+        loss = loss_fn()(y, model(x))
+    return tape.gradient(loss, model.trainable_variables)
+
+
+def kernels(model: keras.Model) -> list[np.ndarray]:
+    return [layer.kernel.numpy() for layer in model.layers]
+
+
+def reference_prox(
+    k_in: np.ndarray, k_out: np.ndarray, lam: float
+) -> tuple[np.ndarray, np.ndarray]:
+    v, w = ref.prox_path_norm(k_out, k_in.T, lam)
+    return w.T, v
+
+
+# --- step semantics --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("momentum", "nesterov", "jit_compile"),
+    [(0.0, False, False), (0.0, False, True), (0.9, False, False), (0.9, True, True)],
+)
+def test_one_fit_step_is_prox_of_the_sgd_step(
+    momentum: float, nesterov: bool, jit_compile: bool
+) -> None:
+    x, y = data()
+    lr, lam = 0.5, 0.3
+    plain, prox = mlp(), mlp()
+    plain.compile(keras.optimizers.SGD(lr, momentum, nesterov), loss_fn(), jit_compile=jit_compile)
+    opt = PathNormSGD(lr, lam=lam, momentum=momentum, nesterov=nesterov)
+    prox.compile(opt, loss_fn(), jit_compile=jit_compile)
+    plain.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0, shuffle=False)
+    prox.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0, shuffle=False)
+    # Golden values: the exhaustive NumPy reference applied to the plain SGD step.
+    exp_in, exp_out = reference_prox(*kernels(plain), lam * lr)
+    got_in, got_out = kernels(prox)
+    np.testing.assert_allclose(got_in, exp_in, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_out, exp_out, rtol=1e-12, atol=1e-14)
+    assert np.count_nonzero(got_in == 0) > 0  # lam * lr is large enough to zero entries
+    np.testing.assert_array_equal(prox.layers[0].bias.numpy(), plain.layers[0].bias.numpy())
+    assert int(opt.iterations) == 1
+
+
+def test_short_trajectory_with_momentum_matches_manual_loop() -> None:
+    x, y = data()
+    lr, lam, steps = 0.2, 0.1, 6
+    model, manual = mlp(), mlp()
+    opt = PathNormSGD(lr, lam=lam, momentum=0.5)
+    sgd = keras.optimizers.SGD(lr, momentum=0.5)
+    for _ in range(steps):
+        opt.apply(grads_of(model, x, y), model.trainable_variables)
+        sgd.apply(grads_of(manual, x, y), manual.trainable_variables)
+        k_in, k_out = manual.layers[0].kernel, manual.layers[1].kernel
+        new_in, new_out = prox_path_norm(k_in, k_out, lam * lr)
+        k_in.assign(new_in)
+        k_out.assign(new_out)
+    for got, want in zip(model.get_weights(), manual.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(got == 0, want == 0)
+
+
+def test_learning_rate_schedule_sets_the_prox_step() -> None:
+    x, y = data()
+    lam = 0.2
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)
+    model, manual = mlp(), mlp()
+    opt = PathNormSGD(schedule, lam=lam)
+    for step in range(3):
+        opt.apply(grads_of(model, x, y), model.trainable_variables)
+        lr = 0.5 * 0.5**step
+        for g, v in zip(grads_of(manual, x, y), manual.trainable_variables, strict=True):
+            v.assign(v - lr * g)
+        k_in, k_out = manual.layers[0].kernel, manual.layers[1].kernel
+        new_in, new_out = prox_path_norm(k_in, k_out, lam * lr)
+        k_in.assign(new_in)
+        k_out.assign(new_out)
+        for got, want in zip(model.get_weights(), manual.get_weights(), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_gradient_accumulation_applies_the_prox_once_per_real_step(wrapped: bool) -> None:
+    x, y = data()
+    lr, lam = 0.5, 0.3
+    model = mlp()
+    if wrapped:
+        opt: Any = ProxOptimizer(keras.optimizers.SGD(lr, gradient_accumulation_steps=2), lam=lam)
+    else:
+        opt = PathNormSGD(lr, lam=lam, gradient_accumulation_steps=2)
+    w0 = model.get_weights()
+    g1 = grads_of(model, x[:8], y[:8])
+    opt.apply(g1, model.trainable_variables)
+    for got, want in zip(model.get_weights(), w0, strict=True):  # accumulation only
+        np.testing.assert_array_equal(got, want)
+    g2 = grads_of(model, x[8:], y[8:])
+    opt.apply(g2, model.trainable_variables)
+    stepped = [w - lr * (a.numpy() + b.numpy()) / 2 for w, a, b in zip(w0, g1, g2, strict=True)]
+    exp_in, exp_out = reference_prox(stepped[0], stepped[2], lam * lr)
+    got = model.get_weights()
+    np.testing.assert_allclose(got[0], exp_in, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got[2], exp_out, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got[1], stepped[1], rtol=1e-12)
+    # A third micro-batch: accumulation again, the weights (and their zeros) stay put.
+    opt.apply(grads_of(model, x[:8], y[:8]), model.trainable_variables)
+    for a, b in zip(model.get_weights(), got, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(opt.iterations) == 1
+
+
+def test_fit_with_accumulation_and_xla() -> None:
+    x, y = data()
+    a, b = mlp(), mlp()
+    a.compile(PathNormSGD(0.5, lam=0.1, gradient_accumulation_steps=2), loss_fn(), jit_compile=True)
+    b.compile(
+        PathNormSGD(0.5, lam=0.1, gradient_accumulation_steps=2), loss_fn(), jit_compile=False
+    )
+    for m in (a, b):
+        m.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    assert int(a.optimizer.iterations) == int(b.optimizer.iterations) == 2
+    for u, v in zip(a.get_weights(), b.get_weights(), strict=True):
+        np.testing.assert_allclose(u, v, rtol=1e-10, atol=1e-13)
+
+
+def test_model_variables_are_not_optimizer_variables() -> None:
+    x, y = data()
+    model = mlp((5, 4, 4, CLASSES))
+    opt = PathNormSGD(0.1, lam=0.01, momentum=0.9)
+    plain = keras.optimizers.SGD(0.1, momentum=0.9)
+    model.compile(opt, loss_fn())
+    model.fit(x, y, epochs=1, verbose=0)
+    plain.build(model.trainable_variables)
+    assert len(opt.variables) == len(plain.variables)
+    model_ids = {id(v) for v in model.variables}
+    assert not any(id(v) in model_ids for v in opt.variables)
+    assert not any(v.path in {w.path for w in model.variables} for v in opt.variables)
+
+
+# --- pairing -----------------------------------------------------------------------------------
+
+
+def test_auto_pairs_consecutive_dense_layers_and_warns_for_the_last() -> None:
+    model = mlp((5, 4, 4, CLASSES), names=True)
+    opt = PathNormSGD(0.1, lam=0.01)
+    opt.build(model.trainable_variables)
+    assert opt.regularized_pairs == [
+        ("net/d1/kernel", "net/d2/kernel"),
+        ("net/d3/kernel", "net/d4/kernel"),
+    ]
+    odd = mlp((5, 4, CLASSES), names=True)
+    with pytest.warns(UserWarning, match="last Dense layer 'net/d3' has no partner"):
+        PathNormSGD(0.1, lam=0.01).build(odd.trainable_variables)
+
+
+def test_explicit_pairs_by_name_and_by_layer() -> None:
+    model = mlp((5, 4, 4, CLASSES), names=True)
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[("d2", "net/d3")])
+    opt.build(model.trainable_variables)
+    assert opt.regularized_pairs == [("net/d2/kernel", "net/d3/kernel")]
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[(model.layers[0], model.layers[1])])
+    assert opt.get_config()["pairs"] == [["d1", "d2"]]
+    opt.build(model.trainable_variables)
+    assert opt.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
+    # Only the named pair moves under the prox: d3 -> d4 keep their plain SGD values.
+    x, y = data()
+    before = model.get_weights()
+    grads = grads_of(model, x, y)
+    opt.apply(grads, model.trainable_variables)
+    for i in (4, 6):
+        np.testing.assert_allclose(model.get_weights()[i], before[i] - 0.1 * grads[i].numpy())
+
+
+def _build(opt: Any, model: keras.Model) -> None:
+    opt.build(model.trainable_variables)
+
+
+def _conv_model() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((8, 2)),
+            keras.layers.Conv1D(4, 3, name="conv"),
+            keras.layers.Flatten(),
+            keras.layers.Dense(5, name="d1"),
+            keras.layers.Dense(3, name="d2"),
+        ]
+    )
+
+
+def _branchy_model() -> keras.Model:
+    inp = keras.Input((X_DIM,))
+    a = keras.layers.Dense(5, name="a")(inp)
+    b = keras.layers.Dense(4, name="b")(inp)
+    return keras.Model(inp, keras.layers.Concatenate()([a, b]))
+
+
+def _frozen_model() -> keras.Model:
+    model = mlp((5, 4, CLASSES), names=True)
+    model.layers[0].trainable = False
+    return model
+
+
+PAIRING_ERRORS = [
+    (lambda: mlp(names=True), [("d1", "nope")], "no trained Dense layer named 'nope'"),
+    (_conv_model, [("conv", "d1")], "layer 'conv' is not a Dense layer"),
+    (lambda: mlp((5, 4, CLASSES), names=True), [("d1", "d3")], "do not chain: 'd1' has 5 units"),
+    (
+        lambda: mlp((5, 5, 5, CLASSES), names=True),
+        [("d1", "d2"), ("d2", "d3")],
+        "layer 'd2' appears in two pairs",
+    ),
+    (_branchy_model, "auto", r"pairs=\"auto\": layers 'a' -> 'b' do not chain: 'a' has 5 units"),
+    (lambda: mlp((CLASSES,)), "auto", "fewer than two trained Dense kernels"),
+    (_frozen_model, [("d1", "d2")], "no trained Dense layer named 'd1'.*frozen layers"),
+]
+
+
+@pytest.mark.parametrize(("make", "pairs", "match"), PAIRING_ERRORS)
+def test_pairing_errors(make: Any, pairs: Any, match: str) -> None:
+    model = make()
+    with pytest.raises(ValueError, match=match):
+        _build(PathNormSGD(0.1, lam=0.01, pairs=pairs), model)
+
+
+def test_pairing_error_surfaces_in_fit() -> None:
+    model = mlp(names=True)
+    model.compile(PathNormSGD(0.1, lam=0.01, pairs=[("d1", "typo")]), loss_fn())
+    with pytest.raises(ValueError, match="no trained Dense layer named 'typo'"):
+        model.fit(*data(), epochs=1, verbose=0)
+
+
+def test_ambiguous_name() -> None:
+    inner = keras.Sequential([keras.Input((X_DIM,)), keras.layers.Dense(5, name="h")], name="enc")
+    outer = keras.Sequential([keras.Input((X_DIM,)), inner, keras.layers.Dense(5, name="h")])
+    names = [v.path for v in outer.trainable_variables if v.name == "kernel"]
+    assert len(names) == 2
+    with pytest.raises(ValueError, match="'h' is ambiguous"):
+        _build(PathNormSGD(0.1, lam=0.01, pairs=[("h", "h")]), outer)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({}, ValueError, "PathNormSGD needs lam"),
+        ({"lam": -1.0}, ValueError, "lam must be a finite number >= 0"),
+        ({"lam": float("nan")}, ValueError, "lam must be a finite number >= 0"),
+        ({"lam": "1e-3"}, ValueError, "lam must be a real number"),
+        ({"lam": 0.1, "pairs": "all"}, ValueError, 'pairs must be "auto"'),
+        ({"lam": 0.1, "pairs": []}, ValueError, "non-empty list"),
+        ({"lam": 0.1, "pairs": [("a", "b", "c")]}, ValueError, r"\(first_layer, second_layer\)"),
+        ({"lam": 0.1, "pairs": [("a", 3)]}, TypeError, "expected a layer name"),
+        ({"lam": 0.1, "pairs": [("a", "")]}, ValueError, "must not be empty"),
+        ({"lam": 0.1, "check_finite": 1}, ValueError, "check_finite must be a bool"),
+    ],
+)
+def test_constructor_errors(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        PathNormSGD(0.1, **kwargs)
+
+
+def test_layer_object_that_is_not_dense() -> None:
+    with pytest.raises(ValueError, match="is a Conv1D, not a Dense layer"):
+        PathNormSGD(0.1, lam=0.1, pairs=[(keras.layers.Conv1D(2, 2, name="c"), "d")])
+
+
+def test_check_finite_raises_in_the_graph() -> None:
+    model = mlp()
+    model.layers[0].kernel.assign(np.full((X_DIM, 5), np.nan))
+    opt = PathNormSGD(0.1, lam=0.1, check_finite=True)
+    step = tf.function(lambda g: opt.apply(g, model.trainable_variables))
+    grads = [tf.zeros_like(v) for v in model.trainable_variables]
+    opt.build(model.trainable_variables)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="kernel_in contains NaN or inf"):
+        step(grads)
+
+
+# --- serialization -----------------------------------------------------------------------------
+
+
+def test_get_config_round_trip() -> None:
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.5, 10, 0.9)
+    opt = PathNormSGD(schedule, lam=0.02, momentum=0.5, nesterov=True, pairs=[("a", "b")])
+    config = opt.get_config()
+    assert config["lam"] == 0.02 and config["pairs"] == [["a", "b"]]
+    json.dumps(keras.saving.serialize_keras_object(opt))
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(opt))
+    assert isinstance(clone, PathNormSGD)
+    assert clone.get_config() == {**config, "name": clone.name}
+    wrapper = ProxOptimizer(keras.optimizers.Adam(0.01), regularizer="l1", lam=0.1, layers=["d1"])
+    clone = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(wrapper))
+    assert isinstance(clone, ProxOptimizer) and isinstance(
+        clone.inner_optimizer, keras.optimizers.Adam
+    )
+    assert clone.get_config() == {**wrapper.get_config(), "name": clone.name}
+
+
+def _make_path_sgd() -> Any:
+    return PathNormSGD(0.3, lam=0.05, momentum=0.9)
+
+
+def _make_prox_adam() -> Any:
+    return ProxOptimizer(keras.optimizers.Adam(0.05), lam=0.05)
+
+
+@pytest.mark.parametrize("make_opt", [_make_path_sgd, _make_prox_adam], ids=["PathNormSGD", "Adam"])
+def test_save_load_and_continue_is_identical(make_opt: Any, tmp_path: Path) -> None:
+    x, y = data()
+    straight = mlp()
+    straight.compile(make_opt(), loss_fn())
+    straight.fit(x, y, batch_size=4, epochs=2, verbose=0, shuffle=False)
+
+    first = mlp()
+    first.compile(make_opt(), loss_fn())
+    first.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    first.save(tmp_path / "m.keras")
+    resumed = keras.models.load_model(tmp_path / "m.keras")
+    assert type(resumed.optimizer) is type(straight.optimizer)
+    assert resumed.optimizer.get_config()["lam"] == 0.05
+    assert int(resumed.optimizer.iterations) == 4
+    resumed.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    for got, want in zip(resumed.get_weights(), straight.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(got == 0, want == 0)
+
+
+# --- any optimizer: the wrapper and the baselines ---------------------------------------------
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_wrapper_around_adam_is_prox_of_the_adam_step(jit_compile: bool) -> None:
+    x, y = data()
+    lr, lam = 0.05, 2.0
+    plain, prox = mlp(), mlp()
+    plain.compile(keras.optimizers.Adam(lr), loss_fn(), jit_compile=jit_compile)
+    opt = ProxOptimizer(keras.optimizers.Adam(lr), lam=lam)
+    prox.compile(opt, loss_fn(), jit_compile=jit_compile)
+    for m in (plain, prox):
+        m.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0)
+    exp_in, exp_out = reference_prox(*kernels(plain), lam * lr)
+    got_in, got_out = kernels(prox)
+    np.testing.assert_allclose(got_in, exp_in, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got_out, exp_out, rtol=1e-12, atol=1e-14)
+    assert np.count_nonzero(got_in == 0) > 0
+    assert int(opt.iterations) == 1
+    assert float(opt.learning_rate) == pytest.approx(lr)
+    opt.learning_rate = 0.01
+    assert float(opt.inner_optimizer.learning_rate) == pytest.approx(0.01)
+    assert len(opt.variables) == len(opt.inner_optimizer.variables) + 2
+
+
+@pytest.mark.parametrize("regularizer", ["l1", "linf"])
+def test_baselines_after_an_sgd_step(regularizer: str) -> None:
+    x, y = data()
+    lr, strength = 0.5, 0.2
+    plain, prox = mlp(), mlp()
+    kwargs = {"lam": strength} if regularizer == "l1" else {"radius": 1.0}
+    opt = ProxOptimizer(keras.optimizers.SGD(lr), regularizer=regularizer, **kwargs)
+    for m, o in ((plain, keras.optimizers.SGD(lr)), (prox, opt)):
+        o.apply(grads_of(m, x, y), m.trainable_variables)
+    assert opt.regularized_kernels == [
+        v.path for v in prox.trainable_variables if v.name == "kernel"
+    ]
+    for got, stepped in zip(kernels(prox), kernels(plain), strict=True):
+        if regularizer == "l1":
+            want = ref.prox_l1(stepped, strength * lr)
+        else:
+            want = ref.project_rows_l1_ball(stepped.T, 1.0).T  # columns of a Dense kernel
+            assert np.abs(got).sum(0).max() <= 1.0 + 1e-12
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(
+        prox_l1(tf.constant(1.0, tf.float64), 0.5).numpy(), 0.5
+    )  # the functional form users call by hand
+    assert project_linf_operator_norm(np.ones((2, 2)), 1.0).shape == (2, 2)
+
+
+def test_baseline_on_chosen_layers_only() -> None:
+    x, y = data()
+    model = mlp((5, 4, CLASSES), names=True)
+    opt = ProxOptimizer(keras.optimizers.SGD(0.5), regularizer="l1", lam=10.0, layers=["d2"])
+    opt.apply(grads_of(model, x, y), model.trainable_variables)
+    assert np.all(model.layers[1].kernel.numpy() == 0)  # 10 * 0.5 thresholds everything
+    assert np.count_nonzero(model.layers[0].kernel.numpy()) == X_DIM * 5
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        ((), {"lam": 0.1}, TypeError, "inner_optimizer must be a keras.optimizers.Optimizer"),
+        ((keras.optimizers.SGD(0.1),), {}, ValueError, "ProxOptimizer needs lam"),
+        ((keras.optimizers.SGD(0.1),), {"lam": 0.1, "regularizer": "l2"}, ValueError, "one of"),
+        ((keras.optimizers.SGD(0.1),), {"regularizer": "linf"}, ValueError, "needs radius"),
+        (
+            (keras.optimizers.SGD(0.1),),
+            {"regularizer": "linf", "lam": 0.1},
+            ValueError,
+            "pass radius=..., not lam",
+        ),
+        ((keras.optimizers.SGD(0.1),), {"lam": 0.1, "radius": 1.0}, ValueError, "radius applies"),
+        ((keras.optimizers.SGD(0.1),), {"lam": 0.1, "layers": ["d1"]}, ValueError, "use pairs"),
+        (
+            (keras.optimizers.SGD(0.1),),
+            {"lam": 0.1, "regularizer": "l1", "pairs": [("a", "b")]},
+            ValueError,
+            "use layers",
+        ),
+        (
+            (keras.optimizers.SGD(0.1),),
+            {"lam": 0.1, "clipnorm": 1.0},
+            ValueError,
+            "inner optimizer",
+        ),
+        ((PathNormSGD(0.1, lam=0.1),), {"lam": 0.1}, ValueError, "already applies a prox"),
+    ],
+)
+def test_wrapper_errors(
+    args: tuple[Any, ...], kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    if not args:
+        args = ("sgd",)
+    with pytest.raises(error, match=match):
+        ProxOptimizer(*args, **kwargs)
+
+
+def test_baseline_layer_errors() -> None:
+    model = _conv_model()
+    opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=["conv"])
+    with pytest.raises(ValueError, match="layers: layer 'conv' is not a Dense layer"):
+        opt.build(model.trainable_variables)
+    opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=["d1", "d1"])
+    with pytest.raises(ValueError, match="listed twice"):
+        opt.build(model.trainable_variables)
+
+
+# --- distribution ------------------------------------------------------------------------------
+
+MIRRORED = textwrap.dedent(
+    """
+    import os
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+    import keras
+    from pathnorm_tf import PathNormSGD
+
+    keras.config.set_floatx("float64")
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 6))
+    y = rng.integers(0, 3, 32)
+    jit = sys.argv[1] == "1"
+
+    def build():
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="elu"),
+                                  keras.layers.Dense(3)])
+        model.compile(PathNormSGD(0.5, lam=0.1, momentum=0.5),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      jit_compile=jit)
+        return model
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    with strategy.scope():
+        dist = build()
+    dist.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
+    single = build()
+    single.fit(x, y, batch_size=16, epochs=3, verbose=0, shuffle=False)
+    replicas = [[np.asarray(c).tolist() for c in v.value.values] for v in dist.trainable_variables]
+    print(json.dumps({
+        "n_replicas": strategy.num_replicas_in_sync,
+        "replicas": replicas,
+        "single": [w.tolist() for w in single.get_weights()],
+        "zeros": int(np.sum(dist.layers[0].kernel.numpy() == 0)),
+    }))
+    """
+)
+
+
+# jit_compile=False only: XLA cannot compile a step whose MirroredStrategy variables live on two
+# CPU devices (plain keras.optimizers.SGD fails the same way: "Trying to access resource ...
+# located in device CPU:1 from device CPU:0"); on GPUs each replica compiles on its own device.
+@pytest.mark.parametrize("jit_compile", [False])
+def test_mirrored_strategy_keeps_replicas_identical(jit_compile: bool) -> None:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", MIRRORED, "1" if jit_compile else "0"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["n_replicas"] == 2
+    assert result["zeros"] > 0
+    for per_replica, single in zip(result["replicas"], result["single"], strict=True):
+        first, second = (np.asarray(r) for r in per_replica)
+        np.testing.assert_array_equal(first, second)  # replicas bit-identical
+        # and equal to single-device training on the same global batches
+        np.testing.assert_allclose(first, np.asarray(single), rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(first == 0, np.asarray(single) == 0)
+
+
+def test_not_warning_on_plain_use() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        PathNormSGD(0.1, lam=0.1).build(mlp().trainable_variables)
