@@ -1,0 +1,186 @@
+"""PathNormMetrics: values equal direct computation (and the torch metrics), reach History/CSV."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from pathnorm_tf import PathNormMetrics, PathNormSGD, metric_values, path_norm, product_bound
+
+
+def mlp(sizes: tuple[int, ...], seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    layers: list[Any] = [keras.Input((6,))]
+    layers += [
+        keras.layers.Dense(u, activation="elu", name=f"d{i + 1}") for i, u in enumerate(sizes)
+    ]
+    return keras.Sequential(layers, name="net")
+
+
+def direct(kernels: list[np.ndarray], pairs: list[tuple[int, int]]) -> dict[str, float]:
+    """The definitions, written out in NumPy (float64)."""
+    ks = [k.astype(np.float64) for k in kernels]
+    chosen = [ks[i] for pair in pairs for i in pair]
+    zeros = sum(int(np.sum(k == 0)) for k in chosen)
+    total = sum(k.size for k in chosen)
+    alive = [
+        np.any(ks[i] != 0, axis=0) & np.any(ks[j] != 0, axis=1) for i, j in pairs
+    ]  # unit j: incoming column, outgoing row
+    v = np.ones(ks[0].shape[0])
+    for k in ks:
+        v = v @ np.abs(k)
+    prod = np.abs(ks[-1]).sum()
+    for k in ks[:-1]:
+        prod *= np.abs(k).sum(0).max()
+    return {
+        "pathnorm/sparsity": zeros / total,
+        "pathnorm/alive_units": float(np.concatenate(alive).mean()),
+        "pathnorm/path_norm_bound": float(v.sum()),
+        "pathnorm/product_bound": float(prod),
+    }
+
+
+def sparsify(model: keras.Model, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for layer in model.layers:
+        k = layer.kernel.numpy()
+        k[rng.random(k.shape) < 0.4] = 0.0
+        layer.kernel.assign(k)
+    k = model.layers[0].kernel.numpy()
+    k[:, 1] = 0.0  # unit 1 of the first pair has no incoming weight: dead
+    model.layers[0].kernel.assign(k)
+
+
+@pytest.mark.parametrize(
+    ("sizes", "pairs", "idx"),
+    [
+        ((5, 3), "auto", [(0, 1)]),
+        ((5, 4, 4, 3), "auto", [(0, 1), (2, 3)]),
+        ((5, 4, 3), [("d2", "d3")], [(1, 2)]),
+    ],
+)
+def test_values_equal_direct_computation(sizes: tuple[int, ...], pairs: Any, idx: Any) -> None:
+    model = mlp(sizes)
+    sparsify(model)
+    got = metric_values(model, pairs)
+    want = direct([layer.kernel.numpy() for layer in model.layers], idx)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-6), key
+    assert got["pathnorm/alive_units"] < 1.0 or idx != [(0, 1)]
+    assert got["pathnorm/product_bound"] >= got["pathnorm/path_norm_bound"]
+
+
+def test_one_pair_bounds_equal_the_functional_ones() -> None:
+    model = mlp((5, 3))
+    k_in, k_out = model.layers[0].kernel, model.layers[1].kernel
+    got = metric_values(model)
+    assert got["pathnorm/path_norm_bound"] == pytest.approx(float(path_norm(k_in, k_out)), rel=1e-6)
+    assert got["pathnorm/product_bound"] == pytest.approx(
+        float(product_bound(k_in, k_out)), rel=1e-6
+    )
+
+
+def test_same_values_as_the_torch_metrics() -> None:
+    torch = pytest.importorskip("torch")
+    metrics = pytest.importorskip("pathnorm_lightning.metrics")
+    model = mlp((5, 4, 3))
+    sparsify(model, seed=3)
+    weights = [
+        torch.from_numpy(layer.kernel.numpy().T.astype(np.float64)) for layer in model.layers
+    ]
+    sparsity = metrics.Sparsity()
+    sparsity.update(weights[:2])  # the auto pair (d1, d2); d3 is unpaired
+    bound, prod = metrics.PathNormBound(), metrics.ProductBound()
+    bound.update(weights)
+    prod.update(weights)
+    with pytest.warns(UserWarning, match="no partner"):
+        got = metric_values(model)
+    want = sparsity.compute()
+    assert got["pathnorm/sparsity"] == pytest.approx(float(want["sparsity"]), rel=1e-12)
+    assert got["pathnorm/alive_units"] == pytest.approx(float(want["alive_units"]), rel=1e-12)
+    assert got["pathnorm/path_norm_bound"] == pytest.approx(float(bound.compute()), rel=1e-6)
+    assert got["pathnorm/product_bound"] == pytest.approx(float(prod.compute()), rel=1e-6)
+
+
+def test_logs_reach_history_and_csv_logger(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((20, 6)), rng.integers(0, 3, 20)
+    model = mlp((5, 3))
+    model.compile(
+        PathNormSGD(0.5, lam=0.5), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    csv_path = tmp_path / "log.csv"
+    history = model.fit(
+        x,
+        y,
+        epochs=2,
+        verbose=0,
+        callbacks=[PathNormMetrics(), keras.callbacks.CSVLogger(str(csv_path))],
+    )
+    final = metric_values(model)
+    for key, value in final.items():
+        assert len(history.history[key]) == 2
+        assert history.history[key][-1] == pytest.approx(value)
+    assert history.history["pathnorm/sparsity"][-1] > 0  # the prox zeroed weights
+    with csv_path.open() as f:
+        rows = list(csv.DictReader(f))
+    assert float(rows[-1]["pathnorm/sparsity"]) == pytest.approx(final["pathnorm/sparsity"])
+
+
+def test_batch_logs_every_n_batches() -> None:
+    seen: list[bool] = []
+
+    class Probe(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+            seen.append("pathnorm/sparsity" in (logs or {}))
+
+    rng = np.random.default_rng(0)
+    model = mlp((5, 3))
+    model.compile("sgd", "mse")
+    model.fit(
+        rng.standard_normal((8, 6)),
+        rng.standard_normal((8, 3)),
+        batch_size=2,
+        verbose=0,
+        callbacks=[PathNormMetrics(every_n_batches=2), Probe()],
+    )
+    assert seen == [False, True, False, True]
+
+
+def test_non_chaining_model_reports_sparsity_only() -> None:
+    inp = keras.Input((6,))
+    a = keras.layers.Dense(5, name="a")(inp)
+    b = keras.layers.Dense(4, name="b")(a)
+    c = keras.layers.Dense(4, name="c")(inp)
+    model = keras.Model(inp, keras.layers.Concatenate()([b, c]))
+    got = metric_values(model, pairs=[("a", "b")])
+    assert set(got) == {"pathnorm/sparsity", "pathnorm/alive_units"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"every_n_batches": 0}, "every_n_batches must be None or an int >= 1"),
+        ({"every_n_batches": 1.5}, "every_n_batches must be None or an int >= 1"),
+        ({"pairs": "first"}, 'pairs must be "auto"'),
+    ],
+)
+def test_constructor_errors(kwargs: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PathNormMetrics(**kwargs)
+
+
+def test_model_without_dense_layers() -> None:
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Flatten()])
+    with pytest.raises(ValueError, match="no built Dense layer"):
+        metric_values(model)
