@@ -46,7 +46,7 @@ from pathnorm_lightning.pairing import (
     resolve_pairs,
 )
 
-__all__ = ["AfterOptimizerStep", "L1Prox", "LayerwiseLinfProjection", "PathNormProx"]
+__all__ = ["AfterOptimizerStep", "L1Prox", "LayerwiseLinfProjection", "PathNormProx", "StepTarget"]
 
 _SHARDED_STRATEGIES = (
     "FSDPStrategy",
@@ -68,8 +68,9 @@ def _check_nonneg(value: Any, name: str, owner: str) -> float:
 
 
 @dataclass
-class _Target:
-    """One unit the callback updates: a layer or a pair, its weights and display name."""
+class StepTarget:
+    """What one :meth:`AfterOptimizerStep.apply` call updates: a layer or a pair (its weights, in
+    forward order) and a display name used in error messages."""
 
     name: str
     weights: tuple[Tensor, ...]
@@ -77,7 +78,7 @@ class _Target:
 
 @dataclass
 class _Planned:
-    target: _Target
+    target: StepTarget
     groups: tuple[int, ...]  # param-group index of every weight, in the owning optimizer
 
 
@@ -132,7 +133,7 @@ class AfterOptimizerStep(Callback):
 
         self.num_steps = 0  # real optimizer steps this callback has acted on (all fits)
         self._handles: list[RemovableHandle] = []
-        self._targets: list[_Target] = []
+        self._targets: list[StepTarget] = []
         self._plan: dict[int, list[_Planned]] = {}  # id(optimizer) -> its targets
         self._chain: list[nn.Linear] | None = None
         self._last_logged_step = -1
@@ -141,11 +142,11 @@ class AfterOptimizerStep(Callback):
         self._product_bound = ProductBound()
 
     # --- to be defined by subclasses -------------------------------------------------------
-    def resolve_targets(self, pl_module: pl.LightningModule) -> list[_Target]:
+    def resolve_targets(self, pl_module: pl.LightningModule) -> list[StepTarget]:
         """The layers or pairs to act on (called at fit start, after ``configure_model``)."""
         raise NotImplementedError
 
-    def apply(self, target: _Target, lr: float) -> None:
+    def apply(self, target: StepTarget, lr: float) -> None:
         """Update ``target.weights`` in place after an optimizer step with learning rate ``lr``."""
         raise NotImplementedError
 
@@ -216,16 +217,15 @@ class AfterOptimizerStep(Callback):
         batch_idx: int,
     ) -> None:
         if (
-            not self.log_metrics
-            or not self._targets
-            or getattr(trainer, "log_every_n_steps", 1) == 0
+            not self.log_metrics or not self._targets or trainer.log_every_n_steps == 0  # type: ignore[attr-defined]
         ):
             return
         step = trainer.global_step
         if step == self._last_logged_step:
             return
         if self.log_every_n_steps is None:
-            due = bool(getattr(trainer, "_logger_connector").should_update_logs)  # noqa: B009
+            # The trainer's own flush condition, as Lightning's LearningRateMonitor uses it.
+            due = trainer._logger_connector.should_update_logs
         else:
             due = step % self.log_every_n_steps == 0
         if due:
@@ -429,18 +429,18 @@ class PathNormProx(AfterOptimizerStep):
         return {"lam": self.lam, "pairs": self.pairs, **super().config()}
 
     @override
-    def resolve_targets(self, pl_module: pl.LightningModule) -> list[_Target]:
+    def resolve_targets(self, pl_module: pl.LightningModule) -> list[StepTarget]:
         pairs = resolve_pairs(pl_module, self.pairs)
         self._layer_pairs = [(p.first, p.second) for p in pairs]
         return [
-            _Target(
+            StepTarget(
                 f"pair ({p.first_name!r}, {p.second_name!r})", (p.first.weight, p.second.weight)
             )
             for p in pairs
         ]
 
     @override
-    def apply(self, target: _Target, lr: float) -> None:
+    def apply(self, target: StepTarget, lr: float) -> None:
         w_in, w_out = target.weights
         prox_path_norm_(w_in, w_out, self.lam * lr, check_finite=self.check_finite)
 
@@ -467,17 +467,17 @@ class _LayerwiseBase(AfterOptimizerStep):
         return {"layers": self.layers, **super().config()}
 
     @override
-    def resolve_targets(self, pl_module: pl.LightningModule) -> list[_Target]:
+    def resolve_targets(self, pl_module: pl.LightningModule) -> list[StepTarget]:
         spec: LayersSpec = self.layers
         found = resolve_layers(pl_module, spec)
         self._linear_layers = [layer for _, layer in found]
-        return [_Target(f"layer {name!r}", (layer.weight,)) for name, layer in found]
+        return [StepTarget(f"layer {name!r}", (layer.weight,)) for name, layer in found]
 
     @override
     def sparsity_chains(self) -> list[list[Tensor]]:
         return _consecutive_chains(self._linear_layers)
 
-    def _check_finite(self, target: _Target) -> None:
+    def _check_finite(self, target: StepTarget) -> None:
         if self.check_finite and not bool(torch.isfinite(target.weights[0]).all()):
             raise ValueError(
                 f"{type(self).__name__}: the weight of {target.name} contains NaN or inf after the "
@@ -512,7 +512,7 @@ class L1Prox(_LayerwiseBase):
         return {"lam": self.lam, **super().config()}
 
     @override
-    def apply(self, target: _Target, lr: float) -> None:
+    def apply(self, target: StepTarget, lr: float) -> None:
         self._check_finite(target)
         prox_l1_(target.weights[0], self.lam * lr)
 
@@ -545,6 +545,6 @@ class LayerwiseLinfProjection(_LayerwiseBase):
         return {"radius": self.radius, **super().config()}
 
     @override
-    def apply(self, target: _Target, lr: float) -> None:
+    def apply(self, target: StepTarget, lr: float) -> None:
         self._check_finite(target)
         project_rows_l1_ball_(target.weights[0], self.radius)

@@ -31,7 +31,7 @@ from pathnorm_lightning import (
     prox_l1,
     prox_path_norm,
 )
-from pathnorm_lightning.callbacks import _Target
+from pathnorm_lightning.callbacks import StepTarget
 
 N_SAMPLES, BATCH = 48, 8
 
@@ -119,7 +119,7 @@ class Spy(PathNormProx):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, float]] = []
 
-    def apply(self, target: _Target, lr: float) -> None:
+    def apply(self, target: StepTarget, lr: float) -> None:
         self.calls.append((target.name, lr))
         super().apply(target, lr)
 
