@@ -5,6 +5,7 @@ from pathnorm_lightning.callbacks import (
     L1Prox,
     LayerwiseLinfProjection,
     PathNormProx,
+    StepTarget,
 )
 from pathnorm_lightning.functional import (
     path_norm,
@@ -28,6 +29,7 @@ __all__ = [
     "PathNormProx",
     "ProductBound",
     "Sparsity",
+    "StepTarget",
     "path_norm",
     "product_bound",
     "project_rows_l1_ball",

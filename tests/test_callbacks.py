@@ -696,10 +696,13 @@ class CLIData(pl.LightningDataModule):
         return loader(make_data())
 
 
-def test_lightning_cli_configures_the_callback(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_lightning_cli_configures_the_callback(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from lightning.pytorch.cli import LightningCLI
 
     monkeypatch.setattr("sys.argv", ["lightning_cli"])
+    monkeypatch.chdir(tmp_path)  # LightningCLI saves config.yaml into the working directory
 
     cli = LightningCLI(
         CLIModel,
@@ -725,3 +728,22 @@ def test_lightning_cli_configures_the_callback(monkeypatch: pytest.MonkeyPatch) 
     assert [type(c).__name__ for c in cbs] == ["PathNormProx", "L1Prox"]
     assert cbs[0].lam == 1e-3 and cbs[0].pairs == [("net.0", "net.2")]
     assert cbs[0].num_steps == 6 and cbs[1].num_steps == 6
+
+
+def test_example_yaml_configures_the_callback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from lightning.pytorch.cli import LightningCLI
+
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    monkeypatch.syspath_prepend(str(examples))
+    monkeypatch.setattr("sys.argv", ["lightning_cli"])
+    from lightning_cli import MLP as ExampleMLP
+    from lightning_cli import EmbeddedMNIST
+
+    cli = LightningCLI(
+        ExampleMLP,
+        EmbeddedMNIST,
+        run=False,
+        args=["--config", str(examples / "lightning_cli.yaml")],
+    )
+    (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, PathNormProx)]
+    assert cb.lam == 1e-3 and cb.pairs == [("net.0", "net.2")] and cb.prog_bar
