@@ -475,6 +475,29 @@ def test_own_log_every_n_steps_writes_to_loggers_and_log_metrics_off(tmp_path: P
     assert not any(k.startswith("pathnorm/") for k in tr.callback_metrics)
 
 
+class SkipMLP(MLP):
+    """MLP plus a linear skip connection: its Linear layers do not form one chain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skip = nn.Linear(20, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.net(x) + self.skip(x)
+
+
+def test_non_chain_network_logs_sparsity_but_not_the_bounds() -> None:
+    torch.manual_seed(0)
+    cb = PathNormProx(lam=0.3, pairs=[("net.0", "net.2")])
+    tr = trainer(max_epochs=1, callbacks=[cb])
+    model = SkipMLP()
+    with pytest.warns(UserWarning, match=r"do not form a chain .* are not logged"):
+        tr.fit(model, loader(make_data()))
+    assert "pathnorm/sparsity" in tr.callback_metrics
+    assert "pathnorm/path_norm_bound" not in tr.callback_metrics
+    assert torch.equal(model.skip.weight != 0, torch.ones(4, 20, dtype=torch.bool))
+
+
 # --- checkpoints -----------------------------------------------------------------------
 
 
