@@ -1,0 +1,194 @@
+"""TensorFlow / Keras cost of the exact path-norm prox, as numbers measured in one run.
+
+1. Prox time of ``pathnorm_tf.prox_path_norm`` in float32 on the paper's shapes (m-n-p:
+   ``Dense(n) -> ELU -> Dense(p)`` on m inputs), eagerly, in ``tf.function`` and under XLA
+   (``jit_compile=True``); plus ``pathnorm_lightning.prox_path_norm`` on the same weights when
+   torch is installed (same machine, same run).
+2. Epoch time of the paper's network (784-200-10, ELU, batch 100, 60,000 MNIST training images
+   from ``/work/shared/data/mnist`` or random data of the same shape) trained by ``model.fit``
+   with ``keras.optimizers.SGD`` and with ``PathNormSGD``; epochs alternate in one process, so
+   both see the same machine load; the medians and their ratio are printed.
+
+    python benchmarks/bench_tf.py [--repeats 3] [--jit 1|0] [--lam 1e-4] [--lr 0.1] [--markdown]
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import argparse
+import gzip
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from pathnorm_tf import PathNormSGD, prox_path_norm
+
+SHAPES = [(784, 200, 10), (784, 200, 1), (784, 1000, 10), (512, 512, 512)]
+MNIST = Path("/work/shared/data/mnist")
+
+
+def timeit(fn: Callable[[], object], min_time: float = 0.5) -> float:
+    """Median seconds per call over repeated calls (after warm-up)."""
+    for _ in range(2):
+        fn()
+    samples = []
+    deadline = time.perf_counter() + min_time
+    while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 50):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def trained_like(m: int, n: int, p: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Glorot-scale random kernels (Keras layout), float32."""
+    rng = np.random.default_rng(seed)
+    k_in = rng.uniform(-1, 1, (m, n)) * np.sqrt(6 / (m + n))
+    k_out = rng.uniform(-1, 1, (n, p)) * np.sqrt(6 / (n + p))
+    return k_in.astype(np.float32), k_out.astype(np.float32)
+
+
+def bench_shape(m: int, n: int, p: int, lam: float, torch_prox: Any) -> dict[str, object]:
+    k_in_np, k_out_np = trained_like(m, n, p)
+    k_in, k_out = tf.constant(k_in_np), tf.constant(k_out_np)
+    lam_t = tf.constant(lam)
+
+    def prox(a: tf.Tensor, b: tf.Tensor, t: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return prox_path_norm(a, b, t, check_finite=False)
+
+    graph = tf.function(prox)
+    xla = tf.function(prox, jit_compile=True)
+    row: dict[str, object] = {
+        "shape": f"{m}-{n}-{p}",
+        "eager": timeit(lambda: prox_path_norm(k_in, k_out, lam, check_finite=False)[0].numpy()),
+        "tf.function": timeit(lambda: graph(k_in, k_out, lam_t)[0].numpy()),
+        "xla": timeit(lambda: xla(k_in, k_out, lam_t)[0].numpy()),
+    }
+    if torch_prox is not None:
+        import torch
+
+        w_in = torch.from_numpy(np.ascontiguousarray(k_in_np.T))
+        w_out = torch.from_numpy(np.ascontiguousarray(k_out_np.T))
+        row["torch"] = timeit(lambda: torch_prox(w_in, w_out, lam, check_finite=False))
+    return row
+
+
+def bench_prox(lam: float) -> list[dict[str, object]]:
+    try:
+        from pathnorm_lightning import prox_path_norm as torch_prox
+    except ImportError:
+        torch_prox = None
+    rows = []
+    for m, n, p in SHAPES:
+        row = bench_shape(m, n, p, lam, torch_prox)
+        rows.append(row)
+        print(
+            f"prox {row['shape']:>12}: "
+            + ", ".join(f"{k} {1e3 * float(v):.2f} ms" for k, v in row.items() if k != "shape"),  # type: ignore[arg-type]
+            flush=True,
+        )
+    return rows
+
+
+def load_mnist() -> tuple[np.ndarray, np.ndarray, str]:
+    images, labels = MNIST / "train-images-idx3-ubyte.gz", MNIST / "train-labels-idx1-ubyte.gz"
+    if images.exists() and labels.exists():
+        with gzip.open(images) as f:
+            x = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784)
+        with gzip.open(labels) as f:
+            y = np.frombuffer(f.read(), dtype=np.uint8, offset=8)
+        return x.astype(np.float32) / 255.0, y.astype(np.int64), "MNIST train (60,000)"
+    rng = np.random.default_rng(0)
+    x = rng.random((60000, 784), dtype=np.float32)
+    return x, rng.integers(0, 10, 60000), "random data of MNIST's shape (60,000)"
+
+
+def paper_mlp(optimizer: keras.optimizers.Optimizer, jit: bool) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((784,)), keras.layers.Dense(200, activation="elu"), keras.layers.Dense(10)]
+    )
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=jit,
+    )
+    return model
+
+
+def bench_epoch(repeats: int, jit: bool, lam: float, lr: float) -> dict[str, object]:
+    x, y, source = load_mnist()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(100).cache().prefetch(2)
+    models = {
+        "SGD": paper_mlp(keras.optimizers.SGD(lr), jit),
+        "PathNormSGD": paper_mlp(PathNormSGD(lr, lam=lam), jit),
+    }
+    for model in models.values():  # warm-up: tracing, compilation, dataset cache
+        model.fit(dataset, epochs=1, verbose=0)
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            t0 = time.perf_counter()
+            model.fit(dataset, epochs=1, verbose=0)
+            times[name].append(time.perf_counter() - t0)
+    sgd = statistics.median(times["SGD"])
+    prox = statistics.median(times["PathNormSGD"])
+    kernel = models["PathNormSGD"].layers[0].kernel.numpy()
+    result = {
+        "data": source,
+        "jit_compile": jit,
+        "SGD": sgd,
+        "PathNormSGD": prox,
+        "ratio": prox / sgd,
+        "per_step_extra_ms": 1e3 * (prox - sgd) / 600,
+        "sparsity_first_kernel": float(np.mean(kernel == 0)),
+    }
+    print(
+        f"epoch ({source}, jit_compile={jit}): SGD {sgd:.2f} s, PathNormSGD {prox:.2f} s, "
+        f"ratio {prox / sgd:.2f}x ({result['per_step_extra_ms']:.2f} ms extra per step)",
+        flush=True,
+    )
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--jit", type=int, choices=[0, 1], default=1)
+    parser.add_argument("--lam", type=float, default=1e-4)
+    parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--skip-prox", action="store_true")
+    parser.add_argument("--skip-epoch", action="store_true")
+    parser.add_argument("--markdown", action="store_true", help="print markdown tables")
+    args = parser.parse_args()
+    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs")
+    rows = [] if args.skip_prox else bench_prox(args.lam * args.lr)
+    epoch = (
+        None if args.skip_epoch else bench_epoch(args.repeats, bool(args.jit), args.lam, args.lr)
+    )
+    if args.markdown:
+        if rows:
+            cols = [c for c in ("eager", "tf.function", "xla", "torch") if c in rows[0]]
+            print("\n| shape (m-n-p) | " + " | ".join(f"{c} (ms)" for c in cols) + " |")
+            print("|---|" + "---:|" * len(cols))
+            for row in rows:
+                cells = " | ".join(f"{1e3 * float(row[c]):.2f}" for c in cols)  # type: ignore[arg-type]
+                print(f"| {row['shape']} | {cells} |")
+        if epoch:
+            print("\n| optimizer | epoch (s) |\n|---|---:|")
+            print(f"| keras.optimizers.SGD | {epoch['SGD']:.2f} |")
+            print(f"| PathNormSGD | {epoch['PathNormSGD']:.2f} |")
+            print(f"| ratio | {epoch['ratio']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
