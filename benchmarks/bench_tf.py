@@ -40,7 +40,7 @@ def timeit(fn: Callable[[], object], min_time: float = 0.5) -> float:
     """Median seconds per call over repeated calls (after warm-up)."""
     for _ in range(2):
         fn()
-    samples = []
+    samples: list[float] = []
     deadline = time.perf_counter() + min_time
     while len(samples) < 5 or (time.perf_counter() < deadline and len(samples) < 50):
         t0 = time.perf_counter()
@@ -83,6 +83,7 @@ def bench_shape(m: int, n: int, p: int, lam: float, torch_prox: Any) -> dict[str
 
 
 def bench_prox(lam: float) -> list[dict[str, object]]:
+    torch_prox: Any
     try:
         from pathnorm_lightning import prox_path_norm as torch_prox
     except ImportError:
@@ -103,10 +104,10 @@ def load_mnist() -> tuple[np.ndarray, np.ndarray, str]:
     images, labels = MNIST / "train-images-idx3-ubyte.gz", MNIST / "train-labels-idx1-ubyte.gz"
     if images.exists() and labels.exists():
         with gzip.open(images) as f:
-            x = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784)
+            raw = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784)
         with gzip.open(labels) as f:
             y = np.frombuffer(f.read(), dtype=np.uint8, offset=8)
-        return x.astype(np.float32) / 255.0, y.astype(np.int64), "MNIST train (60,000)"
+        return raw.astype(np.float32) / 255.0, y.astype(np.int64), "MNIST train (60,000)"
     rng = np.random.default_rng(0)
     x = rng.random((60000, 784), dtype=np.float32)
     return x, rng.integers(0, 10, 60000), "random data of MNIST's shape (60,000)"
