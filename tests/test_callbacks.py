@@ -677,7 +677,7 @@ def _manual_two(model: MLP, loss: Tensor, batch_idx: int) -> None:
             r"held by different optimizers \(indices \[0, 1\]\)",
         ),
         ({"make_optimizers": _unequal_groups}, r"different learning rates \[0.1, 0.2\]"),
-        ({"poison_batch": 1}, r"w_in contains NaN or inf"),
+        ({"poison_batch": 1}, r"weights of pair \('net.0', 'net.2'\) contain NaN or inf after the"),
     ],
 )
 def test_fit_time_errors_are_clear_and_leave_no_hooks(model_kwargs: dict, match: str) -> None:
@@ -702,7 +702,9 @@ def test_unknown_pair_name_fails_at_fit_start() -> None:
 )
 def test_baselines_raise_on_non_finite_weights(make_cb: Callable[[], Any]) -> None:
     torch.manual_seed(0)
-    with pytest.raises(ValueError, match=r"contains NaN or inf after the optimizer step"):
+    with pytest.raises(
+        ValueError, match=r"weights of layer 'net.0' contain NaN or inf after the optimizer step"
+    ):
         trainer(max_epochs=1, callbacks=[make_cb()]).fit(MLP(poison_batch=0), loader(make_data()))
 
 
