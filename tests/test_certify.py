@@ -1,0 +1,165 @@
+"""Certificates and bounds: hand-computed values, exactness on a linear model, and soundness:
+strong PGD never breaks a certified example; certified >= robust >= clean error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from pathnorm_experiments import certify as C
+from pathnorm_experiments.config import TrainConfig
+from pathnorm_experiments.data import Dataset, load_dataset
+from pathnorm_experiments.torch_backend import linear_layers, robust_error, train_loop
+
+# hand example: W (2 hidden x 2 inputs), V (2 outputs x 2 hidden)
+W = np.array([[1.0, -2.0], [0.5, 0.5]])  # row l1 norms 3, 1
+V = np.array([[1.0, -1.0], [2.0, 1.0]])  # |V_0 - V_1| = [1, 2]
+
+
+def test_hand_computed_bounds() -> None:
+    lip = C.lipschitz_matrix([W, V])
+    np.testing.assert_allclose(lip, [[0.0, 5.0], [5.0, 0.0]])  # 1*3 + 2*1
+    assert C.path_norm_bound([W, V]) == pytest.approx(3 * 3 + 2 * 1)  # sum_i ||V_:i|| ||W_i||
+    assert C.product_bound([W, V]) == pytest.approx(5 * 3)  # sum|V| * max row sum of W
+    assert C.regularizer_value([W, V], "path") == pytest.approx(11.0)
+    assert C.regularizer_value([W, V], "l1") == pytest.approx(3 + 1 + 5)
+    assert C.regularizer_value([W, V], "linf") == 0.0
+
+
+def test_effective_nonzero_counts_only_live_paths() -> None:
+    w = np.ones((3, 4))
+    v = np.ones((2, 3))
+    v[:, 0] = 0  # unit 0: incoming weights but no outgoing ones
+    w[1] = 0  # unit 1: outgoing weights but no incoming ones
+    assert C.nonzero_fraction([w, v]) == pytest.approx((8 + 4) / 18)
+    assert C.effective_nonzero_fraction([w, v]) == pytest.approx(6 / 18)  # unit 2 only
+
+
+def test_certified_mask_hand_example() -> None:
+    b = [np.zeros(2), np.zeros(2)]
+    x = np.array([[1.0, 0.0]])  # hidden pre-act [1, 0.5] -> relu [1, 0.5] -> logits [0.5, 2.5]
+    z = C.forward([W, V], b, x, "relu")
+    np.testing.assert_allclose(z, [[0.5, 2.5]])
+    # class 1, margin 2.0, L = 5: certified iff eps < 0.4
+    assert C.certified_mask([W, V], b, x, np.array([1]), 0.39, "relu")[0]
+    assert not C.certified_mask([W, V], b, x, np.array([1]), 0.4, "relu")[0]
+    assert not C.certified_mask([W, V], b, x, np.array([0]), 0.0, "relu")[0]  # misclassified
+
+
+def test_deep_bound_is_product_of_abs_matrices() -> None:
+    rng = np.random.default_rng(0)
+    ws = [rng.normal(size=(5, 4)), rng.normal(size=(6, 5)), rng.normal(size=(3, 6))]
+    r = np.abs(ws[1]) @ np.abs(ws[0]) @ np.ones(4)
+    lip = C.lipschitz_matrix(ws)
+    assert lip[0, 2] == pytest.approx(np.abs(ws[2][0] - ws[2][2]) @ r)
+    assert C.path_norm_bound(ws) == pytest.approx(np.ones(3) @ np.abs(ws[2]) @ r)
+    assert lip.max() <= 2 * C.path_norm_bound(ws)
+
+
+@pytest.mark.parametrize("activation", ["elu", "relu", "tanh"])
+def test_lipschitz_bound_holds_on_random_perturbations(activation: str) -> None:
+    rng = np.random.default_rng(1)
+    ws = [rng.normal(size=(20, 8)), rng.normal(size=(4, 20))]
+    bs = [rng.normal(size=20), rng.normal(size=4)]
+    lip = C.lipschitz_matrix(ws)
+    x = rng.uniform(size=(500, 8))
+    d = rng.uniform(-1, 1, size=(500, 8)) * rng.uniform(0, 0.5, size=(500, 1))
+    f0, f1 = C.forward(ws, bs, x, activation), C.forward(ws, bs, x + d, activation)
+    dn = np.abs(d).max(1)
+    for y in range(4):
+        for j in range(4):
+            change = np.abs((f1[:, y] - f1[:, j]) - (f0[:, y] - f0[:, j]))
+            assert np.all(change <= lip[y, j] * dn + 1e-9)
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="does not follow"):
+        C.lipschitz_matrix([np.ones((3, 4)), np.ones((2, 5))])
+    with pytest.raises(ValueError, match="activation must be elu, relu or tanh"):
+        C.forward([W, V], [np.zeros(2), np.zeros(2)], np.ones((1, 2)), "gelu")
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        C.certified_mask([W, V], [np.zeros(2)] * 2, np.ones((1, 2)), np.array([0]), -1.0, "elu")
+    with pytest.raises(ValueError, match="even number"):
+        C.regularizer_value([W, V, V], "path")
+
+
+@pytest.fixture(scope="module")
+def data() -> Dataset:
+    return load_dataset("embedded").subset(3000, 400)
+
+
+@pytest.fixture(scope="module")
+def robust_model(data: Dataset) -> torch.nn.Module:
+    """A path-norm-regularized net: small Lipschitz bounds, so many examples certify."""
+    torch.set_num_threads(1)
+    cfg = TrainConfig(regularizer="path", lam=1e-3, epochs=4, log_every=100)
+    model, _ = train_loop(cfg, data, progress=False, evaluate_model=False)
+    return model.eval()
+
+
+def _np(model: torch.nn.Module) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    lins = linear_layers(model)
+    return [m.weight.detach().numpy() for m in lins], [m.bias.detach().numpy() for m in lins]
+
+
+def test_certificate_exact_on_linear_model(data: Dataset) -> None:
+    """For f = A x + b (no box), L_{y,j} = ||a_y - a_j||_1 is attained: certified <=> robust."""
+    cfg = TrainConfig(regularizer="none", epochs=2, hidden=(), lr=0.05, log_every=100)
+    model, _ = train_loop(cfg, data, progress=False, evaluate_model=False)
+    ws, bs = _np(model)
+    a, b = ws[0].astype(np.float64), bs[0].astype(np.float64)
+    x, y = data.x_test.astype(np.float64), data.y_test
+    eps = 0.02
+    robust = np.ones(x.shape[0], dtype=bool)
+    for j in range(10):
+        c = a[y] - a[j]
+        worst = ((x - eps * np.sign(c)) * c).sum(1) + b[y] - b[j]  # optimal unboxed attack
+        robust &= (worst > 0) | (y == j)
+    cert = C.certified_mask(ws, bs, data.x_test, y, eps, "elu")
+    np.testing.assert_array_equal(cert, robust)
+    assert 0.1 < cert.mean() < 0.95
+
+
+def test_no_attack_breaks_a_certified_example(robust_model: torch.nn.Module, data: Dataset) -> None:
+    ws, bs = _np(robust_model)
+    x, y = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+    n_checked = 0
+    for eps in (0.01, 0.03, 0.05):
+        cert = C.certified_mask(ws, bs, data.x_test, data.y_test, eps, "elu")
+        idx = torch.from_numpy(np.flatnonzero(cert))
+        if idx.numel() == 0:
+            continue
+        n_checked += idx.numel()
+        for loss in ("ce", "margin"):
+            broken = robust_error(
+                robust_model,
+                x[idx],
+                y[idx],
+                eps,
+                steps=100,
+                restarts=3,
+                loss=loss,
+                return_mask=True,
+            )
+            assert not bool(broken.any()), (
+                f"PGD broke {int(broken.sum())} certified examples at eps {eps}"
+            )
+    assert n_checked >= 100  # the test is not vacuous
+
+
+def test_error_ordering(robust_model: torch.nn.Module, data: Dataset) -> None:
+    """clean <= PGD-robust <= certified error, and all grow with eps."""
+    ws, bs = _np(robust_model)
+    x, y = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+    eps_list = (0.0, 0.01, 0.02, 0.05, 0.1)
+    cert = C.certified_error(ws, bs, data.x_test, data.y_test, eps_list, "elu")
+    rob = [robust_error(robust_model, x, y, e, steps=40) for e in eps_list]
+    with torch.no_grad():
+        clean = float((robust_model(x).argmax(1) != y).float().mean())
+    assert cert["0"] == pytest.approx(clean, abs=1e-6)
+    for e, r in zip(eps_list, rob, strict=True):
+        assert clean - 1e-6 <= r <= cert[f"{e:g}"] + 1e-6, (e, clean, r, cert)
+    cs = [cert[f"{e:g}"] for e in eps_list]
+    assert cs == sorted(cs) and rob == sorted(rob)
+    assert cert["0.01"] < 0.5  # the regularized net certifies most examples at eps 0.01
