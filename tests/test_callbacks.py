@@ -443,7 +443,7 @@ def test_logged_metrics_equal_direct_computation(tmp_path: Path) -> None:
         "pathnorm/product_bound": float(product_bound(w_in, w_out)),
     }
     assert expected["pathnorm/sparsity"] > 0
-    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).read_text().splitlines()))
     logged_steps = [int(r["step"]) for r in rows if r.get("pathnorm/sparsity")]
     assert logged_steps == [1, 3, 5]  # every 2nd of the 6 optimizer steps
     last = [r for r in rows if r.get("pathnorm/sparsity")][-1]
@@ -461,7 +461,7 @@ def test_own_log_every_n_steps_writes_to_loggers_and_log_metrics_off(tmp_path: P
     tr = trainer(max_epochs=2, callbacks=[cb], logger=logger, log_every_n_steps=50)
     model = MLP()
     tr.fit(model, loader(make_data()))
-    rows = list(csv.DictReader(open(next(tmp_path.rglob("metrics.csv")))))
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).read_text().splitlines()))
     # 12 optimizer steps, every 4th logged, on Lightning's 0-based step axis.
     assert [int(r["step"]) for r in rows if r.get("pathnorm/sparsity")] == [3, 7, 11]
     w_in, w_out = model.net[0].weight.detach(), model.net[2].weight.detach()
