@@ -2,8 +2,8 @@
 
 1. Prox time of ``pathnorm_tf.prox_path_norm`` in float32 on the paper's shapes (m-n-p:
    ``Dense(n) -> ELU -> Dense(p)`` on m inputs), eagerly, in ``tf.function`` and under XLA
-   (``jit_compile=True``); plus ``pathnorm_lightning.prox_path_norm`` on the same weights when
-   torch is installed (same machine, same run).
+   (``jit_compile=True``). (torch's prox has its own script, ``bench_prox.py``: timing both
+   frameworks in one process makes their thread pools fight over the cores.)
 2. Epoch time of the paper's network (784-200-10, ELU, batch 100, 60,000 MNIST training images
    from ``/work/shared/data/mnist`` or random data of the same shape) trained by ``model.fit``
    with ``keras.optimizers.SGD`` and with ``PathNormSGD``; epochs alternate in one process, so
@@ -24,7 +24,6 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import keras
 import numpy as np
@@ -57,7 +56,7 @@ def trained_like(m: int, n: int, p: int, seed: int = 0) -> tuple[np.ndarray, np.
     return k_in.astype(np.float32), k_out.astype(np.float32)
 
 
-def bench_shape(m: int, n: int, p: int, lam: float, torch_prox: Any) -> dict[str, object]:
+def bench_shape(m: int, n: int, p: int, lam: float) -> dict[str, object]:
     k_in_np, k_out_np = trained_like(m, n, p)
     k_in, k_out = tf.constant(k_in_np), tf.constant(k_out_np)
     lam_t = tf.constant(lam)
@@ -73,24 +72,13 @@ def bench_shape(m: int, n: int, p: int, lam: float, torch_prox: Any) -> dict[str
         "tf.function": timeit(lambda: graph(k_in, k_out, lam_t)[0].numpy()),
         "xla": timeit(lambda: xla(k_in, k_out, lam_t)[0].numpy()),
     }
-    if torch_prox is not None:
-        import torch
-
-        w_in = torch.from_numpy(np.ascontiguousarray(k_in_np.T))
-        w_out = torch.from_numpy(np.ascontiguousarray(k_out_np.T))
-        row["torch"] = timeit(lambda: torch_prox(w_in, w_out, lam, check_finite=False))
     return row
 
 
 def bench_prox(lam: float) -> list[dict[str, object]]:
-    torch_prox: Any
-    try:
-        from pathnorm_lightning import prox_path_norm as torch_prox
-    except ImportError:
-        torch_prox = None
     rows = []
     for m, n, p in SHAPES:
-        row = bench_shape(m, n, p, lam, torch_prox)
+        row = bench_shape(m, n, p, lam)
         rows.append(row)
         print(
             f"prox {row['shape']:>12}: "
@@ -178,7 +166,7 @@ def main() -> None:
     )
     if args.markdown:
         if rows:
-            cols = [c for c in ("eager", "tf.function", "xla", "torch") if c in rows[0]]
+            cols = ["eager", "tf.function", "xla"]
             print("\n| shape (m-n-p) | " + " | ".join(f"{c} (ms)" for c in cols) + " |")
             print("|---|" + "---:|" * len(cols))
             for row in rows:
