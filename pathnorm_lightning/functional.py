@@ -24,6 +24,7 @@ steps, so nothing waits on the device.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -41,6 +42,8 @@ __all__ = [
 
 
 def _check_scalar(value: float | Tensor, name: str) -> float:
+    if isinstance(value, (str, bytes, bool)) or value is None:
+        raise ValueError(f"{name} must be a real number, got {value!r}")
     if isinstance(value, Tensor):
         if value.numel() != 1:
             raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
@@ -61,7 +64,7 @@ def _check_matrix(w: Tensor, name: str, check_finite: bool) -> None:
         raise ValueError(f"{name} must be a 2-D weight matrix, got shape {tuple(w.shape)}")
     if not w.is_floating_point():
         raise ValueError(f"{name} must have a floating dtype, got {w.dtype}")
-    if check_finite and not bool(torch.isfinite(w).all()):
+    if check_finite and w.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(w))).all()):
         raise ValueError(
             f"{name} contains NaN or inf; the prox of non-finite weights is undefined "
             "(check the learning rate and the loss for divergence)"
@@ -151,8 +154,144 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     return v, w
 
 
+def _band_sorted(ay: Tensor, band: Tensor) -> tuple[Tensor, Tensor]:
+    """Entries of ``ay`` (>= 0) where the float mask ``band`` is 1, per row, sorted descending.
+
+    Returns ``(B, count)``: ``B`` of shape (n, K), zero padded, ``K`` the largest count. Only the
+    compacted (n, K) block is sorted; the compaction is a cumulative sum and one scatter.
+    """
+    n = ay.shape[0]
+    count = band.sum(1, keepdim=True)
+    k_max = int(count.max()) if n else 0  # one host sync: the band width sizes the block
+    if k_max == 0:
+        return ay.new_zeros(n, 0), count
+    slot = band.cumsum(1).sub_(1 + k_max).mul_(band).add_(k_max)  # out-of-band -> column K
+    block = ay.new_zeros(n, k_max + 1).scatter_(1, slot.long(), ay)[:, :k_max]
+    return torch.sort(block, dim=1, descending=True).values, count
+
+
+def _soft_threshold(z: Tensor, t: Tensor) -> Tensor:
+    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0."""
+    return z - torch.minimum(torch.maximum(z, -t), t)
+
+
+def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
+    """Exact prox per row pair without sorting the long side (``y``, m >= p) in full.
+
+    The minimiser is either the trivial point ``(0, y)`` or a stationary point with
+    ``a = ||v||_1`` in ``[a_lo, ||x||_1]``, so its incoming support is ``{j : |y_j| > lam a}``:
+    every entry above ``tau_hi = lam ||x||_1`` is in it, every entry at or below
+    ``tau_lo = lam a_lo`` is out. ``a_lo`` comes from ``G(a) >= C_x(a)``, where
+    ``G(a) = C_x(a) + E_y(lam a)`` is the objective minimised over all points with
+    ``||v||_1 = a`` (``C_x``: half the squared distance from |x| to the simplex of radius a,
+    decreasing; ``E_y >= 0``: the Moreau envelope of ``||.||_1`` at y), and from the upper bound
+    ``min(G(||x||_1), G(0))`` on the minimum. Only the band ``tau_lo < |y| <= tau_hi`` is sorted,
+    then every support pair ``(k, l)`` with ``l`` in the band is a candidate. Elementwise work
+    on the long side is kept to float arithmetic (comparisons to bool are slow on CPU).
+    """
+    n, p = x.shape
+    dt, dev = x.dtype, x.device
+    lam2 = lam * lam
+    margin = 64 * torch.finfo(dt).eps
+    ax, ay = x.abs(), y.abs()
+    xs = torch.sort(ax, dim=1, descending=True).values if p > 1 else ax
+    cx = xs.cumsum(1)  # cx[:, k - 1] = sum of the k largest |x|
+    cx2 = (xs * xs).cumsum(1)
+    x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
+    ysq = torch.linalg.vector_norm(ay, dim=1, keepdim=True).square()
+
+    tau_hi = lam * x1 * (1 + margin)
+    r_hi = (ay - tau_hi).clamp_min_(0)
+    r_sum = r_hi.sum(1, keepdim=True)
+    r_sq = torch.linalg.vector_norm(r_hi, dim=1, keepdim=True).square()
+    in_hi = r_hi.sign_()
+    c_hi = in_hi.sum(1, keepdim=True)
+    s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
+    q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
+    # Upper bound on the minimum: G at a = ||x||_1 (1 + margin) (E_y is increasing), or G(0).
+    g_best = torch.minimum(0.5 * (ysq - r_sq), 0.5 * xsq)
+    # C_x(a_lo) = g_best: on the piece where k entries of |x| exceed theta,
+    # C_x = 1/2 (k theta^2 + tail_k) and a = X_k - k theta.
+    kk = torch.arange(1, p + 1, device=dev, dtype=dt)
+    theta = ((2 * g_best - (xsq - cx2)).clamp_min(0) / kk).sqrt()
+    below = torch.cat([xs[:, 1:], xs.new_zeros(n, 1)], 1)
+    on_piece = (theta <= xs) & (theta >= below)
+    theta_g = (theta * on_piece).amax(1, keepdim=True)
+    theta_g = torch.where(g_best >= 0.5 * xsq, xs[:, :1], theta_g)
+    a_lo = (ax - theta_g).clamp_min(0).sum(1, keepdim=True)
+    tau_lo = lam * a_lo * (1 - margin)
+    band, count = _band_sorted(ay, (ay - tau_lo).clamp_min_(0).sign_().sub_(in_hi))
+
+    kb = band.shape[1]
+    zero = x.new_zeros(n, 1)
+    ly_all = s_hi + torch.cat([zero, band.cumsum(1)], 1)  # sum of the (c_hi + j) largest |y|
+    ly2_all = q_hi + torch.cat([zero, (band * band).cumsum(1)], 1)
+    # The (c_hi + j)-th largest |y|. For j = 0 it is > tau_hi; tau_hi stands in for it: a
+    # candidate with b >= 0 has a <= ||x||_1, so its last kept entry passes either way.
+    yl_all = torch.cat([tau_hi, band], 1)
+    j = torch.arange(kb + 1, device=dev, dtype=dt)
+
+    if n * p * (kb + 1) <= _BAND_FULL_LIMIT:
+        # Every pair (k, c_hi + j) at once, shape (n, p, kb + 1).
+        k3 = kk.view(1, p, 1)
+        lf = (c_hi + j).unsqueeze(1)
+        ly, ly2, yl = ly_all.unsqueeze(1), ly2_all.unsqueeze(1), yl_all.unsqueeze(1)
+        xk, xx, xx2 = xs.unsqueeze(2), cx.unsqueeze(2), cx2.unsqueeze(2)
+        valid = (j <= count).unsqueeze(1)
+    else:
+        # Wide bands: bisection for the largest feasible j per k (the feasible set is
+        # downward closed in l), as in _prox_rows.
+        k3 = kk.expand(n, p)
+        xk, xx, xx2 = xs, cx, cx2
+
+        def feasible(jj: Tensor) -> Tensor:
+            lfj = c_hi + jj.to(dt)
+            d = 1.0 - k3 * lfj * lam2
+            lyj = ly_all.gather(1, jj)
+            ok_v = d * xk + lam2 * lfj * xx - lam * lyj >= 0
+            ok_w = (lfj == 0) | (d * yl_all.gather(1, jj) + lam2 * k3 * lyj - lam * xx >= 0)
+            return (d > 0) & ok_v & ok_w
+
+        lo = torch.zeros(n, p, dtype=torch.long, device=dev)
+        hi_j = (count.long() + 1).expand(n, p).clone()
+        for _ in range(max(1, math.ceil(math.log2(kb + 2)))):
+            mid = (lo + hi_j) // 2
+            ok = feasible(mid.clamp_max(kb))
+            lo = torch.where(ok, mid, lo)
+            hi_j = torch.where(ok, hi_j, mid)
+        valid = feasible(torch.zeros_like(lo))
+        lf = c_hi + lo.to(dt)
+        ly, ly2, yl = ly_all.gather(1, lo), ly2_all.gather(1, lo), yl_all.gather(1, lo)
+
+    d = 1.0 - k3 * lf * lam2
+    a_num = xx - k3 * lam * ly
+    b_num = ly - lf * lam * xx
+    ok = valid & (d > 0) & (b_num >= 0) & (d * xk + lam2 * lf * xx - lam * ly >= 0)
+    ok &= (lf == 0) | (d * yl + lam2 * k3 * ly - lam * xx >= 0)
+    a = (a_num / d).clamp_min(0)  # ||v||_1 of the candidate
+    b = (b_num / d).clamp_min(0)  # ||w||_1 of the candidate
+    h = 0.5 * lam2 * (k3 * b * b + lf * a * a) - 0.5 * (xx2 + ly2) + lam * a * b
+    h = h.masked_fill(~ok, math.inf).reshape(n, -1)
+    # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w.
+    h = torch.cat([-0.5 * ysq, h, -0.5 * xsq], 1)
+    inf = torch.full_like(zero, math.inf)
+    t_v = torch.cat([inf, (lam * b).expand_as(h[:, 1:-1].view_as(a)).reshape(n, -1), zero], 1)
+    t_w = torch.cat([zero, torch.where(lf == 0, math.inf, lam * a).reshape(n, -1), inf], 1)
+    best = h.argmin(1, keepdim=True)
+    return _soft_threshold(x, t_v.gather(1, best)), _soft_threshold(y, t_w.gather(1, best))
+
+
+# Largest (n * p * band) evaluated in one shot by _prox_rows_band before it bisects instead.
+_BAND_FULL_LIMIT = 1 << 15
+
+
 def prox_path_norm(
-    w_in: Tensor, w_out: Tensor, lam: float | Tensor, *, check_finite: bool = True
+    w_in: Tensor,
+    w_out: Tensor,
+    lam: float | Tensor,
+    *,
+    check_finite: bool = True,
+    method: Literal["auto", "band", "sort"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Exact prox of ``lam * path_norm``: ``argmin 1/2||A - w_in||^2 + 1/2||B - w_out||^2 + lam P(A, B)``.
 
@@ -162,6 +301,10 @@ def prox_path_norm(
         lam: prox step, finite and >= 0 (inside proximal SGD: ``lr * lambda``).
         check_finite: raise on NaN/inf weights (costs one device sync; disable on hot paths
             where the weights are known to be finite).
+        method: ``"band"`` sorts only the band of the long side that can change support
+            (fastest on CPU, one host sync for the band width); ``"sort"`` sorts whole rows
+            and never syncs (for accelerators). ``"auto"``: ``"band"`` on CPU, else ``"sort"``.
+            Both are exact and return the same minimiser.
 
     Returns:
         ``(w_in_new, w_out_new)``, new tensors of the input dtypes. Half precision inputs are
@@ -171,9 +314,22 @@ def prox_path_norm(
     _check_pair(w_in, w_out, check_finite)
     if lam == 0.0 or w_in.numel() == 0 or w_out.numel() == 0:
         return w_in.detach().clone(), w_out.detach().clone()
+    if method not in ("auto", "band", "sort"):
+        raise ValueError(f"method must be 'auto', 'band' or 'sort', got {method!r}")
+    if method == "auto":
+        method = "band" if w_in.device.type == "cpu" else "sort"
+    # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points
+    # remain and the prox no longer depends on lam. Capping keeps lam^2 finite.
+    lam = min(lam, 2.0)
     cd = _compute_dtype(w_in.dtype)
+    x, y = w_out.detach().to(cd).t(), w_in.detach().to(cd)
     with torch.no_grad():
-        v, w = _prox_rows(w_out.detach().to(cd).t(), w_in.detach().to(cd), lam)
+        if method == "sort":
+            v, w = _prox_rows(x, y, lam)
+        elif x.shape[1] <= y.shape[1]:
+            v, w = _prox_rows_band(x, y, lam)
+        else:  # the band algorithm sorts the short side: swap roles (the problem is symmetric)
+            w, v = _prox_rows_band(y, x, lam)
     return w.to(w_in.dtype), v.t().to(w_out.dtype).contiguous()
 
 

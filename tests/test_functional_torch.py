@@ -258,11 +258,8 @@ HUGE_LAMS = [
     pytest.param(torch.float32, lam, id=f"float32-{lam:g}") for lam in (1.0, 1e3, 1e6, 1e15)
 ] + [pytest.param(torch.float64, lam, id=f"float64-{lam:g}") for lam in (1.0, 1e6, 1e15, 1e100)]
 
-# KNOWN BUG (found by this file; functional.py is lead-owned): once lam**2 overflows the compute
-# dtype (lam > 1.8e19 in float32, > 1.3e154 in float64) prox_path_norm zeroes BOTH sides of
-# every unit, which is not a minimiser. Exact fix: clamp lam to 2.0 inside the prox; for
-# lam >= 1 every support pair has k l lam^2 >= 1, so only the two trivial points remain and the
-# prox does not depend on lam. strict=True: this turns into a failure once it is fixed.
+# lam**2 overflows the compute dtype here (lam > 1.8e19 in float32, > 1.3e154 in float64):
+# the prox must still keep the larger side (it caps lam, which is exact for lam >= 1).
 OVERFLOW_LAMS = [
     pytest.param(torch.float32, 1e20, id="float32-1e20"),
     pytest.param(torch.float32, 3e38, id="float32-3e38"),
@@ -273,17 +270,7 @@ OVERFLOW_LAMS = [
 
 @pytest.mark.parametrize(
     ("dtype", "lam"),
-    [
-        *HUGE_LAMS,
-        *[
-            pytest.param(
-                *p.values,
-                id=p.id,
-                marks=pytest.mark.xfail(strict=True, reason="KNOWN BUG: lam**2 overflow"),
-            )
-            for p in OVERFLOW_LAMS
-        ],
-    ],
+    [*HUGE_LAMS, *OVERFLOW_LAMS],
 )
 def test_huge_lam_keeps_the_larger_side(dtype: torch.dtype, lam: float) -> None:
     w_in, w_out = _layer(5, 64, 9, 6, dtype)

@@ -1,0 +1,104 @@
+"""Both torch prox algorithms ("band" and "sort") against the exhaustive reference.
+
+The band algorithm skips sorting most of the long side; these cases aim at its corners: ties at
+the threshold, many equal magnitudes, lam at the k*l*lam^2 = 1 boundary, rows of zeros, huge
+dynamic range, and both of its evaluation paths (all pairs at once, and bisection).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import pathnorm_lightning.functional as F
+from pathnorm_lightning import prox_path_norm
+from shared_spec import reference
+
+METHODS = ["band", "sort"]
+
+
+def _objective(
+    w_in: torch.Tensor, w_out: torch.Tensor, x: np.ndarray, y: np.ndarray, lam: float
+) -> float:
+    return reference.path_norm_objective(w_out.double().numpy().T, w_in.double().numpy(), x, y, lam)
+
+
+def _random_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, float]:
+    n, m, p = int(rng.integers(1, 4)), int(rng.integers(1, 10)), int(rng.integers(1, 7))
+    y = rng.normal(size=(n, m))
+    x = rng.normal(size=(n, p))
+    style = int(rng.integers(0, 6))
+    if style == 0:  # many equal magnitudes
+        y = np.sign(y) * rng.choice([0.5, 1.0], size=y.shape)
+        x = np.sign(x) * rng.choice([0.5, 1.0], size=x.shape)
+    elif style == 1:  # exact zeros and zero rows
+        y *= rng.random(size=y.shape) < 0.5
+        x *= rng.random(size=x.shape) < 0.5
+        if n > 1:
+            y[0] = 0.0
+    elif style == 2:  # huge dynamic range
+        y *= 10.0 ** rng.uniform(-6, 6, size=y.shape)
+        x *= 10.0 ** rng.uniform(-6, 6, size=x.shape)
+    elif style == 3:  # coarse grid: ties everywhere, including at the threshold
+        y, x = np.round(y, 1), np.round(x, 1)
+    lam = float(10 ** rng.uniform(-3, 0.5))
+    if style == 4:  # k * l * lam^2 next to 1
+        k, l = int(rng.integers(1, p + 1)), int(rng.integers(1, m + 1))
+        lam = float((1 + rng.choice([-1e-9, -1e-6, 0.0, 1e-6])) / np.sqrt(k * l))
+    return x, y, lam
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("full_limit", [1 << 15, 0], ids=["all-pairs", "bisection"])
+def test_exact_on_random_corner_cases(
+    method: str, full_limit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(F, "_BAND_FULL_LIMIT", full_limit)
+    rng = np.random.default_rng(20261125 + full_limit)
+    cases = 1500
+    for _ in range(cases):
+        x, y, lam = _random_case(rng)
+        new_in, new_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method=method)  # type: ignore[arg-type]
+        v_ref, w_ref = reference.prox_path_norm(x, y, lam)
+        h_ref = reference.path_norm_objective(v_ref, w_ref, x, y, lam)
+        h = _objective(new_in, new_out, x, y, lam)
+        assert h <= h_ref + 1e-9 * max(1.0, abs(h_ref)), (x.tolist(), y.tolist(), lam, h, h_ref)
+        # signs preserved, zeros stay zero
+        assert np.all(new_in.numpy() * y >= 0) and np.all(new_out.numpy().T * x >= 0)
+        assert np.all(new_in.numpy()[y == 0] == 0) and np.all(new_out.numpy().T[x == 0] == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(300, 40, 10), (50, 30, 1), (20, 25, 60), (64, 16, 64)])
+@pytest.mark.parametrize("lam", [1e-4, 1e-2, 0.2])
+def test_band_and_sort_agree_on_larger_layers(
+    dtype: torch.dtype, shape: tuple[int, int, int], lam: float
+) -> None:
+    m, n, p = shape
+    g = torch.Generator().manual_seed(m * 7 + n * 3 + p)
+    w_in = torch.randn(n, m, generator=g, dtype=dtype) * 0.05
+    w_out = torch.randn(p, n, generator=g, dtype=dtype) * 0.05
+    # a sparse-trained look: many tiny entries just around the thresholds
+    w_in = w_in * (torch.rand(n, m, generator=g, dtype=dtype) < 0.3) + 1e-4 * torch.randn(
+        n, m, generator=g, dtype=dtype
+    )
+    a_in, a_out = prox_path_norm(w_in, w_out, lam, method="band")
+    b_in, b_out = prox_path_norm(w_in, w_out, lam, method="sort")
+    x, y = w_out.double().numpy().T, w_in.double().numpy()
+    ha, hb = _objective(a_in, a_out, x, y, lam), _objective(b_in, b_out, x, y, lam)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert abs(ha - hb) <= tol * max(1.0, abs(hb))
+    torch.testing.assert_close(a_in, b_in, rtol=tol, atol=tol)
+    torch.testing.assert_close(a_out, b_out, rtol=tol, atol=tol)
+
+
+def test_unknown_method_is_rejected() -> None:
+    with pytest.raises(ValueError, match="method must be"):
+        prox_path_norm(torch.ones(2, 3), torch.ones(1, 2), 0.1, method="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("lam", ["0.1", True, None])
+def test_non_numeric_lam_is_rejected(lam: object) -> None:
+    with pytest.raises(ValueError, match="lam must be a real number"):
+        prox_path_norm(torch.ones(2, 3), torch.ones(1, 2), lam)  # type: ignore[arg-type]
