@@ -149,7 +149,7 @@ def train_lightning(
         enable_checkpointing=False,
         enable_model_summary=False,
         enable_progress_bar=progress,
-        callbacks=regularizer_callbacks(cfg, prog_bar=progress),
+        callbacks=regularizer_callbacks(cfg, prog_bar=False),
         log_every_n_steps=cfg.log_every,
     )
     t0 = time.perf_counter()
