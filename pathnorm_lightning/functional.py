@@ -165,8 +165,9 @@ def _band_sorted(ay: Tensor, band: Tensor) -> tuple[Tensor, Tensor]:
     k_max = int(count.max()) if n else 0  # one host sync: the band width sizes the block
     if k_max == 0:
         return ay.new_zeros(n, 0), count
-    slot = band.cumsum(1).sub_(1 + k_max).mul_(band).add_(k_max)  # out-of-band -> column K
-    block = ay.new_zeros(n, k_max + 1).scatter_(1, slot.long(), ay)[:, :k_max]
+    band_i = band.long()  # an integer scan is several times faster than a float one on CPU
+    slot = band_i.cumsum(1).sub_(1 + k_max).mul_(band_i).add_(k_max)  # out-of-band -> column K
+    block = ay.new_zeros(n, k_max + 1).scatter_(1, slot, ay)[:, :k_max]
     return torch.sort(block, dim=1, descending=True).values, count
 
 
@@ -225,58 +226,65 @@ def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     kb = band.shape[1]
     zero = x.new_zeros(n, 1)
     ly_all = s_hi + torch.cat([zero, band.cumsum(1)], 1)  # sum of the (c_hi + j) largest |y|
-    ly2_all = q_hi + torch.cat([zero, (band * band).cumsum(1)], 1)
     # The (c_hi + j)-th largest |y|. For j = 0 it is > tau_hi; tau_hi stands in for it: a
-    # candidate with b >= 0 has a <= ||x||_1, so its last kept entry passes either way.
+    # candidate with b >= 0 has a <= ||x||_1, so its last kept entry passes either way, and a
+    # candidate that passes with the stand-in has w_l > 0, hence b > 0.
     yl_all = torch.cat([tau_hi, band], 1)
     j = torch.arange(kb + 1, device=dev, dtype=dt)
+    l_all = c_hi + j  # (n, kb + 1)
+    # Feasibility of (k, l), multiplied through by d = 1 - k l lam^2 > 0:
+    #   v_k >= 0  <=>  x_k + lam^2 l (X_k - k x_k) >= lam Y_l
+    #   w_l >= 0  <=>  y_l + lam^2 k (Y_l - l y_l) >= lam X_k
+    ax_k = cx - kk * xs  # X_k - k x_k >= 0
+    by_l = ly_all - l_all * yl_all  # Y_l - l y_l >= 0
+    lam_x, lam_y = lam * cx, lam * ly_all
+    l_max = 1.0 / (kk * lam2)  # d > 0  <=>  l < 1 / (k lam^2)
 
     if n * p * (kb + 1) <= _BAND_FULL_LIMIT:
-        # Every pair (k, c_hi + j) at once, shape (n, p, kb + 1).
-        k3 = kk.view(1, p, 1)
-        lf = (c_hi + j).unsqueeze(1)
-        ly, ly2, yl = ly_all.unsqueeze(1), ly2_all.unsqueeze(1), yl_all.unsqueeze(1)
-        xk, xx, xx2 = xs.unsqueeze(2), cx.unsqueeze(2), cx2.unsqueeze(2)
-        valid = (j <= count).unsqueeze(1)
+        # Every pair (k, c_hi + j) at once, shape (n, p, kb + 1); keep the largest feasible j.
+        feas = torch.addcmul(
+            xs.unsqueeze(2), (lam2 * l_all).unsqueeze(1), ax_k.unsqueeze(2)
+        ) >= lam_y.unsqueeze(1)
+        feas &= torch.addcmul(
+            yl_all.unsqueeze(1), (lam2 * kk).view(1, p, 1), by_l.unsqueeze(1)
+        ) >= lam_x.unsqueeze(2)
+        # d > 0, and j within this row's band (l = inf past it)
+        feas &= torch.where(j <= count, l_all, math.inf).unsqueeze(1) < l_max.view(1, p, 1)
+        j_star = (feas.to(dt) * (j + 1)).amax(2) - 1  # -1: not even (k, c_hi) is feasible
+        valid = j_star >= 0
+        jj = j_star.clamp_min(0).long()
     else:
         # Wide bands: bisection for the largest feasible j per k (the feasible set is
         # downward closed in l), as in _prox_rows.
-        k3 = kk.expand(n, p)
-        xk, xx, xx2 = xs, cx, cx2
+        def feasible(ji: Tensor) -> Tensor:
+            lj, lyj = l_all.gather(1, ji), lam_y.gather(1, ji)
+            ok = torch.addcmul(xs, lam2 * lj, ax_k) >= lyj
+            ok &= torch.addcmul(yl_all.gather(1, ji), lam2 * kk, by_l.gather(1, ji)) >= lam_x
+            return ok & (lj < l_max)
 
-        def feasible(jj: Tensor) -> Tensor:
-            lfj = c_hi + jj.to(dt)
-            d = 1.0 - k3 * lfj * lam2
-            lyj = ly_all.gather(1, jj)
-            ok_v = d * xk + lam2 * lfj * xx - lam * lyj >= 0
-            ok_w = (lfj == 0) | (d * yl_all.gather(1, jj) + lam2 * k3 * lyj - lam * xx >= 0)
-            return (d > 0) & ok_v & ok_w
-
-        lo = torch.zeros(n, p, dtype=torch.long, device=dev)
+        jj = torch.zeros(n, p, dtype=torch.long, device=dev)
         hi_j = (count.long() + 1).expand(n, p).clone()
         for _ in range(max(1, math.ceil(math.log2(kb + 2)))):
-            mid = (lo + hi_j) // 2
+            mid = (jj + hi_j) // 2
             ok = feasible(mid.clamp_max(kb))
-            lo = torch.where(ok, mid, lo)
+            jj = torch.where(ok, mid, jj)
             hi_j = torch.where(ok, hi_j, mid)
-        valid = feasible(torch.zeros_like(lo))
-        lf = c_hi + lo.to(dt)
-        ly, ly2, yl = ly_all.gather(1, lo), ly2_all.gather(1, lo), yl_all.gather(1, lo)
+        valid = feasible(torch.zeros_like(jj))
 
-    d = 1.0 - k3 * lf * lam2
-    a_num = xx - k3 * lam * ly
-    b_num = ly - lf * lam * xx
-    ok = valid & (d > 0) & (b_num >= 0) & (d * xk + lam2 * lf * xx - lam * ly >= 0)
-    ok &= (lf == 0) | (d * yl + lam2 * k3 * ly - lam * xx >= 0)
-    a = (a_num / d).clamp_min(0)  # ||v||_1 of the candidate
-    b = (b_num / d).clamp_min(0)  # ||w||_1 of the candidate
-    h = 0.5 * lam2 * (k3 * b * b + lf * a * a) - 0.5 * (xx2 + ly2) + lam * a * b
-    h = h.masked_fill(~ok, math.inf).reshape(n, -1)
+    # The candidate of each k: support (k, c_hi + j*), shape (n, p).
+    lf = l_all.gather(1, jj)
+    ly = ly_all.gather(1, jj)
+    ly2 = q_hi + torch.cat([zero, (band * band).cumsum(1)], 1).gather(1, jj)
+    d = 1.0 - kk * lf * lam2
+    a = ((cx - kk * lam * ly) / d).clamp_min(0)  # ||v||_1 of the candidate
+    b = ((ly - lf * lam * cx) / d).clamp_min(0)  # ||w||_1 of the candidate
+    h = 0.5 * lam2 * (kk * b * b + lf * a * a) - 0.5 * (cx2 + ly2) + lam * a * b
+    h = torch.where(valid, h, math.inf)
     # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w.
     h = torch.cat([-0.5 * ysq, h, -0.5 * xsq], 1)
     inf = torch.full_like(zero, math.inf)
-    t_v = torch.cat([inf, (lam * b).expand_as(h[:, 1:-1].view_as(a)).reshape(n, -1), zero], 1)
-    t_w = torch.cat([zero, torch.where(lf == 0, math.inf, lam * a).reshape(n, -1), inf], 1)
+    t_v = torch.cat([inf, lam * b, zero], 1)
+    t_w = torch.cat([zero, torch.where(lf == 0, math.inf, lam * a), inf], 1)
     best = h.argmin(1, keepdim=True)
     return _soft_threshold(x, t_v.gather(1, best)), _soft_threshold(y, t_w.gather(1, best))
 
