@@ -168,6 +168,30 @@ def _lams(
     return sorted(k[3] for k in agg if k[0] == ds and k[1] == reg and k[2] == method)
 
 
+def _trajectories(plt: Any, agg: dict, ds: str, field: str, ylabel: str) -> Any:
+    """Two panels (L1, path): ``history[field]`` vs iteration, SGD dashed, Prox-SGD solid."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    cmap = plt.get_cmap("viridis")
+    for ax, reg in zip(axes, ("l1", "path"), strict=True):
+        lams = _lams(agg, ds, reg, "prox")
+        for i, lam in enumerate(lams):
+            col = cmap(i / max(1, len(lams) - 1))
+            for method, style in (("penalty", "--"), ("prox", "-")):
+                a = agg.get((ds, reg, method, lam))
+                if a is None:
+                    continue
+                h = a["runs"][0]["history"]
+                name = "Prox-SGD" if method == "prox" else "SGD"
+                ax.plot(
+                    h["iteration"], h[field], style, color=col, lw=1, label=f"{name} lam={lam:g}"
+                )
+        ax.set_xlabel("iteration")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"{ds}: {LABELS[reg]}")
+        ax.legend(fontsize=6, ncol=2)
+    return fig
+
+
 def make_plots(agg: dict[tuple[str, str, str, float], Any], img: Path) -> list[Path]:
     """The paper's figures, one set per dataset; returns the written PNG paths."""
     import matplotlib
@@ -187,31 +211,10 @@ def make_plots(agg: dict[tuple[str, str, str, float], Any], img: Path) -> list[P
         written.append(p)
 
     for ds in _datasets(agg):
-        # Fig. 1: regularized loss vs iteration, SGD (dashed) vs Prox-SGD (solid), seed 0 run
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, reg in zip(axes, ("l1", "path"), strict=True):
-            cmap = plt.get_cmap("viridis")
-            lams = _lams(agg, ds, reg, "prox")
-            for i, lam in enumerate(lams):
-                col = cmap(i / max(1, len(lams) - 1))
-                for method, style in (("penalty", "--"), ("prox", "-")):
-                    a = agg.get((ds, reg, method, lam))
-                    if a is None:
-                        continue
-                    h = a["runs"][0]["history"]
-                    ax.plot(
-                        h["iteration"],
-                        h["batch_objective"],
-                        style,
-                        color=col,
-                        lw=1,
-                        label=f"{'Prox-SGD' if method == 'prox' else 'SGD'} lam={lam:g}",
-                    )
-            ax.set_yscale("log")
-            ax.set_xlabel("iteration")
-            ax.set_ylabel("regularized loss (minibatch mean)")
-            ax.set_title(f"{ds}: {LABELS[reg]}")
-            ax.legend(fontsize=6, ncol=2)
+        # Fig. 1: regularized loss vs iteration, SGD (dashed) vs Prox-SGD (solid), first seed
+        fig = _trajectories(plt, agg, ds, "batch_objective", "regularized loss (minibatch mean)")
+        fig.axes[0].set_yscale("log")
+        fig.axes[1].set_yscale("log")
         save(fig, f"{ds}_loss_vs_iter.png")
 
         # Fig. 2: clean (left) and robust (right) error vs % nonzero weights
@@ -267,29 +270,7 @@ def make_plots(agg: dict[tuple[str, str, str, float], Any], img: Path) -> list[P
         save(fig, f"{ds}_error_vs_lam.png")
 
         # Fig. 4-7: % nonzero weights vs iteration, SGD vs Prox-SGD
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, reg in zip(axes, ("l1", "path"), strict=True):
-            lams = _lams(agg, ds, reg, "prox")
-            cmap = plt.get_cmap("viridis")
-            for i, lam in enumerate(lams):
-                col = cmap(i / max(1, len(lams) - 1))
-                for method, style in (("penalty", "--"), ("prox", "-")):
-                    a = agg.get((ds, reg, method, lam))
-                    if a is None:
-                        continue
-                    h = a["runs"][0]["history"]
-                    ax.plot(
-                        h["iteration"],
-                        h["effective_nonzero_pct"],
-                        style,
-                        color=col,
-                        lw=1.2,
-                        label=f"{'Prox-SGD' if method == 'prox' else 'SGD'} lam={lam:g}",
-                    )
-            ax.set_xlabel("iteration")
-            ax.set_ylabel("% nonzero weights (on live paths)")
-            ax.set_title(f"{ds}: {LABELS[reg]}")
-            ax.legend(fontsize=6, ncol=2)
+        fig = _trajectories(plt, agg, ds, "effective_nonzero_pct", "% nonzero weights (live paths)")
         save(fig, f"{ds}_nonzero_vs_iter.png")
 
         # Fig. 8: robustness-accuracy trade-off (one point per lam, mean over seeds)
