@@ -56,7 +56,7 @@ def _is_symbolic(t: Any) -> bool:
 
 def _check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
     """A Python float (validated now) or a 0-d float tensor (validated now or at run time)."""
-    if isinstance(value, bool):
+    if isinstance(value, (str, bytes, bool)) or value is None:
         raise ValueError(f"{name} must be a real number, got {value!r}")
     if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "dtype"):
         t = tf.convert_to_tensor(value)
@@ -259,12 +259,21 @@ def prox_path_norm(
     return _prox_kernels(k_in, k_out, lam)
 
 
+_LAM_CAP = 2.0
+
+
 @tf.autograph.experimental.do_not_convert
 def _prox_kernels(
     k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """:func:`prox_path_norm` without input checks (Dense layout, static shapes)."""
     cd = _compute_dtype(k_in.dtype)
+    # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points
+    # remain and the prox no longer depends on lam. Capping keeps lam^2 finite (as torch does).
+    if isinstance(lam, float):
+        lam = min(lam, _LAM_CAP)
+    else:
+        lam = tf.minimum(tf.cast(lam, tf.float64), _LAM_CAP)
     if isinstance(lam, float):
         # lam^2 in double precision, then rounded once: as the torch side does with a Python lam.
         lam_c: float | tf.Tensor = lam

@@ -87,6 +87,20 @@ def test_lam_zero_is_identity_and_huge_lam_keeps_one_side() -> None:
         np.testing.assert_array_equal(b.numpy()[i], 0.0 if keep_in else k_out[i])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tensor_lam", [False, True])
+def test_enormous_lam_is_capped_not_nan(dtype: str, tensor_lam: bool) -> None:
+    # lam^2 would overflow float32; for lam >= 1 the prox no longer depends on lam.
+    rng = np.random.default_rng(8)
+    k_in, k_out = (a.astype(dtype) for a in random_pair(rng, 7, 5, 3))
+    lam: object = tf.constant(1e30, dtype) if tensor_lam else 1e30
+    a, b = prox_path_norm(k_in, k_out, lam)
+    a1, b1 = prox_path_norm(k_in, k_out, 1.0)
+    np.testing.assert_array_equal(a.numpy(), a1.numpy())
+    np.testing.assert_array_equal(b.numpy(), b1.numpy())
+    assert np.all(np.isfinite(a.numpy())) and np.all(np.isfinite(b.numpy()))
+
+
 def test_signs_preserved_and_zeros_stay_zero() -> None:
     rng = np.random.default_rng(4)
     k_in, k_out = random_pair(rng, 9, 6, 4)
@@ -180,7 +194,16 @@ def test_prox_l1_and_projections() -> None:
 BAD_LAMS = [(-0.1, "finite number >= 0"), (float("nan"), "finite"), (float("inf"), "finite")]
 
 
-@pytest.mark.parametrize(("lam", "match"), [*BAD_LAMS, ("x", "real number"), (True, "real number")])
+@pytest.mark.parametrize(
+    ("lam", "match"),
+    [
+        *BAD_LAMS,
+        ("x", "real number"),
+        (b"1", "real number"),
+        (None, "real number"),
+        (True, "real number"),
+    ],
+)
 def test_bad_lam(lam: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         prox_path_norm(np.ones((2, 2)), np.ones((2, 2)), lam)  # type: ignore[arg-type]
