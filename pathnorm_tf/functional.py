@@ -234,7 +234,12 @@ def _prox_rows(
 
 @tf.autograph.experimental.do_not_convert
 def prox_path_norm(
-    kernel_in: Any, kernel_out: Any, lam: Scalar, *, check_finite: bool = True
+    kernel_in: Any,
+    kernel_out: Any,
+    lam: Scalar,
+    *,
+    check_finite: bool = True,
+    method: str = "auto",
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """Exact prox of ``lam * path_norm``: ``argmin 1/2||A - K_in||^2 + 1/2||B - K_out||^2 + lam P(A, B)``.
 
@@ -245,26 +250,33 @@ def prox_path_norm(
             (checked now) or a 0-d tensor (checked when the graph runs).
         check_finite: check the weights for NaN/inf (eager: ``ValueError``; inside a graph:
             ``tf.debugging.assert_all_finite``). Disable on hot paths.
+        method: ``"sort"`` sorts whole rows of the longer side; ``"band"`` sorts only the band
+            of entries that can change support (a static block of :data:`BAND_BLOCK` columns;
+            rows with a wider band are redone with ``"sort"``); ``"auto"`` = ``"band"``. Both
+            are exact and return the same minimiser (as the torch methods of the same names).
 
     Returns:
         ``(kernel_in_new, kernel_out_new)``, new tensors of the input dtypes. Half precision
         inputs are computed in float32 and cast back.
     """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     lam = _check_scalar(lam, "lam")
     k_in, k_out = _check_pair(kernel_in, kernel_out, check_finite)
     m, n = _static_dims(k_in, "kernel_in")
     _, p = _static_dims(k_out, "kernel_out")
     if (isinstance(lam, float) and lam == 0.0) or m * n == 0 or n * p == 0:
         return tf.identity(k_in), tf.identity(k_out)
-    return _prox_kernels(k_in, k_out, lam)
+    return _prox_kernels(k_in, k_out, lam, method)
 
 
 _LAM_CAP = 2.0
+METHODS = ("auto", "band", "sort")
 
 
 @tf.autograph.experimental.do_not_convert
 def _prox_kernels(
-    k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor
+    k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor, method: str = "auto"
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """:func:`prox_path_norm` without input checks (Dense layout, static shapes)."""
     cd = _compute_dtype(k_in.dtype)
@@ -285,8 +297,172 @@ def _prox_kernels(
         lam2_c = tf.cast(lam64 * lam64, cd)
     x = tf.cast(tf.stop_gradient(k_out), cd)
     y = tf.transpose(tf.cast(tf.stop_gradient(k_in), cd))
-    v, w = _prox_rows(x, y, lam_c, lam2_c)
+    v, w = _prox_rows_auto(x, y, lam_c, lam2_c, "band" if method == "auto" else method)
     return tf.cast(tf.transpose(w), k_in.dtype), tf.cast(v, k_out.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# The band method (torch's CPU default): sort only the part of the long side that can change
+# support. Same minimiser as the whole-row sort; static shapes (the band block has a fixed
+# width, a wider band falls back to the whole-row sort), so it also runs under XLA.
+# ---------------------------------------------------------------------------------------------
+
+# Static width of the sorted band block; rows whose band is wider use the whole-row sort.
+BAND_BLOCK = 64
+# Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
+_BAND_FULL_LIMIT = 1 << 15
+_EPS = {tf.float32: 2.0**-23, tf.float64: 2.0**-52}
+
+
+def _norm_sq(t: tf.Tensor) -> tf.Tensor:
+    # ||t||^2 as torch.linalg.vector_norm(t).square() rounds it.
+    return tf.square(tf.norm(t, axis=1, keepdims=True))
+
+
+def _soft_threshold_rows(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0."""
+    return z - tf.minimum(tf.maximum(z, -t), t)
+
+
+def _gather_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
+    return tf.gather(t, idx, axis=1, batch_dims=1)
+
+
+def _prox_rows_band(
+    x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Exact prox per row pair sorting only a band of the long side (``y``, m >= p).
+
+    A port of ``pathnorm_lightning.functional._prox_rows_band``: the minimiser is the trivial
+    point ``(0, y)``, ``(x, 0)``, or a stationary point whose incoming support contains every
+    ``|y_j| > tau_hi = lam ||x||_1`` and no ``|y_j| <= tau_lo`` (``tau_lo`` from a lower bound
+    on ``||v||_1``); only the band ``tau_lo < |y| <= tau_hi`` is sorted, then the largest
+    feasible band index ``j`` is found for every ``k`` and the least objective is taken.
+    Returns ``(v, w, too_wide)``; ``too_wide`` (0-d bool) flags a band wider than the block,
+    where ``(v, w)`` must be discarded.
+    """
+    n, p = int(x.shape[0]), int(x.shape[1])
+    m = int(y.shape[1])
+    dt = x.dtype
+    inf = tf.constant(float("inf"), dt)
+    margin = 64 * _EPS[dt]
+    ax, ay = tf.abs(x), tf.abs(y)
+    if p > 1:
+        int_dtype = tf.int64 if dt == tf.float64 else tf.int32
+        xs = tf.bitcast(tf.sort(tf.bitcast(ax, int_dtype), axis=1, direction="DESCENDING"), dt)
+    else:
+        xs = ax
+    cx = tf.cumsum(xs, axis=1)  # cx[:, k - 1] = sum of the k largest |x|
+    cx2 = tf.cumsum(xs * xs, axis=1)
+    x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
+    ysq = _norm_sq(ay)
+
+    tau_hi = lam * x1 * (1 + margin)
+    r_hi = tf.maximum(ay - tau_hi, 0.0)
+    r_sum = tf.reduce_sum(r_hi, 1, keepdims=True)
+    r_sq = _norm_sq(r_hi)
+    in_hi = tf.sign(r_hi)
+    c_hi = tf.reduce_sum(in_hi, 1, keepdims=True)
+    s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
+    q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
+    # Upper bound on the minimum, and from it a lower bound a_lo on ||v||_1 (see torch).
+    g_best = tf.minimum(0.5 * (ysq - r_sq), 0.5 * xsq)
+    kk = tf.cast(tf.range(1, p + 1), dt)[tf.newaxis, :]
+    theta = tf.sqrt(tf.maximum(2 * g_best - (xsq - cx2), 0.0) / kk)
+    below = tf.concat([xs[:, 1:], tf.zeros_like(xs[:, :1])], 1)
+    on_piece = tf.cast((theta <= xs) & (theta >= below), dt)
+    theta_g = tf.reduce_max(theta * on_piece, 1, keepdims=True)
+    theta_g = tf.where(g_best >= 0.5 * xsq, xs[:, :1], theta_g)
+    a_lo = tf.reduce_sum(tf.maximum(ax - theta_g, 0.0), 1, keepdims=True)
+    tau_lo = lam * a_lo * (1 - margin)
+    in_band = tf.sign(tf.maximum(ay - tau_lo, 0.0)) - in_hi
+    count = tf.reduce_sum(in_band, 1, keepdims=True)
+    kb = min(BAND_BLOCK, m)
+    # The band entries of each row, sorted descending and zero padded to kb columns.
+    band = tf.math.top_k(ay * in_band, k=kb, sorted=True).values
+    band_width = tf.reduce_max(count)
+
+    zero = tf.zeros_like(x[:, :1])
+    ly_all = s_hi + tf.concat([zero, tf.cumsum(band, axis=1)], 1)  # sum of c_hi + j largest
+    yl_all = tf.concat([tau_hi, band], 1)  # the (c_hi + j)-th largest; tau_hi stands in at j = 0
+    j = tf.cast(tf.range(kb + 1), dt)[tf.newaxis, :]
+    l_all = c_hi + j  # (n, kb + 1)
+    # Feasibility of (k, l), multiplied through by d = 1 - k l lam^2 > 0:
+    #   v_k >= 0  <=>  x_k + lam^2 l (X_k - k x_k) >= lam Y_l
+    #   w_l >= 0  <=>  y_l + lam^2 k (Y_l - l y_l) >= lam X_k
+    ax_k = cx - kk * xs
+    by_l = ly_all - l_all * yl_all
+    lam_x, lam_y = lam * cx, lam * ly_all
+    l_max = 1.0 / (kk * lam2)  # d > 0  <=>  l < 1 / (k lam^2)
+
+    def every_pair() -> tuple[tf.Tensor, tf.Tensor]:
+        # Every pair (k, c_hi + j) at once, (n, p, kb + 1); keep the largest feasible j.
+        feas = xs[:, :, None] + (lam2 * l_all)[:, None, :] * ax_k[:, :, None] >= lam_y[:, None, :]
+        feas &= (
+            yl_all[:, None, :] + tf.reshape(lam2 * kk, [1, p, 1]) * by_l[:, None, :]
+            >= lam_x[:, :, None]
+        )
+        l_in = tf.where(j <= count, l_all, inf)
+        feas &= l_in[:, None, :] < tf.reshape(l_max, [1, p, 1])
+        j_star = tf.reduce_max(tf.cast(feas, dt) * (j + 1)[:, None, :], 2) - 1
+        # (the clip only matters for NaN weights, which must not index out of range)
+        return tf.clip_by_value(tf.cast(j_star, tf.int32), 0, kb), j_star >= 0
+
+    def bisect() -> tuple[tf.Tensor, tf.Tensor]:
+        def feasible(ji: tf.Tensor) -> tf.Tensor:
+            lj, lyj = _gather_rows(l_all, ji), _gather_rows(lam_y, ji)
+            ok = xs + lam2 * lj * ax_k >= lyj
+            ok &= _gather_rows(yl_all, ji) + lam2 * kk * _gather_rows(by_l, ji) >= lam_x
+            return ok & (lj < l_max)
+
+        lo = tf.zeros([n, p], tf.int32)
+        # count <= kb unless the band overflows (then the result is discarded); NaN -> 1
+        hi = tf.broadcast_to(tf.clip_by_value(tf.cast(count, tf.int32), 0, kb) + 1, [n, p])
+        for _ in range(max(1, math.ceil(math.log2(kb + 2)))):  # depends on the block width only
+            mid = (lo + hi) // 2
+            ok = feasible(tf.minimum(mid, kb))
+            lo = tf.where(ok, mid, lo)
+            hi = tf.where(ok, hi, mid)
+        return lo, feasible(tf.zeros_like(lo))
+
+    full = tf.cast(n * p, dt) * (band_width + 1) <= _BAND_FULL_LIMIT
+    if n * p <= _BAND_FULL_LIMIT:
+        jj, valid = tf.cond(full, every_pair, bisect)
+    else:
+        jj, valid = bisect()
+
+    lf = _gather_rows(l_all, jj)
+    ly = _gather_rows(ly_all, jj)
+    ly2 = q_hi + _gather_rows(tf.concat([zero, tf.cumsum(band * band, axis=1)], 1), jj)
+    d = 1.0 - kk * lf * lam2
+    a = tf.maximum((cx - kk * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
+    b = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
+    h = 0.5 * lam2 * (kk * b * b + lf * a * a) - 0.5 * (cx2 + ly2) + lam * a * b
+    h = tf.where(valid, h, inf)
+    # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w.
+    h = tf.concat([-0.5 * ysq, h, -0.5 * xsq], 1)
+    infs = tf.fill(tf.shape(zero), inf)
+    t_v = tf.concat([infs, lam * b, zero], 1)
+    t_w = tf.concat([zero, tf.where(lf == 0, inf, lam * a), infs], 1)
+    best = tf.argmin(h, axis=1, output_type=tf.int32)[:, tf.newaxis]
+    v = _soft_threshold_rows(x, _gather_rows(t_v, best))
+    w = _soft_threshold_rows(y, _gather_rows(t_w, best))
+    # A band wider than the block: those rows need the whole-row sort (same minimiser).
+    return v, w, band_width > kb
+
+
+def _prox_rows_auto(
+    x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor, method: str
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Dispatch: ``"sort"`` (whole rows) or ``"band"`` (falls back to ``"sort"`` when wide)."""
+    if method == "sort":
+        return _prox_rows(x, y, lam, lam2)
+    swap = int(x.shape[1]) > int(y.shape[1])
+    if swap:  # the band method sorts the short side: swap roles (the problem is symmetric)
+        x, y = y, x
+    v, w, too_wide = _prox_rows_band(x, y, lam, lam2)
+    v, w = tf.cond(too_wide, lambda: _prox_rows(x, y, lam, lam2), lambda: (v, w))
+    return (w, v) if swap else (v, w)
 
 
 # ---------------------------------------------------------------------------------------------

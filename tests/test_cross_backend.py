@@ -44,8 +44,8 @@ def _layers(rng: np.random.Generator, m: int, n: int, p: int) -> tuple[np.ndarra
     return w_in, w_out
 
 
-# The torch side has several exact methods (whole-row sort, band); the TF port follows the
-# whole-row sort. Both must give the same numbers.
+# Both sides have two exact methods (whole-row sort, band); every combination must give the
+# same numbers.
 TORCH_METHODS = (
     ["sort", "band"] if "method" in inspect.signature(pnl.prox_path_norm).parameters else [None]
 )
@@ -60,13 +60,21 @@ def _torch_prox(w_in: np.ndarray, w_out: np.ndarray, lam: float, method: str | N
 @pytest.mark.parametrize("lam", [1e-3, 0.07, 0.4, 3.0, 1e30])
 @pytest.mark.parametrize(("dtype", "tol"), [("float64", 1e-12), ("float32", 1e-6)])
 @pytest.mark.parametrize("method", TORCH_METHODS)
+@pytest.mark.parametrize("tf_method", ["band", "sort"])
 def test_prox_agrees(
-    shape: tuple[int, int, int], lam: float, dtype: str, tol: float, method: str | None
+    shape: tuple[int, int, int],
+    lam: float,
+    dtype: str,
+    tol: float,
+    method: str | None,
+    tf_method: str,
 ) -> None:
     rng = np.random.default_rng(abs(hash((shape, lam))) % 2**32)
     w_in, w_out = (a.astype(dtype) for a in _layers(rng, *shape))
     t_in, t_out = _torch_prox(w_in, w_out, lam, method)
-    k_in, k_out = pntf.prox_path_norm(tf.constant(w_in.T), tf.constant(w_out.T), lam)
+    k_in, k_out = pntf.prox_path_norm(
+        tf.constant(w_in.T), tf.constant(w_out.T), lam, method=tf_method
+    )
     for got, want in ((k_in.numpy().T, t_in.numpy()), (k_out.numpy().T, t_out.numpy())):
         assert got.dtype == want.dtype == np.dtype(dtype)
         assert _rel_err(got, want) <= tol

@@ -24,9 +24,13 @@ def test_every_kind_is_covered() -> None:
 
 
 PROX_CASES = [c for c in CASES if c.kind == "path_norm_prox"]
-# Every case eagerly; under XLA (one compilation per shape, ~1 s each) every fourth case, which
+# Every case eagerly with both methods; under XLA (one compilation per shape, ~1 s each) every fourth case, which
 # covers both dtypes, single and multi output and the wide pairs.
-PROX_RUNS = [(c, "eager") for c in PROX_CASES] + [(c, "xla") for c in PROX_CASES[::4]]
+PROX_RUNS = (
+    [(c, "eager") for c in PROX_CASES]
+    + [(c, "sort") for c in PROX_CASES]
+    + [(c, "xla") for c in PROX_CASES[::4]]
+)
 
 
 @pytest.mark.parametrize(
@@ -35,8 +39,10 @@ PROX_RUNS = [(c, "eager") for c in PROX_CASES] + [(c, "xla") for c in PROX_CASES
 def test_path_norm_prox_vector(case: Case, mode: str) -> None:
     k_in, k_out = (tf.constant(a.astype(case.np_dtype)) for a in case.keras_layout())
     assert case.lam is not None
-    if mode == "eager":
+    if mode == "eager":  # method="auto": the band method
         got_in, got_out = prox_path_norm(k_in, k_out, case.lam)
+    elif mode == "sort":
+        got_in, got_out = prox_path_norm(k_in, k_out, case.lam, method="sort")
     else:
         fn = tf.function(lambda a, b: prox_path_norm(a, b, case.lam), jit_compile=True)
         got_in, got_out = fn(k_in, k_out)

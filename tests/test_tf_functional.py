@@ -11,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from pathnorm_tf import (
+    functional,
     path_norm,
     product_bound,
     project_linf_operator_norm,
@@ -72,6 +73,36 @@ def test_matches_exhaustive_reference(seed: int, lam: float) -> None:
     assert got_obj <= exp_obj + 1e-12 * max(1.0, abs(exp_obj))
     np.testing.assert_allclose(got_in.numpy(), exp_in, rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(got_out.numpy(), exp_out, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("lam", [1e-4, 0.02, 0.3])
+def test_band_method_equals_sort_method_also_when_the_band_overflows(
+    seed: int, lam: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(100 + seed)
+    k_in, k_out = random_pair(rng, 60, 20, 3 + seed)
+    k_in[rng.random(k_in.shape) < 0.2] = 0.0
+    want = [t.numpy() for t in prox_path_norm(k_in, k_out, lam, method="sort")]
+    for block in (64, 2, 1):  # 2 and 1: most bands are wider -> whole-row sort fallback
+        monkeypatch.setattr(functional, "BAND_BLOCK", block)
+        got = [t.numpy() for t in prox_path_norm(k_in, k_out, lam, method="band")]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+            np.testing.assert_array_equal(g == 0, w == 0)
+
+
+def test_band_overflow_flag() -> None:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((8, 2)), rng.standard_normal((8, 40))
+    *_, wide = functional._prox_rows_band(tf.constant(x), tf.constant(y), 0.05, 0.05**2)
+    assert not bool(wide)  # 40 < BAND_BLOCK: the block always holds the band
+    assert functional.BAND_BLOCK >= 40
+
+
+def test_bad_method() -> None:
+    with pytest.raises(ValueError, match="method must be one of"):
+        prox_path_norm(np.ones((2, 2)), np.ones((2, 2)), 0.1, method="fast")
 
 
 def test_lam_zero_is_identity_and_huge_lam_keeps_one_side() -> None:
