@@ -18,7 +18,6 @@ import sys
 import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -101,6 +100,27 @@ def bench_shape(m: int, n: int, p: int, lam: float, device: torch.device, naive:
     return row
 
 
+def growth(device: torch.device, lam: float) -> None:
+    """Prox time as n, m and p double (from 784-200-10): time ratio per doubling."""
+    print(f"# growth of prox_path_norm time, float32, lam={lam} (ratio to the previous size)")
+    print("| varied | sizes (m-n-p) | prox ms | ratio per doubling |")
+    print("|---|---|---|---|")
+    for name, shapes in [
+        ("n", [(784, 200 * 2**i, 10) for i in range(4)]),
+        ("m", [(392 * 2**i, 200, 10) for i in range(4)]),
+        ("p", [(784, 200, 10 * 2**i) for i in range(4)]),
+    ]:
+        prev = None
+        for m, n, p in shapes:
+            w_in, w_out = trained_like(m, n, p, device)
+            t = timeit(
+                lambda a=w_in, b=w_out: prox_path_norm(a, b, lam, check_finite=False), device
+            )
+            ratio = "" if prev is None else f"{t / prev:.2f}"
+            print(f"| {name} | {m}-{n}-{p} | {t * 1e3:.3f} | {ratio} |")
+            prev = t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -108,7 +128,11 @@ def main() -> None:
     ap.add_argument("--shapes", default=None, help="comma list like 784-200-10,4096-4096-10")
     ap.add_argument("--no-naive", action="store_true", help="skip the slow NumPy baselines")
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    ap.add_argument("--growth", action="store_true", help="also time doublings of n, m and p")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     shapes = SHAPES
     if args.shapes:
@@ -151,7 +175,8 @@ def main() -> None:
         print("  ".join(f"{c:>16}" for c in cols))
         for v in lines:
             print("  ".join(f"{c:>16}" for c in v))
-    np.set_printoptions(precision=3)
+    if args.growth:
+        growth(device, args.lam)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,11 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _soft_threshold(z: Tensor, t: Tensor) -> Tensor:
+    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0."""
+    return z - torch.minimum(torch.maximum(z, -t), t)
+
+
 def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights."""
     n, p = x.shape
@@ -94,64 +99,60 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
         w, v = _prox_rows(y, x, lam)
         return v, w
+    dt = x.dtype
     lam2 = lam * lam
     ax, ay = x.abs(), y.abs()
     xs = torch.sort(ax, dim=1, descending=True).values
     ys = torch.sort(ay, dim=1, descending=True).values
     zero = x.new_zeros(n, 1)
-    cx = torch.cat([zero, xs.cumsum(1)], 1)  # cx[:, k] = sum of the k largest |x|
-    cy = torch.cat([zero, ys.cumsum(1)], 1)
-    cx2 = torch.cat([zero, (xs * xs).cumsum(1)], 1)
+    cx = xs.cumsum(1)  # cx[:, k - 1] = X_k, the sum of the k largest |x|
+    cy = torch.cat([zero, ys.cumsum(1)], 1)  # cy[:, l] = Y_l
+    cx2 = (xs * xs).cumsum(1)
     cy2 = torch.cat([zero, (ys * ys).cumsum(1)], 1)
-    xk = torch.cat([zero, xs], 1)  # xk[:, k] = k-th largest |x| (k >= 1)
-    yl = torch.cat([zero, ys], 1)
-
-    k = torch.arange(p + 1, device=x.device, dtype=x.dtype).expand(n, p + 1)
-    kx = cx  # X_k for every k, shape (n, p + 1)
-    k_is_zero = k == 0
+    yl = torch.cat([zero, ys], 1)  # yl[:, l] = l-th largest |y| (l >= 1)
+    by = cy - torch.arange(m + 1, device=x.device, dtype=dt) * yl  # Y_l - l y_l >= 0
+    k = torch.arange(1, p + 1, device=x.device, dtype=dt)
+    ax_k = cx - k * xs  # X_k - k x_k >= 0
+    lam_x = lam * cx
+    l_max = 1.0 / (k * lam2) if lam2 > 0 else torch.full_like(k, math.inf)
 
     def feasible(l_idx: Tensor) -> Tensor:
-        # (k, l) is feasible iff k l lam^2 < 1 and the last kept entries of both candidate
-        # vectors are >= 0; multiplied through by d = 1 - k l lam^2 > 0 to avoid dividing.
-        lf = l_idx.to(x.dtype)
-        d = 1.0 - k * lf * lam2
-        ly = cy.gather(1, l_idx)
-        y_last = yl.gather(1, l_idx)
-        v_ok = k_is_zero | (d * xk + lam2 * lf * kx - lam * ly >= 0)
-        w_ok = (l_idx == 0) | (d * y_last + lam2 * k * ly - lam * kx >= 0)
-        return (d > 0) & v_ok & w_ok
+        # (k, l) is feasible iff d = 1 - k l lam^2 > 0 and the last kept entries of both
+        # candidate vectors are >= 0; multiplied through by d:
+        #   v_k >= 0  <=>  x_k + lam^2 l (X_k - k x_k) >= lam Y_l
+        #   w_l >= 0  <=>  y_l + lam^2 k (Y_l - l y_l) >= lam X_k   (vacuous for l = 0)
+        lf = l_idx.to(dt)
+        ok = torch.addcmul(xs, lam2 * lf, ax_k) >= lam * cy.gather(1, l_idx)
+        ok &= (l_idx == 0) | (
+            torch.addcmul(yl.gather(1, l_idx), lam2 * k, by.gather(1, l_idx)) >= lam_x
+        )
+        return ok & (lf < l_max)
 
-    # Bisection for L(k) = the largest feasible l in [0, m]; l = 0 is always feasible and the
-    # feasible set is downward closed in l, so fixed-length bisection is exact.
-    lo = torch.zeros(n, p + 1, dtype=torch.long, device=x.device)
+    # Bisection for L(k) = the largest feasible l in [0, m] for k = 1..p; l = 0 is always
+    # feasible and the feasible set is downward closed in l, so fixed-length bisection is exact.
+    lo = torch.zeros(n, p, dtype=torch.long, device=x.device)
     hi = torch.full_like(lo, m + 1)
     for _ in range(max(1, math.ceil(math.log2(m + 2)))):
-        mid = (lo + hi) // 2
+        mid = (lo + hi) >> 1  # a shift: integer floor division is slow on CPU
         ok = feasible(mid.clamp_max(m))
         lo = torch.where(ok, mid, lo)
         hi = torch.where(ok, hi, mid)
-    big_l = lo
 
-    lf = big_l.to(x.dtype)
+    lf = lo.to(dt)
     d = 1.0 - k * lf * lam2
-    ly = cy.gather(1, big_l)
-    a = ((kx - k * lam * ly) / d).clamp_min(0)  # ||v||_1 of the candidate
-    b = ((ly - lf * lam * kx) / d).clamp_min(0)  # ||w||_1 of the candidate
+    ly = cy.gather(1, lo)
+    a = ((cx - k * lam * ly) / d).clamp_min(0)  # ||v||_1 of the candidate
+    b = ((ly - lf * lam * cx) / d).clamp_min(0)  # ||w||_1 of the candidate
     # Objective up to the constant 1/2 (||x||^2 + ||y||^2).
-    h = 0.5 * lam2 * (k * b * b + lf * a * a) - 0.5 * (cx2 + cy2.gather(1, big_l)) + lam * a * b
-    # The trivial point (x, 0) (Lemma 8 makes it redundant when L(p) > 0; kept for safety).
-    h = torch.cat([h, -0.5 * cx2[:, p:]], 1)
-    a = torch.cat([a, cx[:, p:]], 1)
-    b = torch.cat([b, zero], 1)
-    ks = torch.cat([k, k[:, p:]], 1)
-    ls = torch.cat([lf, zero], 1)
+    h = 0.5 * lam2 * (k * b * b + lf * a * a) - 0.5 * (cx2 + cy2.gather(1, lo)) + lam * a * b
+    # Candidates: (0, y) (= k = 0, l = m), (k, L(k)) for k = 1..p, and (x, 0) (Lemma 8 makes
+    # it redundant when L(p) > 0; kept for safety). Thresholds: lam * b for v, lam * a for w.
+    h = torch.cat([-0.5 * cy2[:, m:], h, -0.5 * cx2[:, p - 1 :]], 1)
+    inf = torch.full_like(zero, math.inf)
+    t_v = torch.cat([inf, lam * b, zero], 1)
+    t_w = torch.cat([zero, torch.where(lo == 0, math.inf, lam * a), inf], 1)
     best = h.argmin(1, keepdim=True)
-    a_star, b_star = a.gather(1, best), b.gather(1, best)
-    v_keep = ks.gather(1, best) > 0
-    w_keep = ls.gather(1, best) > 0
-    v = torch.where(v_keep, torch.sign(x) * (ax - lam * b_star).clamp_min(0), 0.0)
-    w = torch.where(w_keep, torch.sign(y) * (ay - lam * a_star).clamp_min(0), 0.0)
-    return v, w
+    return _soft_threshold(x, t_v.gather(1, best)), _soft_threshold(y, t_w.gather(1, best))
 
 
 def _band_sorted(ay: Tensor, band: Tensor) -> tuple[Tensor, Tensor]:
@@ -169,11 +170,6 @@ def _band_sorted(ay: Tensor, band: Tensor) -> tuple[Tensor, Tensor]:
     slot = band_i.cumsum(1).sub_(1 + k_max).mul_(band_i).add_(k_max)  # out-of-band -> column K
     block = ay.new_zeros(n, k_max + 1).scatter_(1, slot, ay)[:, :k_max]
     return torch.sort(block, dim=1, descending=True).values, count
-
-
-def _soft_threshold(z: Tensor, t: Tensor) -> Tensor:
-    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0."""
-    return z - torch.minimum(torch.maximum(z, -t), t)
 
 
 def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
@@ -265,7 +261,7 @@ def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
         jj = torch.zeros(n, p, dtype=torch.long, device=dev)
         hi_j = (count.long() + 1).expand(n, p).clone()
         for _ in range(max(1, math.ceil(math.log2(kb + 2)))):
-            mid = (jj + hi_j) // 2
+            mid = (jj + hi_j) >> 1
             ok = feasible(mid.clamp_max(kb))
             jj = torch.where(ok, mid, jj)
             hi_j = torch.where(ok, hi_j, mid)
@@ -310,9 +306,11 @@ def prox_path_norm(
         check_finite: raise on NaN/inf weights (costs one device sync; disable on hot paths
             where the weights are known to be finite).
         method: ``"band"`` sorts only the band of the long side that can change support
-            (fastest on CPU, one host sync for the band width); ``"sort"`` sorts whole rows
-            and never syncs (for accelerators). ``"auto"``: ``"band"`` on CPU, else ``"sort"``.
-            Both are exact and return the same minimiser.
+            (fastest on CPU when one side is much shorter, e.g. the paper's 784-200-10; one host
+            sync for the band width); ``"sort"`` sorts whole rows and never syncs (for
+            accelerators and square hidden-to-hidden pairs). ``"auto"``: ``"band"`` on CPU when
+            the shorter side is at most a quarter of the longer one, else ``"sort"``. Both are
+            exact and return the same minimiser.
 
     Returns:
         ``(w_in_new, w_out_new)``, new tensors of the input dtypes. Half precision inputs are
@@ -324,8 +322,9 @@ def prox_path_norm(
         return w_in.detach().clone(), w_out.detach().clone()
     if method not in ("auto", "band", "sort"):
         raise ValueError(f"method must be 'auto', 'band' or 'sort', got {method!r}")
-    if method == "auto":
-        method = "band" if w_in.device.type == "cpu" else "sort"
+    if method == "auto":  # the band pays off when one side is much shorter than the other
+        lopsided = 4 * min(w_in.shape[1], w_out.shape[0]) <= max(w_in.shape[1], w_out.shape[0])
+        method = "band" if w_in.device.type == "cpu" and lopsided else "sort"
     # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points
     # remain and the prox no longer depends on lam. Capping keeps lam^2 finite.
     lam = min(lam, 2.0)
