@@ -2,7 +2,7 @@
 
 1. Prox time of ``pathnorm_tf.prox_path_norm`` in float32 on the paper's shapes (m-n-p:
    ``Dense(n) -> ELU -> Dense(p)`` on m inputs), eagerly, in ``tf.function`` and under XLA
-   (``jit_compile=True``). (torch's prox has its own script, ``bench_prox.py``: timing both
+   (``jit_compile=True``), with ``method="band"`` (the default) and ``method="sort"``. (torch's prox has its own script, ``bench_prox.py``: timing both
    frameworks in one process makes their thread pools fight over the cores.)
 2. Epoch time of the paper's network (784-200-10, ELU, batch 100, 60,000 MNIST training images
    from ``/work/shared/data/mnist`` or random data of the same shape) trained by ``model.fit``
@@ -56,35 +56,37 @@ def trained_like(m: int, n: int, p: int, seed: int = 0) -> tuple[np.ndarray, np.
     return k_in.astype(np.float32), k_out.astype(np.float32)
 
 
-def bench_shape(m: int, n: int, p: int, lam: float) -> dict[str, object]:
+def bench_shape(m: int, n: int, p: int, lam: float, method: str) -> dict[str, object]:
     k_in_np, k_out_np = trained_like(m, n, p)
     k_in, k_out = tf.constant(k_in_np), tf.constant(k_out_np)
     lam_t = tf.constant(lam)
 
     def prox(a: tf.Tensor, b: tf.Tensor, t: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        return prox_path_norm(a, b, t, check_finite=False)
+        return prox_path_norm(a, b, t, check_finite=False, method=method)
 
     graph = tf.function(prox)
     xla = tf.function(prox, jit_compile=True)
-    row: dict[str, object] = {
+    return {
         "shape": f"{m}-{n}-{p}",
-        "eager": timeit(lambda: prox_path_norm(k_in, k_out, lam, check_finite=False)[0].numpy()),
+        "method": method,
+        "eager": timeit(lambda: prox(k_in, k_out, lam)[0].numpy()),
         "tf.function": timeit(lambda: graph(k_in, k_out, lam_t)[0].numpy()),
         "xla": timeit(lambda: xla(k_in, k_out, lam_t)[0].numpy()),
     }
-    return row
 
 
 def bench_prox(lam: float) -> list[dict[str, object]]:
     rows = []
     for m, n, p in SHAPES:
-        row = bench_shape(m, n, p, lam)
-        rows.append(row)
-        print(
-            f"prox {row['shape']:>12}: "
-            + ", ".join(f"{k} {1e3 * float(v):.2f} ms" for k, v in row.items() if k != "shape"),  # type: ignore[arg-type]
-            flush=True,
-        )
+        for method in ("band", "sort"):
+            row = bench_shape(m, n, p, lam, method)
+            rows.append(row)
+            times = ", ".join(
+                f"{k} {1e3 * float(v):.2f} ms"  # type: ignore[arg-type]
+                for k, v in row.items()
+                if k not in ("shape", "method")
+            )
+            print(f"prox {row['shape']:>12} ({method}): {times}", flush=True)
     return rows
 
 
@@ -167,11 +169,11 @@ def main() -> None:
     if args.markdown:
         if rows:
             cols = ["eager", "tf.function", "xla"]
-            print("\n| shape (m-n-p) | " + " | ".join(f"{c} (ms)" for c in cols) + " |")
-            print("|---|" + "---:|" * len(cols))
+            print("\n| shape (m-n-p) | method | " + " | ".join(f"{c} (ms)" for c in cols) + " |")
+            print("|---|---|" + "---:|" * len(cols))
             for row in rows:
                 cells = " | ".join(f"{1e3 * float(row[c]):.2f}" for c in cols)  # type: ignore[arg-type]
-                print(f"| {row['shape']} | {cells} |")
+                print(f"| {row['shape']} | {row['method']} | {cells} |")
         if epoch:
             print("\n| optimizer | epoch (s) |\n|---|---:|")
             print(f"| keras.optimizers.SGD | {epoch['SGD']:.2f} |")

@@ -94,10 +94,17 @@ def test_band_method_equals_sort_method_also_when_the_band_overflows(
 
 def test_band_overflow_flag() -> None:
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((8, 2)), rng.standard_normal((8, 40))
+    x, y = rng.standard_normal((8, 2)), rng.standard_normal((8, 20))
     *_, wide = functional._prox_rows_band(tf.constant(x), tf.constant(y), 0.05, 0.05**2)
-    assert not bool(wide)  # 40 < BAND_BLOCK: the block always holds the band
-    assert functional.BAND_BLOCK >= 40
+    assert not bool(wide)  # m = 20 <= BAND_BLOCK: the block always holds the band
+    assert functional.BAND_BLOCK >= 20
+    x, y = rng.standard_normal((8, 10)), rng.standard_normal((8, 784))
+    *_, wide = functional._prox_rows_band(tf.constant(x), tf.constant(y), 0.01, 0.01**2)
+    assert bool(wide)  # lam = 0.01 on unit-scale weights: the band is wider than the block
+    got = [t.numpy() for t in prox_path_norm(y.T, x, 0.01)]  # so "auto" redoes it by sorting
+    want = [t.numpy() for t in prox_path_norm(y.T, x, 0.01, method="sort")]
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_bad_method() -> None:
