@@ -10,7 +10,13 @@ import torch
 
 from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import Dataset, load_dataset
-from pathnorm_experiments.torch_backend import build_model, pgd_attack, robust_error, train_loop
+from pathnorm_experiments.torch_backend import (
+    build_model,
+    linear_layers,
+    pgd_attack,
+    robust_error,
+    train_loop,
+)
 
 N_ATTACK = 300
 
@@ -47,7 +53,7 @@ def exact_linear_robust_error(
     The margin ``(a_y - a_j) . (x + d) + b_y - b_j`` is minimised coordinate-wise: ``d_k`` at
     its lower bound where ``(a_y - a_j)_k > 0``, else at its upper bound.
     """
-    lin = model[0]
+    (lin,) = linear_layers(model)
     a = lin.weight.detach().double().numpy()
     b = lin.bias.detach().double().numpy()
     x = x.astype(np.float64)
