@@ -11,6 +11,7 @@ from typing import Any
 
 __all__ = [
     "ACTIVATIONS",
+    "ATTACKS",
     "DEFAULT_EPS",
     "METHODS",
     "REGULARIZERS",
@@ -20,6 +21,7 @@ __all__ = [
 
 REGULARIZERS = ("none", "l1", "linf", "path")
 METHODS = ("prox", "penalty")
+ATTACKS = ("ce", "ce+margin")
 ACTIVATIONS = ("elu", "relu", "tanh")  # slopes in [0, 1]: the path-norm bounds hold
 DEFAULT_EPS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 
@@ -47,6 +49,9 @@ class TrainConfig:
     seed: int = 0
     eps: tuple[float, ...] = DEFAULT_EPS
     pgd_steps: int = 40
+    attack: str = (
+        "ce"  # "ce": the paper's PGD; "ce+margin": also CW-margin PGD, error if either wins
+    )
     pgd_samples: int | None = 1000  # test images attacked (None: all); clean error uses all
     log_every: int = 10  # iterations between history records
     eval_train_samples: int | None = 10000  # train images for the regularized loss (None: all)
@@ -80,6 +85,8 @@ class TrainConfig:
                 f"extension), so it needs an even number of layers, i.e. an odd number of hidden "
                 f"layers; got hidden={self.hidden} ({len(self.hidden) + 1} layers)"
             )
+        if self.attack not in ATTACKS:
+            raise ValueError(f"attack must be one of {ATTACKS}, got {self.attack!r}")
         if any(not (0 <= e <= 1) for e in self.eps):
             raise ValueError(f"eps values must be in [0, 1] (pixels are in [0, 1]), got {self.eps}")
 

@@ -79,7 +79,8 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{result['backend']} | {cfg['regularizer']}/{cfg['method']} lam={cfg['lam']:g} "
         f"lr={cfg['lr']:g} epochs={cfg['epochs']} hidden={cfg['hidden']}",
         f"clean error {100 * result['clean_error']:.2f}%  (robust/certified on the first "
-        f"{result['n_attacked']} test images, PGD-{cfg['pgd_steps']})",
+        f"{result['n_attacked']} test images, PGD-{cfg['pgd_steps']} on "
+        f"{cfg.get('attack', 'ce')})",
         f"{'eps':>6} {'robust err %':>13} {'certified err %':>16}",
     ]
     for e in cfg["eps"]:

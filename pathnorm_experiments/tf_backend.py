@@ -130,11 +130,15 @@ def pgd_attack(
     steps: int = 40,
     step_size: float | None = None,
     random_start: bool = True,
+    loss: str = "ce",
     seed: int = 0,
 ) -> tf.Tensor:
-    """l_inf PGD on the cross-entropy (step ``eps / 20``, random start, clipped to [0, 1])."""
+    """l_inf PGD (step ``eps / 20``, random start, clipped to [0, 1]) on ``loss``: ``"ce"``
+    (cross-entropy, the paper's attack) or ``"margin"`` (CW margin ``max_{j != y} z_j - z_y``)."""
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
+    if loss not in ("ce", "margin"):
+        raise ValueError(f"loss must be 'ce' or 'margin', got {loss!r}")
     step = eps / 20 if step_size is None else step_size
     x = tf.convert_to_tensor(x, tf.float32)
     y = tf.convert_to_tensor(y, tf.int32)
@@ -145,12 +149,20 @@ def pgd_attack(
     else:
         x_adv = x
     ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    onehot = tf.one_hot(y, model.output_shape[-1]) > 0
+
+    def objective(z: tf.Tensor) -> tf.Tensor:
+        if loss == "ce":
+            return ce(y, z)
+        zy = tf.reduce_max(tf.where(onehot, z, -np.inf), 1)
+        other = tf.reduce_max(tf.where(onehot, -np.inf, z), 1)
+        return tf.reduce_sum(other - zy)
 
     @tf.function
     def one_step(xa: tf.Tensor) -> tf.Tensor:
         with tf.GradientTape() as tape:
             tape.watch(xa)
-            obj = ce(y, model(xa, training=False))
+            obj = objective(model(xa, training=False))
         grad = tape.gradient(obj, xa)
         return tf.clip_by_value(xa + step * tf.sign(grad), lo, hi)
 
@@ -160,14 +172,22 @@ def pgd_attack(
 
 
 def robust_error(
-    model: keras.Model, x: np.ndarray, y: np.ndarray, eps: float, *, steps: int = 40, seed: int = 0
+    model: keras.Model,
+    x: np.ndarray,
+    y: np.ndarray,
+    eps: float,
+    *,
+    steps: int = 40,
+    seed: int = 0,
+    losses: tuple[str, ...] = ("ce",),
 ) -> float:
-    """Fraction misclassified at ``x`` or at its PGD point."""
+    """Fraction misclassified at ``x`` or at the PGD point of any loss in ``losses``."""
     logits = model(x, training=False)
     wrong = np.argmax(logits, 1) != y
     if eps > 0:
-        xa = pgd_attack(model, x, y, eps, steps=steps, seed=seed)
-        wrong |= np.argmax(model(xa, training=False), 1) != y
+        for i, loss in enumerate(losses):
+            xa = pgd_attack(model, x, y, eps, steps=steps, seed=seed + i, loss=loss)
+            wrong |= np.argmax(model(xa, training=False), 1) != y
     return float(wrong.mean())
 
 
@@ -259,7 +279,13 @@ def train_keras(
     )
     robust = {
         f"{e:g}": robust_error(
-            model, data.x_test[:n_adv], y_te[:n_adv], e, steps=cfg.pgd_steps, seed=cfg.seed
+            model,
+            data.x_test[:n_adv],
+            y_te[:n_adv],
+            e,
+            steps=cfg.pgd_steps,
+            seed=cfg.seed,
+            losses=("ce", "margin") if cfg.attack == "ce+margin" else ("ce",),
         )
         for e in cfg.eps
     }

@@ -217,10 +217,21 @@ def evaluate(
         clean = float((model(x_te).argmax(1) != y_te).float().mean())
     n_adv = x_te.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_te.shape[0])
     xa, ya = x_te[:n_adv], y_te[:n_adv]
-    robust = {
-        f"{e:g}": robust_error(model, xa, ya, e, steps=cfg.pgd_steps, seed=cfg.seed)
-        for e in cfg.eps
-    }
+    robust = {}
+    for e in cfg.eps:
+        wrong = robust_error(model, xa, ya, e, steps=cfg.pgd_steps, seed=cfg.seed, return_mask=True)
+        if cfg.attack == "ce+margin":
+            wrong |= robust_error(
+                model,
+                xa,
+                ya,
+                e,
+                steps=cfg.pgd_steps,
+                seed=cfg.seed + 1,
+                loss="margin",
+                return_mask=True,
+            )
+        robust[f"{e:g}"] = float(wrong.float().mean())
     x_tr, y_tr = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
     if cfg.eval_train_samples is not None:
         x_tr, y_tr = x_tr[: cfg.eval_train_samples], y_tr[: cfg.eval_train_samples]

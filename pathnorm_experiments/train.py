@@ -16,6 +16,7 @@ from typing import Any
 
 from pathnorm_experiments.config import (
     ACTIVATIONS,
+    ATTACKS,
     DEFAULT_EPS,
     METHODS,
     REGULARIZERS,
@@ -89,6 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-test", type=int, default=None, help="use only the first N test samples")
     p.add_argument("--eps", type=float, nargs="+", default=list(DEFAULT_EPS))
     p.add_argument("--pgd-steps", type=int, default=40)
+    p.add_argument(
+        "--attack",
+        choices=ATTACKS,
+        default="ce",
+        help="ce: the paper's PGD on the cross-entropy; ce+margin: also PGD on the CW margin "
+        "(an example is robust only if both fail; stronger, twice the time)",
+    )
     p.add_argument("--pgd-samples", type=int, default=1000, help="test images attacked (0: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -117,6 +125,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seed=args.seed,
         eps=tuple(args.eps),
         pgd_steps=args.pgd_steps,
+        attack=args.attack,
         pgd_samples=args.pgd_samples or None,
         eval_train_samples=None,
     )

@@ -159,10 +159,14 @@ def test_tf_pgd_matches_torch_on_same_weights(mlp: torch.nn.Module, data: Datase
         layer.bias.assign(lin.bias.detach().numpy())
     x, y = tensors(data)
     np.testing.assert_allclose(np.asarray(kmodel(data.x_test)), mlp(x).detach().numpy(), atol=1e-4)
+    y32 = data.y_test.astype(np.int32)
     for eps in (0.05, 0.1):
-        e_tf = tfb.robust_error(kmodel, data.x_test, data.y_test.astype(np.int32), eps)
+        e_tf = tfb.robust_error(kmodel, data.x_test, y32, eps)
         e_torch = robust_error(mlp, x, y, eps)
         assert abs(e_tf - e_torch) <= 0.04, (eps, e_tf, e_torch)
+        m_tf = tfb.robust_error(kmodel, data.x_test, y32, eps, losses=("margin",))
+        m_torch = robust_error(mlp, x, y, eps, loss="margin")
+        assert abs(m_tf - m_torch) <= 0.04, (eps, m_tf, m_torch)
         xa = np.asarray(tfb.pgd_attack(kmodel, data.x_test, data.y_test, eps))
         assert np.abs(xa - data.x_test).max() <= eps + 1e-6 and xa.min() >= 0 and xa.max() <= 1
 

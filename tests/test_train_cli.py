@@ -84,6 +84,22 @@ def test_tf_main_job(tmp_path: Path, reg: str, method: str) -> None:
         assert r["nonzero_weights_pct"] == 100
 
 
+def test_stronger_attack_finds_at_least_as_much(tmp_path: Path) -> None:
+    base = ["--engine", "loop", "--n-test", "300", "--pgd-samples", "300", "--pgd-steps", "20"]
+    ce = run_main(tmp_path / "ce", *base)
+    both = run_main(tmp_path / "both", *base, "--attack", "ce+margin")
+    assert both["config"]["attack"] == "ce+margin"
+    assert both["clean_error"] == ce["clean_error"]  # same seed, same training
+    for k, v in ce["robust_error"].items():
+        assert v <= both["robust_error"][k] <= both["certified_error"][k] + 1e-9
+
+
+def test_tf_stronger_attack(tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    r = run_main(tmp_path, "--backend", "tf", "--attack", "ce+margin")
+    check_result(r, "tf")
+
+
 def test_deeper_net_pairs_layers(tmp_path: Path) -> None:
     r = run_main(tmp_path, "--engine", "loop", "--hidden", "64,32,16", "--lam", "1e-3")
     assert r["config"]["hidden"] == [64, 32, 16]
@@ -96,6 +112,7 @@ def test_deeper_net_pairs_layers(tmp_path: Path) -> None:
         (["--regularizer", "linf", "--method", "penalty"], "only the projection form"),
         (["--regularizer", "path", "--hidden", "64,32"], "even number of layers"),
         (["--lam", "-1"], "lam must be a finite number >= 0"),
+        (["--epochs", "0"], "epochs must be >= 1"),
         (["--dataset", "mnist", "--data-dir", "/nonexistent"], "not found in /nonexistent/mnist"),
     ],
 )
