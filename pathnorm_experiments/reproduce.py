@@ -19,6 +19,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from pathnorm_experiments.config import DEFAULT_EPS, TrainConfig
-from pathnorm_experiments.data import load_dataset
+from pathnorm_experiments.data import DataError, load_dataset
 
 __all__ = ["GRIDS", "main", "make_plots", "make_report", "run_sweep"]
 
@@ -474,6 +475,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         results = [json.loads(f.read_text()) for f in sorted((out / "runs").glob("*.json"))]
     else:
+        try:  # check every dataset before hours of training, not when its turn comes
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                for ds in datasets:
+                    load_dataset(ds, args.data_dir, allow_partial=args.allow_partial)
+        except DataError as e:
+            print(f"pathnorm-reproduce: error: {e}", file=sys.stderr)
+            return 2
         print(
             f"{len(runs)} runs: datasets {datasets}, seeds {seeds}, epochs {epochs}, grid {grid}",
             flush=True,

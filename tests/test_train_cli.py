@@ -139,6 +139,15 @@ def test_module_entry_point_help() -> None:
     )
 
 
+def test_reproduce_checks_data_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--datasets", "mnist", "--data-dir", str(tmp_path), "--out", str(tmp_path / "o")]
+    assert reproduce.main(args) == 2
+    assert "train-labels-idx1-ubyte.gz not found" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "runs").exists()
+
+
 def test_reproduce_quick_tiny(tmp_path: Path) -> None:
     out = tmp_path / "rep"
     args = [
