@@ -345,7 +345,7 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
                 self.build(list(trainable_variables))
         learning_rate = self.inner_optimizer.learning_rate  # the rate this step will use
         self.inner_optimizer.apply(grads, trainable_variables)
-        steps = self.inner_optimizer.gradient_accumulation_steps
+        steps = getattr(self.inner_optimizer, "gradient_accumulation_steps", None)
         is_real = None
         if steps:
             is_real = tf.equal(self.inner_optimizer._iterations % steps, 0)
