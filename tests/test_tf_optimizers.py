@@ -29,10 +29,14 @@ X_DIM, CLASSES, SAMPLES = 6, 3, 16
 
 @pytest.fixture(autouse=True)
 def float64_keras() -> Iterator[None]:
-    old = keras.config.floatx()
+    # The global dtype policy is fixed from floatx the first time any layer is built (possibly
+    # by an earlier test module), so set both.
+    old, old_policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
     yield
     keras.config.set_floatx(old)
+    keras.config.set_dtype_policy(old_policy)
 
 
 def mlp(sizes: tuple[int, ...] = (5, CLASSES), seed: int = 0, names: bool = False) -> keras.Model:
