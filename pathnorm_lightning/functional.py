@@ -24,6 +24,8 @@ steps, so nothing waits on the device.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from typing import Literal
 
 import torch
@@ -87,9 +89,45 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _soft_threshold(z: Tensor, t: Tensor) -> Tensor:
-    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0."""
-    return z - torch.minimum(torch.maximum(z, -t), t)
+_SCRATCH = threading.local()
+
+
+def _scratch(like: Tensor, n_float: int, n_long: int) -> tuple[list[Tensor], list[Tensor]]:
+    """Reusable scratch tensors shaped like ``like`` (per thread, a few recent shapes).
+
+    A training loop calls the prox with the same shapes at every step; reusing the large
+    temporaries avoids fresh allocations, which glibc serves with new pages (page faults) once
+    it has returned freed memory to the OS. That was more than half of the prox's time.
+    """
+    cache: OrderedDict[tuple, tuple[list[Tensor], list[Tensor]]] | None = getattr(
+        _SCRATCH, "cache", None
+    )
+    if cache is None:
+        cache = _SCRATCH.cache = OrderedDict()
+    key = (tuple(like.shape), like.dtype, like.device, n_float, n_long)
+    bufs = cache.get(key)
+    if bufs is None:
+        bufs = (
+            [torch.empty_like(like) for _ in range(n_float)],
+            [torch.empty(like.shape, dtype=torch.long, device=like.device) for _ in range(n_long)],
+        )
+        cache[key] = bufs
+        while len(cache) > 4:
+            cache.popitem(last=False)
+    cache.move_to_end(key)
+    return bufs
+
+
+def _soft_threshold(
+    z: Tensor, t: Tensor, *, scratch: Tensor | None = None, out: Tensor | None = None
+) -> Tensor:
+    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0.
+
+    ``z - clip(z, -t, t)``, computed in ``scratch`` and written to ``out`` (may be ``z``).
+    """
+    clipped = torch.maximum(z, -t, out=scratch) if scratch is not None else torch.maximum(z, -t)
+    torch.minimum(clipped, t, out=clipped)
+    return torch.sub(z, clipped, out=out if out is not None else clipped)
 
 
 def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
@@ -155,24 +193,27 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     return _soft_threshold(x, t_v.gather(1, best)), _soft_threshold(y, t_w.gather(1, best))
 
 
-def _band_sorted(ay: Tensor, band: Tensor) -> tuple[Tensor, Tensor]:
+def _band_sorted(ay: Tensor, band: Tensor, scratch: list[Tensor]) -> tuple[Tensor, Tensor]:
     """Entries of ``ay`` (>= 0) where the float mask ``band`` is 1, per row, sorted descending.
 
     Returns ``(B, count)``: ``B`` of shape (n, K), zero padded, ``K`` the largest count. Only the
-    compacted (n, K) block is sorted; the compaction is a cumulative sum and one scatter.
+    compacted (n, K) block is sorted; the compaction is a cumulative sum (``slot``: out-of-band
+    entries go to a dropped column 0) and one scatter. ``scratch``: two int64 tensors like ``ay``.
     """
     n = ay.shape[0]
     count = band.sum(1, keepdim=True)
     k_max = int(count.max()) if n else 0  # one host sync: the band width sizes the block
     if k_max == 0:
         return ay.new_zeros(n, 0), count
-    band_i = band.long()  # an integer scan is several times faster than a float one on CPU
-    slot = band_i.cumsum(1).sub_(1 + k_max).mul_(band_i).add_(k_max)  # out-of-band -> column K
-    block = ay.new_zeros(n, k_max + 1).scatter_(1, slot, ay)[:, :k_max]
+    band_i = scratch[0].copy_(band)  # an integer scan is several times faster than a float one
+    slot = torch.cumsum(band_i, 1, out=scratch[1]).mul_(band_i)  # band: 1..count, others: 0
+    block = ay.new_zeros(n, k_max + 1).scatter_(1, slot, ay)[:, 1:]
     return torch.sort(block, dim=1, descending=True).values, count
 
 
-def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
+def _prox_rows_band(
+    x: Tensor, y: Tensor, lam: float, out_y: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Exact prox per row pair without sorting the long side (``y``, m >= p) in full.
 
     The minimiser is either the trivial point ``(0, y)`` or a stationary point with
@@ -184,13 +225,15 @@ def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     decreasing; ``E_y >= 0``: the Moreau envelope of ``||.||_1`` at y), and from the upper bound
     ``min(G(||x||_1), G(0))`` on the minimum. Only the band ``tau_lo < |y| <= tau_hi`` is sorted,
     then every support pair ``(k, l)`` with ``l`` in the band is a candidate. Elementwise work
-    on the long side is kept to float arithmetic (comparisons to bool are slow on CPU).
+    on the long side is kept to float arithmetic (comparisons to bool are slow on CPU) and to
+    reused scratch tensors. The new ``y`` is written to ``out_y`` when given (may be ``y``).
     """
     n, p = x.shape
     dt, dev = x.dtype, x.device
     lam2 = lam * lam
     margin = 64 * torch.finfo(dt).eps
-    ax, ay = x.abs(), y.abs()
+    (f_ay, f_hi, f_band), longs = _scratch(y, 3, 2)
+    ax, ay = x.abs(), torch.abs(y, out=f_ay)
     xs = torch.sort(ax, dim=1, descending=True).values if p > 1 else ax
     cx = xs.cumsum(1)  # cx[:, k - 1] = sum of the k largest |x|
     cx2 = (xs * xs).cumsum(1)
@@ -198,7 +241,7 @@ def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     ysq = torch.linalg.vector_norm(ay, dim=1, keepdim=True).square()
 
     tau_hi = lam * x1 * (1 + margin)
-    r_hi = (ay - tau_hi).clamp_min_(0)
+    r_hi = torch.sub(ay, tau_hi, out=f_hi).clamp_min_(0)
     r_sum = r_hi.sum(1, keepdim=True)
     r_sq = torch.linalg.vector_norm(r_hi, dim=1, keepdim=True).square()
     in_hi = r_hi.sign_()
@@ -217,7 +260,8 @@ def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     theta_g = torch.where(g_best >= 0.5 * xsq, xs[:, :1], theta_g)
     a_lo = (ax - theta_g).clamp_min(0).sum(1, keepdim=True)
     tau_lo = lam * a_lo * (1 - margin)
-    band, count = _band_sorted(ay, (ay - tau_lo).clamp_min_(0).sign_().sub_(in_hi))
+    band_mask = torch.sub(ay, tau_lo, out=f_band).clamp_min_(0).sign_().sub_(in_hi)
+    band, count = _band_sorted(ay, band_mask, longs)
 
     kb = band.shape[1]
     zero = x.new_zeros(n, 1)
@@ -282,7 +326,8 @@ def _prox_rows_band(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     t_v = torch.cat([inf, lam * b, zero], 1)
     t_w = torch.cat([zero, torch.where(lf == 0, math.inf, lam * a), inf], 1)
     best = h.argmin(1, keepdim=True)
-    return _soft_threshold(x, t_v.gather(1, best)), _soft_threshold(y, t_w.gather(1, best))
+    w = _soft_threshold(y, t_w.gather(1, best), scratch=f_hi, out=out_y)
+    return _soft_threshold(x, t_v.gather(1, best)), (w if out_y is not None else w.clone())
 
 
 # Largest (n * p * band) evaluated in one shot by _prox_rows_band before it bisects instead.
@@ -316,10 +361,21 @@ def prox_path_norm(
         ``(w_in_new, w_out_new)``, new tensors of the input dtypes. Half precision inputs are
         computed in float32 and cast back.
     """
+    return _prox(w_in, w_out, lam, check_finite, method, in_place=False)
+
+
+def _prox(
+    w_in: Tensor,
+    w_out: Tensor,
+    lam: float | Tensor,
+    check_finite: bool,
+    method: str,
+    in_place: bool,
+) -> tuple[Tensor, Tensor]:
     lam = _check_scalar(lam, "lam")
     _check_pair(w_in, w_out, check_finite)
     if lam == 0.0 or w_in.numel() == 0 or w_out.numel() == 0:
-        return w_in.detach().clone(), w_out.detach().clone()
+        return (w_in, w_out) if in_place else (w_in.detach().clone(), w_out.detach().clone())
     if method not in ("auto", "band", "sort"):
         raise ValueError(f"method must be 'auto', 'band' or 'sort', got {method!r}")
     if method == "auto":  # the band pays off when one side is much shorter than the other
@@ -334,21 +390,29 @@ def prox_path_norm(
         if method == "sort":
             v, w = _prox_rows(x, y, lam)
         elif x.shape[1] <= y.shape[1]:
-            v, w = _prox_rows_band(x, y, lam)
+            # In place, w_in takes the result directly (no large temporary) when it can.
+            direct = in_place and w_in.dtype == cd and w_in.is_contiguous()
+            v, w = _prox_rows_band(x, y, lam, out_y=w_in.detach() if direct else None)
         else:  # the band algorithm sorts the short side: swap roles (the problem is symmetric)
             w, v = _prox_rows_band(y, x, lam)
+        if in_place:
+            if w.data_ptr() != w_in.data_ptr():
+                w_in.copy_(w)
+            w_out.copy_(v.t())
+            return w_in, w_out
     return w.to(w_in.dtype), v.t().to(w_out.dtype).contiguous()
 
 
 def prox_path_norm_(
-    w_in: Tensor, w_out: Tensor, lam: float | Tensor, *, check_finite: bool = True
+    w_in: Tensor,
+    w_out: Tensor,
+    lam: float | Tensor,
+    *,
+    check_finite: bool = True,
+    method: Literal["auto", "band", "sort"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """In-place :func:`prox_path_norm`: overwrites ``w_in`` and ``w_out`` (parameters too)."""
-    new_in, new_out = prox_path_norm(w_in, w_out, lam, check_finite=check_finite)
-    with torch.no_grad():
-        w_in.copy_(new_in)
-        w_out.copy_(new_out)
-    return w_in, w_out
+    return _prox(w_in, w_out, lam, check_finite, method, in_place=True)
 
 
 def path_norm(w_in: Tensor, w_out: Tensor) -> Tensor:
