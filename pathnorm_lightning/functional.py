@@ -385,7 +385,8 @@ def _prox(
     # remain and the prox no longer depends on lam. Capping keeps lam^2 finite.
     lam = min(lam, 2.0)
     cd = _compute_dtype(w_in.dtype)
-    x, y = w_out.detach().to(cd).t(), w_in.detach().to(cd)
+    # Rows of x are units: sorting and scanning along strided rows is much slower, so copy.
+    x, y = w_out.detach().to(cd).t().contiguous(), w_in.detach().to(cd)
     with torch.no_grad():
         if method == "sort":
             v, w = _prox_rows(x, y, lam)
