@@ -15,10 +15,13 @@ exactly. The objective is non-convex; every minimiser is a stationary point
 sizes ``(k, l)`` (top-k of |x|, top-l of |y|), or one of the trivial points ``(x, 0)`` and
 ``(0, y)``. The feasible supports form a staircase (downward closed, Lemma 4 of the paper) and
 the objective decreases along it (Lemma 8), so the minimiser lies among the pairs
-``(k, L(k))``, ``L(k)`` the largest feasible ``l`` for ``k``. We evaluate all of them at once:
-one sort per row, cumulative sums, a vectorised bisection for ``L(k)`` and an argmin. There is
-no Python loop over units or support sizes; the bisection runs ``ceil(log2(m + 1))`` fixed
-steps, so nothing waits on the device.
+``(k, L(k))``, ``L(k)`` the largest feasible ``l`` for ``k``. Two exact implementations
+evaluate all of them at once, with no Python loop over units or support sizes:
+
+* ``_prox_rows`` ("sort"): one sort per row, cumulative sums, a fixed-length vectorised
+  bisection for ``L(k)`` and an argmin; nothing waits on the device.
+* ``_prox_rows_band`` ("band", CPU default for lopsided pairs): sorts only the thin band of the
+  long side whose entries can enter or leave the support (see its docstring).
 """
 
 from __future__ import annotations
