@@ -196,21 +196,33 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     return _soft_threshold(x, t_v.gather(1, best)), _soft_threshold(y, t_w.gather(1, best))
 
 
+def _compact(ay: Tensor, band: Tensor, k_max: int, scratch: list[Tensor] | None) -> Tensor:
+    """The band entries of each row, left-aligned in an (r, k_max) block (zero padded)."""
+    band_i = scratch[0].copy_(band) if scratch else band.long()  # integer scans are faster
+    slot = torch.cumsum(band_i, 1, out=scratch[1] if scratch else None).mul_(band_i)
+    # band entries go to 1..count, the rest to column 0, which is dropped
+    return ay.new_zeros(ay.shape[0], k_max + 1).scatter_(1, slot, ay)[:, 1:]
+
+
 def _band_sorted(ay: Tensor, band: Tensor, scratch: list[Tensor]) -> tuple[Tensor, Tensor]:
     """Entries of ``ay`` (>= 0) where the float mask ``band`` is 1, per row, sorted descending.
 
     Returns ``(B, count)``: ``B`` of shape (n, K), zero padded, ``K`` the largest count. Only the
-    compacted (n, K) block is sorted; the compaction is a cumulative sum (``slot``: out-of-band
-    entries go to a dropped column 0) and one scatter. ``scratch``: two int64 tensors like ``ay``.
+    compacted (n, K) block is sorted. When few rows hold band entries (the usual case in
+    training: a handful of rows, one or two entries each), only those rows are compacted.
+    ``scratch``: two int64 tensors shaped like ``ay``.
     """
     n = ay.shape[0]
     count = band.sum(1, keepdim=True)
     k_max = int(count.max()) if n else 0  # one host sync: the band width sizes the block
     if k_max == 0:
         return ay.new_zeros(n, 0), count
-    band_i = scratch[0].copy_(band)  # an integer scan is several times faster than a float one
-    slot = torch.cumsum(band_i, 1, out=scratch[1]).mul_(band_i)  # band: 1..count, others: 0
-    block = ay.new_zeros(n, k_max + 1).scatter_(1, slot, ay)[:, 1:]
+    rows = torch.nonzero(count[:, 0]).squeeze(1)
+    if 2 * rows.numel() <= n:
+        sub = _compact(ay.index_select(0, rows), band.index_select(0, rows), k_max, None)
+        sub = torch.sort(sub, dim=1, descending=True).values
+        return ay.new_zeros(n, k_max).index_copy_(0, rows, sub), count
+    block = _compact(ay, band, k_max, scratch)
     return torch.sort(block, dim=1, descending=True).values, count
 
 
