@@ -114,11 +114,18 @@ def _scratch(like: Tensor, n_float: int, n_long: int) -> tuple[list[Tensor], lis
             [torch.empty_like(like) for _ in range(n_float)],
             [torch.empty(like.shape, dtype=torch.long, device=like.device) for _ in range(n_long)],
         )
+        if like.numel() > _SCRATCH_MAX_NUMEL:  # big layers: keep no memory between calls
+            return bufs
         cache[key] = bufs
         while len(cache) > 4:
             cache.popitem(last=False)
     cache.move_to_end(key)
     return bufs
+
+
+# Layers up to this many weights keep their scratch tensors between calls (at most 4 shapes
+# per thread, 7 numbers of scratch per weight: about 56 MB per shape at this bound in float32).
+_SCRATCH_MAX_NUMEL = 1 << 21
 
 
 def _soft_threshold(

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import pathnorm_lightning.functional as F
-from pathnorm_lightning import prox_path_norm
+from pathnorm_lightning import prox_path_norm, prox_path_norm_
 from shared_spec import reference
 
 METHODS = ["band", "sort"]
@@ -102,3 +102,27 @@ def test_unknown_method_is_rejected() -> None:
 def test_non_numeric_lam_is_rejected(lam: object) -> None:
     with pytest.raises(ValueError, match="lam must be a real number"):
         prox_path_norm(torch.ones(2, 3), torch.ones(1, 2), lam)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_in_place_band_writes_the_same_result(dtype: torch.dtype) -> None:
+    # lopsided (band method); float32/64 contiguous weights take the direct in-place write
+    g = torch.Generator().manual_seed(7)
+    w_in = (torch.randn(64, 300, generator=g) * 0.05).to(dtype)
+    w_out = (torch.randn(5, 64, generator=g) * 0.05).to(dtype)
+    want_in, want_out = prox_path_norm(w_in, w_out, 3e-3)
+    got_in, got_out = w_in.clone(), w_out.clone()
+    prox_path_norm_(got_in, got_out, 3e-3)
+    assert torch.equal(got_in, want_in) and torch.equal(got_out, want_out)
+    assert (want_in == 0).any()  # the case exercises the threshold
+
+
+def test_results_do_not_share_memory_with_reused_scratch() -> None:
+    g = torch.Generator().manual_seed(8)
+    layers = [
+        (torch.randn(40, 200, generator=g), torch.randn(3, 40, generator=g)) for _ in range(2)
+    ]
+    first_in, first_out = prox_path_norm(*layers[0], 0.01)
+    kept_in, kept_out = first_in.clone(), first_out.clone()
+    prox_path_norm(*layers[1], 0.01)  # same shapes: the scratch tensors are reused
+    assert torch.equal(first_in, kept_in) and torch.equal(first_out, kept_out)
