@@ -1,8 +1,8 @@
 """Epoch time of the paper's MLP in a Lightning Trainer, with and without PathNormProx.
 
 The network is 784-200-10 with ELU, trained with SGD at batch size 100 on the 60,000 MNIST
-training images (``/work/shared/data/mnist`` or ``--data``; random tensors of the same shape
-when the files are absent). Plain and PathNormProx epochs alternate in one process, so both
+training images (``--data-dir``, default ``../shared/data``, read by the checked loader of
+``pathnorm_experiments.data``; random tensors of the same shape when the files are absent). Plain and PathNormProx epochs alternate in one process, so both
 see the same machine load; the script prints the median epoch times and their ratio.
 
     python benchmarks/bench_lightning_epoch.py [--repeats 3] [--lam 1e-4] [--lr 0.1]
@@ -11,7 +11,6 @@ see the same machine load; the script prints the median epoch times and their ra
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import statistics
 import time
@@ -24,20 +23,20 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
 
+from pathnorm_experiments.data import DataError, load_dataset
 from pathnorm_lightning import PathNormProx, prox_path_norm
 
-DEFAULT_MNIST = Path("/work/shared/data/mnist")
+# The project's shared data folder when the repository sits beside it (as on the dev machines).
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
-def load_mnist_train(root: Path) -> tuple[Tensor, Tensor] | None:
-    images, labels = root / "train-images-idx3-ubyte.gz", root / "train-labels-idx1-ubyte.gz"
-    if not (images.exists() and labels.exists()):
+def load_mnist_train(data_dir: Path | None) -> tuple[Tensor, Tensor] | None:
+    """MNIST training set through the project's checked loader, or None when it is absent."""
+    try:
+        d = load_dataset("mnist", data_dir)
+    except DataError:
         return None
-    with gzip.open(images) as f:
-        x = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784)
-    with gzip.open(labels) as f:
-        y = np.frombuffer(f.read(), dtype=np.uint8, offset=8)
-    return torch.from_numpy(x.astype(np.float32) / 255.0), torch.from_numpy(y.astype(np.int64))
+    return torch.from_numpy(d.x_train), torch.from_numpy(d.y_train.astype(np.int64))
 
 
 class PaperMLP(pl.LightningModule):
@@ -89,7 +88,10 @@ def epoch_time(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--data", type=Path, default=DEFAULT_MNIST, help="folder with MNIST .gz files"
+        "--data-dir",
+        type=Path,
+        default=SHARED_DATA if SHARED_DATA.is_dir() else None,
+        help="folder holding mnist/*.gz (default: ../shared/data, else $PATHNORM_DATA_DIR)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="epochs per configuration")
     parser.add_argument("--lam", type=float, default=1e-4)
@@ -101,8 +103,8 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
-    data = load_mnist_train(args.data)
-    source = f"MNIST train ({args.data})"
+    data = load_mnist_train(args.data_dir)
+    source = f"MNIST train ({args.data_dir})"
     if data is None:
         g = torch.Generator().manual_seed(0)
         data = (torch.rand(60000, 784, generator=g), torch.randint(0, 10, (60000,), generator=g))
