@@ -11,7 +11,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -103,18 +102,6 @@ def test_bounds_and_baselines_agree(dtype: str) -> None:
 # --- end to end: the same proximal gradient descent through Lightning and through Keras ------
 
 M, N, P, SAMPLES, STEPS, LR, LAM = 12, 10, 3, 32, 20, 0.25, 0.05
-
-
-@pytest.fixture
-def float64_keras() -> Iterator[None]:
-    # The global dtype policy is fixed from floatx the first time any layer is built (possibly
-    # by an earlier test module), so set both.
-    old, old_policy = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.config.set_floatx(old)
-    keras.config.set_dtype_policy(old_policy)
 
 
 class _TorchMLP(pl.LightningModule):

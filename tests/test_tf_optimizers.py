@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +26,7 @@ from shared_spec import reference as ref
 X_DIM, CLASSES, SAMPLES = 6, 3, 16
 
 
-@pytest.fixture(autouse=True)
-def float64_keras() -> Iterator[None]:
-    # The global dtype policy is fixed from floatx the first time any layer is built (possibly
-    # by an earlier test module), so set both.
-    old, old_policy = keras.config.floatx(), keras.config.dtype_policy()
-    keras.config.set_floatx("float64")
-    keras.config.set_dtype_policy("float64")
-    yield
-    keras.config.set_floatx(old)
-    keras.config.set_dtype_policy(old_policy)
+pytestmark = pytest.mark.usefixtures("float64_keras")  # from conftest.py
 
 
 def mlp(sizes: tuple[int, ...] = (5, CLASSES), seed: int = 0, names: bool = False) -> keras.Model:
