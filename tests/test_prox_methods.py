@@ -1,11 +1,15 @@
-"""Both torch prox algorithms ("band" and "sort") against the exhaustive reference.
+"""The torch prox algorithms ("kernel", "band", "sort") against the exhaustive reference.
 
-The band algorithm skips sorting most of the long side; these cases aim at its corners: ties at
-the threshold, many equal magnitudes, lam at the k*l*lam^2 = 1 boundary, rows of zeros, huge
-dynamic range, and both of its evaluation paths (all pairs at once, and bisection).
+The band algorithm (compiled: "kernel"; in tensor ops: "band") skips sorting most of the long
+side; these cases aim at its corners: ties at the threshold, many equal magnitudes, lam at the
+k*l*lam^2 = 1 boundary, rows of zeros, huge dynamic range, both evaluation paths of "band" (all
+pairs at once, and bisection), and the kernel's two sorts (insertion sort for short runs).
 """
 
 from __future__ import annotations
+
+import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -15,7 +19,7 @@ import pathnorm_lightning.functional as F
 from pathnorm_lightning import prox_path_norm, prox_path_norm_
 from shared_spec import reference
 
-METHODS = ["band", "sort"]
+METHODS = ["kernel", "band", "sort"]
 
 
 def _objective(
@@ -49,8 +53,11 @@ def _random_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, floa
     return x, y, lam
 
 
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("full_limit", [1 << 15, 0], ids=["all-pairs", "bisection"])
+@pytest.mark.parametrize(
+    ("method", "full_limit"),
+    [("kernel", 1 << 15), ("band", 1 << 15), ("band", 0), ("sort", 1 << 15)],
+    ids=["kernel", "band-all-pairs", "band-bisection", "sort"],
+)
 def test_exact_on_random_corner_cases(
     method: str, full_limit: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -83,14 +90,16 @@ def test_band_and_sort_agree_on_larger_layers(
     w_in = w_in * (torch.rand(n, m, generator=g, dtype=dtype) < 0.3) + 1e-4 * torch.randn(
         n, m, generator=g, dtype=dtype
     )
-    a_in, a_out = prox_path_norm(w_in, w_out, lam, method="band")
     b_in, b_out = prox_path_norm(w_in, w_out, lam, method="sort")
     x, y = w_out.double().numpy().T, w_in.double().numpy()
-    ha, hb = _objective(a_in, a_out, x, y, lam), _objective(b_in, b_out, x, y, lam)
+    hb = _objective(b_in, b_out, x, y, lam)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert abs(ha - hb) <= tol * max(1.0, abs(hb))
-    torch.testing.assert_close(a_in, b_in, rtol=tol, atol=tol)
-    torch.testing.assert_close(a_out, b_out, rtol=tol, atol=tol)
+    for method in ("kernel", "band"):
+        a_in, a_out = prox_path_norm(w_in, w_out, lam, method=method)  # type: ignore[arg-type]
+        ha = _objective(a_in, a_out, x, y, lam)
+        assert abs(ha - hb) <= tol * max(1.0, abs(hb))
+        torch.testing.assert_close(a_in, b_in, rtol=tol, atol=tol)
+        torch.testing.assert_close(a_out, b_out, rtol=tol, atol=tol)
 
 
 def test_unknown_method_is_rejected() -> None:
@@ -104,15 +113,16 @@ def test_non_numeric_lam_is_rejected(lam: object) -> None:
         prox_path_norm(torch.ones(2, 3), torch.ones(1, 2), lam)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("method", ["kernel", "band"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-def test_in_place_band_writes_the_same_result(dtype: torch.dtype) -> None:
-    # lopsided (band method); float32/64 contiguous weights take the direct in-place write
+def test_in_place_writes_the_same_result(method: str, dtype: torch.dtype) -> None:
+    # lopsided; float32/64 contiguous weights take the direct in-place write
     g = torch.Generator().manual_seed(7)
     w_in = (torch.randn(64, 300, generator=g) * 0.05).to(dtype)
     w_out = (torch.randn(5, 64, generator=g) * 0.05).to(dtype)
-    want_in, want_out = prox_path_norm(w_in, w_out, 3e-3)
+    want_in, want_out = prox_path_norm(w_in, w_out, 3e-3, method=method)  # type: ignore[arg-type]
     got_in, got_out = w_in.clone(), w_out.clone()
-    prox_path_norm_(got_in, got_out, 3e-3)
+    prox_path_norm_(got_in, got_out, 3e-3, method=method)  # type: ignore[arg-type]
     assert torch.equal(got_in, want_in) and torch.equal(got_out, want_out)
     assert (want_in == 0).any()  # the case exercises the threshold
 
@@ -126,3 +136,82 @@ def test_results_do_not_share_memory_with_reused_scratch() -> None:
     kept_in, kept_out = first_in.clone(), first_out.clone()
     prox_path_norm(*layers[1], 0.01)  # same shapes: the scratch tensors are reused
     assert torch.equal(first_in, kept_in) and torch.equal(first_out, kept_out)
+
+
+def test_kernel_is_the_cpu_default_and_band_the_fallback_without_numba(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    g = torch.Generator().manual_seed(9)
+    w_in, w_out = torch.randn(30, 200, generator=g) * 0.05, torch.randn(3, 30, generator=g)
+    kernel = prox_path_norm(w_in, w_out, 0.01, method="kernel")
+    band = prox_path_norm(w_in, w_out, 0.01, method="band")
+    calls: list[str] = []
+    real_kernel, real_band = F._prox_kernel, F._prox_rows_band
+
+    def spy_kernel(*args: Any) -> Any:
+        calls.append("kernel")
+        return real_kernel(*args)
+
+    def spy_band(*args: Any, **kwargs: Any) -> Any:
+        calls.append("band")
+        return real_band(*args, **kwargs)
+
+    monkeypatch.setattr(F, "_prox_kernel", spy_kernel)
+    monkeypatch.setattr(F, "_prox_rows_band", spy_band)
+    auto = prox_path_norm(w_in, w_out, 0.01)
+    assert calls == ["kernel"] and all(torch.equal(a, b) for a, b in zip(auto, kernel, strict=True))
+    monkeypatch.setattr(F, "_KERNEL", False)  # as if numba were not installed
+    auto = prox_path_norm(w_in, w_out, 0.01)
+    assert calls == ["kernel", "band"]
+    assert all(torch.equal(a, b) for a, b in zip(auto, band, strict=True))
+    with pytest.raises(ValueError, match="needs numba"):
+        prox_path_norm(w_in, w_out, 0.01, method="kernel")
+
+
+@pytest.mark.parametrize("where", ["w_in", "w_out"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_kernel_reports_non_finite_weights_and_writes_nothing(where: str, bad: float) -> None:
+    g = torch.Generator().manual_seed(10)
+    w_in, w_out = torch.randn(30, 200, generator=g), torch.randn(3, 30, generator=g)
+    (w_in if where == "w_in" else w_out)[2, -1] = bad  # a late unit: earlier ones are fine
+    kept_in, kept_out = w_in.clone(), w_out.clone()
+    with pytest.raises(ValueError, match=f"{where} contains NaN or inf"):
+        prox_path_norm_(w_in, w_out, 0.01, method="kernel")
+    assert torch.allclose(w_in, kept_in, equal_nan=True) and torch.allclose(
+        w_out, kept_out, equal_nan=True
+    )
+    prox_path_norm_(w_in, w_out, 0.01, method="kernel", check_finite=False)  # no check: no error
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["p<m", "p>m"])
+def test_kernel_in_place_on_non_contiguous_and_half_weights(swap: bool) -> None:
+    g = torch.Generator().manual_seed(11)
+    m, p = (200, 3) if not swap else (3, 200)
+    w_in = (torch.randn(m, 30, generator=g) * 0.05).t()  # a transposed view: not contiguous
+    w_out = torch.randn(p, 30, generator=g) * 0.05
+    want_in, want_out = prox_path_norm(w_in, w_out, 0.01, method="sort")
+    got_in, got_out = w_in.clone(memory_format=torch.preserve_format), w_out.clone()
+    assert not got_in.is_contiguous()
+    prox_path_norm_(got_in, got_out, 0.01, method="kernel")
+    torch.testing.assert_close(got_in, want_in, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got_out, want_out, rtol=1e-5, atol=1e-7)
+    half_in, half_out = w_in.to(torch.float16), w_out.to(torch.float16)
+    h_in, h_out = prox_path_norm(half_in, half_out, 0.01, method="kernel")
+    r_in, r_out = prox_path_norm(half_in.float(), half_out.float(), 0.01, method="kernel")
+    assert h_in.dtype == torch.float16 and torch.equal(h_in, r_in.half())
+    assert torch.equal(h_out, r_out.half())
+
+
+def test_kernel_is_float64_accurate_on_float32_weights() -> None:
+    # The kernel computes in float64 whatever the weights' dtype: on float32 weights its result
+    # is the exact prox rounded to float32, also where two candidates' objectives differ by
+    # less than float32 resolution (the tensor methods may pick either there).
+    torch.manual_seed(0)
+    for _ in range(3):
+        w_in = torch.nn.Linear(784, 200).weight.detach()
+        w_out = torch.nn.Linear(200, 1).weight.detach()
+        x, y = w_out.double().numpy().T, w_in.double().numpy()
+        v_ref, w_ref = reference.prox_path_norm(x, y, 1e-3)
+        got_in, got_out = prox_path_norm(w_in, w_out, 1e-3, method="kernel")
+        np.testing.assert_allclose(got_out.double().numpy().T, v_ref, rtol=0, atol=1e-8)
+        np.testing.assert_allclose(got_in.double().numpy(), w_ref, rtol=0, atol=1e-8)
