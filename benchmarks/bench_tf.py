@@ -9,7 +9,12 @@
    with ``keras.optimizers.SGD`` and with ``PathNormSGD``; epochs alternate in one process, so
    both see the same machine load; the medians and their ratio are printed.
 
-    python benchmarks/bench_tf.py [--repeats 3] [--jit 1|0] [--lam 1e-4] [--lr 0.1] [--markdown]
+    python benchmarks/bench_tf.py [--repeats 3] [--jit 1|0] [--lam 1e-4] [--lr 0.1] [--threads 1]
+                                  [--markdown]
+
+``--threads N`` pins TensorFlow's intra- and inter-op thread pools (and XLA's) to N threads
+(0: TensorFlow's default, all cores); ``--threads 1`` gives reproducible numbers on a busy
+machine.
 """
 
 from __future__ import annotations
@@ -157,11 +162,16 @@ def main() -> None:
     parser.add_argument("--jit", type=int, choices=[0, 1], default=1)
     parser.add_argument("--lam", type=float, default=1e-4)
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument("--threads", type=int, default=0, help="TF threads (0: default)")
     parser.add_argument("--skip-prox", action="store_true")
     parser.add_argument("--skip-epoch", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
     args = parser.parse_args()
-    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {os.cpu_count()} CPUs")
+    if args.threads > 0:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
+    threads = args.threads or os.cpu_count()
+    print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {threads} threads")
     rows = [] if args.skip_prox else bench_prox(args.lam * args.lr)
     epoch = (
         None if args.skip_epoch else bench_epoch(args.repeats, bool(args.jit), args.lam, args.lr)

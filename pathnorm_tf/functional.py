@@ -35,7 +35,7 @@ l1 norm of a *column* (one output unit's incoming weights): use
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
@@ -169,11 +169,15 @@ def _prefix_sums(a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 def _prox_rows(
     x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights."""
+    """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights.
+
+    Returns the per-row soft-threshold levels ``(t_v, t_w)``, each (n, 1) (``inf``: the row
+    becomes 0): ``v = S(x, t_v)``, ``w = S(y, t_w)``.
+    """
     p, m = int(x.shape[1]), int(y.shape[1])
     if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
-        w, v = _prox_rows(y, x, lam, lam2)
-        return v, w
+        t_w, t_v = _prox_rows(y, x, lam, lam2)
+        return t_v, t_w
     dtype = x.dtype
     ax, ay = tf.abs(x), tf.abs(y)
     cx, cx2, xk = _prefix_sums(ax)  # xk[:, k] = k-th largest |x|
@@ -233,9 +237,8 @@ def _prox_rows(
     b_star = tf.gather(b, best, axis=1, batch_dims=1)
     v_keep = tf.gather(ks, best, axis=1, batch_dims=1) > 0
     w_keep = tf.gather(ls, best, axis=1, batch_dims=1) > 0
-    v = tf.where(v_keep, tf.sign(x) * tf.maximum(ax - lam * b_star, 0.0), tf.zeros_like(x))
-    w = tf.where(w_keep, tf.sign(y) * tf.maximum(ay - lam * a_star, 0.0), tf.zeros_like(y))
-    return v, w
+    inf = tf.constant(float("inf"), dtype)
+    return tf.where(v_keep, lam * b_star, inf), tf.where(w_keep, lam * a_star, inf)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -301,10 +304,18 @@ def _prox_kernels(
         lam64 = tf.cast(lam, tf.float64)
         lam_c = tf.cast(lam64, cd)
         lam2_c = tf.cast(lam64 * lam64, cd)
-    x = tf.cast(tf.stop_gradient(k_out), cd)
-    y = tf.transpose(tf.cast(tf.stop_gradient(k_in), cd))
-    v, w = _prox_rows_auto(x, y, lam_c, lam2_c, "band" if method == "auto" else method)
-    return tf.cast(tf.transpose(w), k_in.dtype), tf.cast(v, k_out.dtype)
+    k_in_c = tf.cast(tf.stop_gradient(k_in), cd)  # (m, n): hidden unit i is column i
+    k_out_c = tf.cast(tf.stop_gradient(k_out), cd)  # (n, p): hidden unit i is row i
+    m, n = int(k_in_c.shape[0]), int(k_in_c.shape[1])
+    p = int(k_out_c.shape[1])
+    if method == "sort":
+        t_out, t_in = _prox_rows(k_out_c, tf.transpose(k_in_c), lam_c, lam2_c)
+    elif p > m:  # the band method sorts the short side: swap roles (the problem is symmetric)
+        t_in, t_out = _prox_band(tf.transpose(k_in_c), k_out_c, 0, lam_c, lam2_c)
+    else:  # the long side stays in the Dense layout: no transpose of the big kernel
+        t_out, t_in = _prox_band(k_out_c, k_in_c, 1, lam_c, lam2_c)
+    new_in = _soft_threshold_rows(k_in_c, tf.reshape(t_in, [1, n]))
+    return tf.cast(new_in, k_in.dtype), tf.cast(_soft_threshold_rows(k_out_c, t_out), k_out.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,22 +324,28 @@ def _prox_kernels(
 # width, a wider band falls back to the whole-row sort), so it also runs under XLA.
 # ---------------------------------------------------------------------------------------------
 
-# Static width of the sorted band block; if a band is wider, the whole-row sort is used.
-# (On Glorot-initialised 784-200-10 kernels the band holds <= 8 entries for lam <= 1e-4 and
-# <= 16 for lam = 1e-3.)
+# Static width of the widest band block (a top_k); if a band is wider, the whole-row sort is
+# used. (On Glorot-initialised 784-200-10 kernels the band holds <= 8 entries for lam <= 1e-4
+# and <= 16 for lam = 1e-3; in training mostly 0 to 2 entries in a handful of rows.)
 BAND_BLOCK = 32
+# Narrow bands (at most this many entries in every row) are extracted by repeated max
+# reductions over the long side instead of a top_k (which XLA on CPU runs as a slow partial
+# sort of every row); each extra entry costs one pass. Tiers, tried in order.
+_FAST_TIERS = (1, 4)
 # Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
 _BAND_FULL_LIMIT = 1 << 15
+# Rows of the short side at most this long are sorted by ranking (pairwise comparisons).
+_RANK_SORT_MAX = 16
 _EPS = {tf.float32: 2.0**-23, tf.float64: 2.0**-52}
 
 
-def _norm_sq(t: tf.Tensor) -> tf.Tensor:
-    # ||t||^2 as torch.linalg.vector_norm(t).square() rounds it.
-    return tf.square(tf.norm(t, axis=1, keepdims=True))
+def _norm_sq(t: tf.Tensor, axis: int = 1) -> tf.Tensor:
+    # ||t||^2 as torch.linalg.vector_norm(t).square() rounds it, as a column (n, 1).
+    return tf.reshape(tf.square(tf.norm(t, axis=axis)), [-1, 1])
 
 
 def _soft_threshold_rows(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
-    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0."""
+    """``sign(z) max(|z| - t, 0)`` with a threshold ``t`` broadcast against ``z`` (``inf``: 0)."""
     return z - tf.minimum(tf.maximum(z, -t), t)
 
 
@@ -336,42 +353,92 @@ def _gather_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
     return tf.gather(t, idx, axis=1, batch_dims=1)
 
 
-def _prox_rows_band(
-    x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
-) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """Exact prox per row pair sorting only a band of the long side (``y``, m >= p).
+def _sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
+    """Each row of ``a`` (>= 0, shape (n, p)) sorted descending."""
+    p = int(a.shape[1])
+    if p == 1:
+        return a
+    if p <= _RANK_SORT_MAX:
+        # rank_j = #{i : a_i > a_j or (a_i == a_j and i < j)} is a permutation; row r of the
+        # result is the one entry of rank r (a sum of it and zeros: exact). XLA's sort of
+        # short rows costs far more than these (n, p, p) comparisons.
+        idx = tf.range(p)
+        ai, aj = a[:, :, tf.newaxis], a[:, tf.newaxis, :]
+        first = (idx[:, tf.newaxis] < idx[tf.newaxis, :])[tf.newaxis]
+        rank = tf.reduce_sum(tf.cast((ai > aj) | ((ai == aj) & first), tf.int32), 1)
+        one_hot = rank[:, :, tf.newaxis] == idx[tf.newaxis, tf.newaxis, :]
+        return tf.reduce_sum(tf.where(one_hot, ai, tf.zeros_like(ai)), 1)
+    # |values| >= +0 sort like their bit patterns read as integers (cheaper than float sorts).
+    int_dtype = tf.int64 if a.dtype == tf.float64 else tf.int32
+    return tf.bitcast(tf.sort(tf.bitcast(a, int_dtype), axis=1, direction="DESCENDING"), a.dtype)
 
-    A port of ``pathnorm_lightning.functional._prox_rows_band``: the minimiser is the trivial
-    point ``(0, y)``, ``(x, 0)``, or a stationary point whose incoming support contains every
-    ``|y_j| > tau_hi = lam ||x||_1`` and no ``|y_j| <= tau_lo`` (``tau_lo`` from a lower bound
-    on ``||v||_1``); only the band ``tau_lo < |y| <= tau_hi`` is sorted, then the largest
-    feasible band index ``j`` is found for every ``k`` and the least objective is taken.
-    Returns ``(v, w, too_wide)``; ``too_wide`` (0-d bool) flags a band wider than the block,
-    where ``(v, w)`` must be discarded.
-    """
-    n, p = int(x.shape[0]), int(x.shape[1])
-    m = int(y.shape[1])
+
+def _unit(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
+    """A per-unit column (n, 1) laid out to broadcast against the long side."""
+    return t if unit_axis == 0 else tf.reshape(t, [1, -1])
+
+
+def _reduce_units(fn: Any, t: tf.Tensor, unit_axis: int) -> tf.Tensor:
+    """``fn`` (a tf reduction) over each unit's entries of a long-side tensor, as (n, 1)."""
+    return tf.reshape(fn(t, axis=1 - unit_axis), [-1, 1])
+
+
+class _Band(NamedTuple):
+    """What every band tier needs; per-unit values are columns (n, 1) (``k`` runs along 1)."""
+
+    x: tf.Tensor  # short side (n, p), neutral layout
+    y: tf.Tensor  # long side: (n, m) if unit_axis == 0, (m, n) (Dense kernel) if 1
+    unit_axis: int
+    lam: float | tf.Tensor
+    lam2: float | tf.Tensor
+    xs: tf.Tensor  # |x| sorted descending, (n, p)
+    cx: tf.Tensor  # cx[:, k - 1] = sum of the k largest |x|
+    cx2: tf.Tensor
+    kk: tf.Tensor  # k = 1..p, (1, p)
+    ysq: tf.Tensor
+    tau_hi: tf.Tensor
+    tau_lo: tf.Tensor
+    c_hi: tf.Tensor  # number, sum and sum of squares of the |y| above tau_hi
+    s_hi: tf.Tensor
+    q_hi: tf.Tensor
+    count: tf.Tensor  # band entries per unit (float)
+    top: tf.Tensor  # the largest band entry (0 if none)
+    width: tf.Tensor  # 0-d: the largest count
+
+    def unit(self, t: tf.Tensor) -> tf.Tensor:
+        return _unit(t, self.unit_axis)
+
+    def reduce(self, fn: Any, t: tf.Tensor) -> tf.Tensor:
+        return _reduce_units(fn, t, self.unit_axis)
+
+    def band_values(self) -> tf.Tensor:
+        """``|y|`` on the band ``tau_lo < |y| <= tau_hi``, 0 elsewhere (``y``-shaped)."""
+        ay = tf.abs(self.y)
+        in_hi = tf.sign(tf.maximum(ay - self.unit(self.tau_hi), 0.0))
+        return ay * (tf.sign(tf.maximum(ay - self.unit(self.tau_lo), 0.0)) - in_hi)
+
+
+def _band_setup(
+    x: tf.Tensor, y: tf.Tensor, unit_axis: int, lam: float | tf.Tensor, lam2: float | tf.Tensor
+) -> _Band:
+    """Bounds ``tau_hi``, ``tau_lo`` and the band statistics: two fused passes over ``y``."""
+    p = int(x.shape[1])
     dt = x.dtype
-    inf = tf.constant(float("inf"), dt)
     margin = 64 * _EPS[dt]
-    ax, ay = tf.abs(x), tf.abs(y)
-    if p > 1:
-        int_dtype = tf.int64 if dt == tf.float64 else tf.int32
-        xs = tf.bitcast(tf.sort(tf.bitcast(ax, int_dtype), axis=1, direction="DESCENDING"), dt)
-    else:
-        xs = ax
-    cx = tf.cumsum(xs, axis=1)  # cx[:, k - 1] = sum of the k largest |x|
+    ax = tf.abs(x)
+    xs = _sort_rows_desc(ax)
+    cx = tf.cumsum(xs, axis=1)
     cx2 = tf.cumsum(xs * xs, axis=1)
     x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
-    ysq = _norm_sq(ay)
-
     tau_hi = lam * x1 * (1 + margin)
-    r_hi = tf.maximum(ay - tau_hi, 0.0)
-    r_sum = tf.reduce_sum(r_hi, 1, keepdims=True)
-    r_sq = _norm_sq(r_hi)
+    ay = tf.abs(y)
+    ysq = _norm_sq(ay, 1 - unit_axis)
+    r_hi = tf.maximum(ay - _unit(tau_hi, unit_axis), 0.0)
+    r_sum = _reduce_units(tf.reduce_sum, r_hi, unit_axis)
+    r_sq = _norm_sq(r_hi, 1 - unit_axis)
     in_hi = tf.sign(r_hi)
-    c_hi = tf.reduce_sum(in_hi, 1, keepdims=True)
-    s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
+    c_hi = _reduce_units(tf.reduce_sum, in_hi, unit_axis)
+    s_hi = r_sum + c_hi * tau_hi
     q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     # Upper bound on the minimum, and from it a lower bound a_lo on ||v||_1 (see torch).
     g_best = tf.minimum(0.5 * (ysq - r_sq), 0.5 * xsq)
@@ -383,18 +450,28 @@ def _prox_rows_band(
     theta_g = tf.where(g_best >= 0.5 * xsq, xs[:, :1], theta_g)
     a_lo = tf.reduce_sum(tf.maximum(ax - theta_g, 0.0), 1, keepdims=True)
     tau_lo = lam * a_lo * (1 - margin)
-    in_band = tf.sign(tf.maximum(ay - tau_lo, 0.0)) - in_hi
-    count = tf.reduce_sum(in_band, 1, keepdims=True)
-    kb = min(BAND_BLOCK, m)
-    # The band entries of each row, sorted descending and zero padded to kb columns.
-    band = tf.math.top_k(ay * in_band, k=kb, sorted=True).values
-    band_width = tf.reduce_max(count)
+    in_band = tf.sign(tf.maximum(ay - _unit(tau_lo, unit_axis), 0.0)) - in_hi
+    count = _reduce_units(tf.reduce_sum, in_band, unit_axis)
+    top = _reduce_units(tf.reduce_max, ay * in_band, unit_axis)
+    return _Band(
+        x, y, unit_axis, lam, lam2, xs, cx, cx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_hi,
+        count, top, tf.reduce_max(count),
+    )  # fmt: skip
 
+
+def _band_candidates(b: _Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """Thresholds ``(t_x, t_y)`` (n, 1) from the sorted band ``band`` (n, kb), zero padded."""
+    x, xs, cx, cx2, kk, lam, lam2 = b.x, b.xs, b.cx, b.cx2, b.kk, b.lam, b.lam2
+    n, p = int(x.shape[0]), int(x.shape[1])
+    kb = int(band.shape[1])
+    dt = x.dtype
+    inf = tf.constant(float("inf"), dt)
+    count = b.count
     zero = tf.zeros_like(x[:, :1])
-    ly_all = s_hi + tf.concat([zero, tf.cumsum(band, axis=1)], 1)  # sum of c_hi + j largest
-    yl_all = tf.concat([tau_hi, band], 1)  # the (c_hi + j)-th largest; tau_hi stands in at j = 0
+    ly_all = b.s_hi + tf.concat([zero, tf.cumsum(band, axis=1)], 1)  # sum of c_hi + j largest
+    yl_all = tf.concat([b.tau_hi, band], 1)  # the (c_hi + j)-th largest; tau_hi stands in at j=0
     j = tf.cast(tf.range(kb + 1), dt)[tf.newaxis, :]
-    l_all = c_hi + j  # (n, kb + 1)
+    l_all = b.c_hi + j  # (n, kb + 1)
     # Feasibility of (k, l), multiplied through by d = 1 - k l lam^2 > 0:
     #   v_k >= 0  <=>  x_k + lam^2 l (X_k - k x_k) >= lam Y_l
     #   w_l >= 0  <=>  y_l + lam^2 k (Y_l - l y_l) >= lam X_k
@@ -403,11 +480,9 @@ def _prox_rows_band(
     lam_x, lam_y = lam * cx, lam * ly_all
     l_max = 1.0 / (kk * lam2)  # d > 0  <=>  l < 1 / (k lam^2)
 
-    def every_pair() -> tuple[tf.Tensor, tf.Tensor]:
-        # Every pair (k, c_hi + j) at once, (n, p, w); keep the largest feasible j. Taken only
-        # when n p (band + 1) <= _BAND_FULL_LIMIT, so the first w columns hold every j <= band
-        # (later ones are infeasible by the j <= count mask anyway).
-        w = min(kb, _BAND_FULL_LIMIT // (n * p) - 1) + 1
+    def every_pair(w: int) -> tuple[tf.Tensor, tf.Tensor]:
+        # Every pair (k, c_hi + j) with j < w at once, (n, p, w); keep the largest feasible j.
+        # Taken only when w > the band width (later j are infeasible by the j <= count mask).
         l_w, j_w = l_all[:, :w], j[:, :w]
         feas = xs[:, :, None] + (lam2 * l_w)[:, None, :] * ax_k[:, :, None] >= lam_y[:, None, :w]
         feas &= (
@@ -437,44 +512,112 @@ def _prox_rows_band(
             hi = tf.where(ok, hi, mid)
         return lo, feasible(tf.zeros_like(lo))
 
-    full = tf.cast(n * p, dt) * (band_width + 1) <= _BAND_FULL_LIMIT
-    if n * p <= _BAND_FULL_LIMIT:
-        jj, valid = tf.cond(full, every_pair, bisect)
+    if n * p * (kb + 1) <= _BAND_FULL_LIMIT:
+        jj, valid = every_pair(kb + 1)
+    elif n * p <= _BAND_FULL_LIMIT:
+        full = tf.cast(n * p, dt) * (b.width + 1) <= _BAND_FULL_LIMIT
+        jj, valid = tf.cond(full, lambda: every_pair(_BAND_FULL_LIMIT // (n * p)), bisect)
     else:
         jj, valid = bisect()
 
     lf = _gather_rows(l_all, jj)
     ly = _gather_rows(ly_all, jj)
-    ly2 = q_hi + _gather_rows(tf.concat([zero, tf.cumsum(band * band, axis=1)], 1), jj)
+    ly2 = b.q_hi + _gather_rows(tf.concat([zero, tf.cumsum(band * band, axis=1)], 1), jj)
     d = 1.0 - kk * lf * lam2
     a = tf.maximum((cx - kk * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
-    b = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
-    h = 0.5 * lam2 * (kk * b * b + lf * a * a) - 0.5 * (cx2 + ly2) + lam * a * b
+    bb = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
+    h = 0.5 * lam2 * (kk * bb * bb + lf * a * a) - 0.5 * (cx2 + ly2) + lam * a * bb
     h = tf.where(valid, h, inf)
     # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w.
-    h = tf.concat([-0.5 * ysq, h, -0.5 * xsq], 1)
+    h = tf.concat([-0.5 * b.ysq, h, -0.5 * cx2[:, p - 1 :]], 1)
     infs = tf.fill(tf.shape(zero), inf)
-    t_v = tf.concat([infs, lam * b, zero], 1)
+    t_v = tf.concat([infs, lam * bb, zero], 1)
     t_w = tf.concat([zero, tf.where(lf == 0, inf, lam * a), infs], 1)
     best = tf.argmin(h, axis=1, output_type=tf.int32)[:, tf.newaxis]
-    v = _soft_threshold_rows(x, _gather_rows(t_v, best))
-    w = _soft_threshold_rows(y, _gather_rows(t_w, best))
-    # A band wider than the block: those rows need the whole-row sort (same minimiser).
-    return v, w, band_width > kb
+    return _gather_rows(t_v, best), _gather_rows(t_w, best)
 
 
-def _prox_rows_auto(
-    x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor, method: str
+def _narrow_band(b: _Band, kb: int) -> tf.Tensor:
+    """The sorted band (n, kb), zero padded, when no unit has more than ``kb`` band entries.
+
+    Repeated max reductions: ``top_1`` = the largest band entry, ``top_{t+1}`` = the largest
+    below ``top_t``; ``e_t`` = how many band entries equal ``top_t`` (ties), so slot ``s`` holds
+    ``top_t`` for ``e_1 + ... + e_{t-1} <= s < e_1 + ... + e_t``. Same values as a sort.
+    """
+    dt = b.x.dtype
+    tops, ends = [b.top], []
+    if kb > 1:
+        vals = b.band_values()
+        for _ in range(kb - 1):
+            prev = b.unit(tops[-1])
+            ends.append(b.reduce(tf.reduce_sum, tf.cast(tf.equal(vals, prev), dt)))
+            tops.append(b.reduce(tf.reduce_max, tf.where(vals < prev, vals, tf.zeros_like(vals))))
+    slot = tf.cast(tf.range(kb), dt)[tf.newaxis, :]
+    if ends:
+        end = tf.cumsum(tf.concat(ends, 1), axis=1)  # (n, kb - 1)
+        which = tf.reduce_sum(tf.cast(end[:, tf.newaxis, :] <= slot[:, :, tf.newaxis], tf.int32), 2)
+        band = _gather_rows(tf.concat(tops, 1), which)
+    else:
+        band = tops[0]
+    return tf.where(slot < b.count, band, tf.zeros_like(band))
+
+
+def _wide_band(b: _Band) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The band tier with a top_k block of :data:`BAND_BLOCK` columns: ``(t_x, t_y, too_wide)``;
+    ``too_wide`` (0-d bool) flags a band wider than the block, where the result is invalid."""
+    vals = b.band_values()
+    if b.unit_axis == 1:
+        vals = tf.transpose(vals)
+    kb = min(BAND_BLOCK, int(vals.shape[1]))
+    band = tf.math.top_k(vals, k=kb, sorted=True).values
+    t_x, t_y = _band_candidates(b, band)
+    return t_x, t_y, b.width > kb
+
+
+def _prox_band(
+    x: tf.Tensor, y: tf.Tensor, unit_axis: int, lam: float | tf.Tensor, lam2: float | tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Dispatch: ``"sort"`` (whole rows) or ``"band"`` (falls back to ``"sort"`` when wide)."""
-    if method == "sort":
-        return _prox_rows(x, y, lam, lam2)
-    swap = int(x.shape[1]) > int(y.shape[1])
-    if swap:  # the band method sorts the short side: swap roles (the problem is symmetric)
-        x, y = y, x
-    v, w, too_wide = _prox_rows_band(x, y, lam, lam2)
-    v, w = tf.cond(too_wide, lambda: _prox_rows(x, y, lam, lam2), lambda: (v, w))
-    return (w, v) if swap else (v, w)
+    """Exact prox thresholds ``(t_x, t_y)`` (n, 1) sorting only a band of the long side.
+
+    A port of ``pathnorm_lightning.functional._prox_rows_band``: the minimiser is the trivial
+    point ``(0, y)``, ``(x, 0)``, or a stationary point whose incoming support contains every
+    ``|y_j| > tau_hi = lam ||x||_1`` and no ``|y_j| <= tau_lo`` (``tau_lo`` from a lower bound
+    on ``||v||_1``); only the band ``tau_lo < |y| <= tau_hi`` is sorted, then the largest
+    feasible band index ``j`` is found for every ``k`` and the least objective is taken.
+
+    ``x`` (n, p) is the short side; ``y`` the long side, (n, m) with ``unit_axis = 0`` or a
+    Dense kernel (m, n) with ``unit_axis = 1`` (worked on in place of a transpose). The band
+    is extracted by the cheapest tier that holds it: :data:`_FAST_TIERS` (repeated max
+    reductions), then a top_k block of :data:`BAND_BLOCK` columns, then the whole-row sort.
+    """
+    b = _band_setup(x, y, unit_axis, lam, lam2)
+
+    def neutral_y() -> tf.Tensor:
+        return y if unit_axis == 0 else tf.transpose(y)
+
+    def wide() -> tuple[tf.Tensor, tf.Tensor]:
+        t_x, t_y, too_wide = _wide_band(b)
+        return tf.cond(too_wide, lambda: _prox_rows(x, neutral_y(), lam, lam2), lambda: (t_x, t_y))
+
+    tiers = sorted({min(t, BAND_BLOCK, int(y.shape[1 - unit_axis])) for t in _FAST_TIERS})
+
+    def tier(i: int) -> tuple[tf.Tensor, tf.Tensor]:
+        if i == len(tiers):
+            return wide()
+        kb = tiers[i]
+        return tf.cond(
+            b.width <= kb, lambda: _band_candidates(b, _narrow_band(b, kb)), lambda: tier(i + 1)
+        )
+
+    return tier(0)
+
+
+def _prox_rows_band(
+    x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """The top_k band tier alone, neutral layout (``y`` (n, m), m >= p): ``(t_v, t_w,
+    too_wide)``, thresholds (n, 1); ``too_wide`` flags a band wider than :data:`BAND_BLOCK`."""
+    return _wide_band(_band_setup(x, y, 0, lam, lam2))
 
 
 # ---------------------------------------------------------------------------------------------
