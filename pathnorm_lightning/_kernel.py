@@ -57,7 +57,9 @@ _FAST = {"reassoc", "nsz", "contract"}
 def _row_stats(
     row: np.ndarray, tau: float
 ) -> tuple[float, int, float, float, float, bool]:  # pragma: no cover - compiled
-    """``sum |r|^2``, and count, sum, sum of squares, sum of squared excess of ``|r| > tau``."""
+    """Of ``|row|``: the sum of squares; the count, sum, sum of squares and sum of squared
+    excess over ``tau`` of the entries above ``tau``; whether all are finite. One vectorised
+    pass."""
     big = 1.7976931348623157e308
     sq = 0.0
     c = 0
@@ -80,13 +82,29 @@ def _row_stats(
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def _band_count(row: np.ndarray, lo: float, hi: float) -> int:  # pragma: no cover - compiled
-    """Number of entries with ``lo < |r| <= hi``."""
-    c = 0
-    for j in range(row.shape[0]):
-        v = abs(np.float64(row[j]))
-        c += 1 if (v > lo) & (v <= hi) else 0
-    return c
+def _collect_band(
+    row: np.ndarray, lo: float, hi: float, out: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """Write the entries with ``lo < |r| <= hi`` to ``out`` (size >= len + 1), return their
+    count. The band is sparse (none to a few per cent): blocks are counted vectorised first,
+    and only blocks with a hit are scanned."""
+    m = row.shape[0]
+    count = 0
+    for base in range(0, m, _BLOCK):
+        stop = min(base + _BLOCK, m)
+        hits = 0
+        for j in range(base, stop):
+            v = abs(np.float64(row[j]))
+            hits += 1 if (v > lo) & (v <= hi) else 0
+        if hits:
+            for j in range(base, stop):
+                v = abs(np.float64(row[j]))
+                out[count] = v  # branch-free: kept only when in the band
+                count += 1 if (v > lo) & (v <= hi) else 0
+    return count
+
+
+_BLOCK = 32
 
 
 @numba.njit(cache=True, nogil=True)
@@ -139,10 +157,13 @@ def _thresholds(
         else:
             theta_g = 0.0
             for k in range(1, p + 1):
-                theta = math.sqrt(max(2 * g_best - (xsq - cx2[k - 1]), 0.0) / k)
+                # on piece k, theta^2 = t2 / k; test the piece before taking a root
+                t2 = max(2 * g_best - (xsq - cx2[k - 1]), 0.0)
                 below = xs[k] if k < p else 0.0
-                if theta <= xs[k - 1] and theta >= below and theta > theta_g:
-                    theta_g = theta
+                if t2 <= k * xs[k - 1] * xs[k - 1] and t2 >= k * below * below:
+                    theta = math.sqrt(t2 / k)
+                    if theta <= xs[k - 1] and theta >= below and theta > theta_g:
+                        theta_g = theta
         a_lo = 0.0
         for j in range(p):
             if xs[j] > theta_g:
@@ -150,13 +171,7 @@ def _thresholds(
         tau_lo = lam * a_lo * (1 - _MARGIN)
 
         # Pass 2: the band tau_lo < |y| <= tau_hi (usually empty), sorted descending.
-        count = 0
-        if _band_count(y[i], tau_lo, tau_hi) > 0:
-            row = y[i]
-            for j in range(m):
-                v = abs(np.float64(row[j]))
-                band[count] = v  # branch-free: kept only when in the band
-                count += 1 if (v > tau_lo) & (v <= tau_hi) else 0
+        count = _collect_band(y[i], tau_lo, tau_hi, band)
         _sort_desc(band, count)
         cb[0] = 0.0
         cb2[0] = 0.0
@@ -173,7 +188,7 @@ def _thresholds(
             big_x = cx[k - 1]
             ax_k = big_x - k * xk  # X_k - k x_k >= 0
             lam_x = lam * big_x
-            l_max = 1.0 / (k * lam2)
+            k_lam2 = k * lam2
             # Largest j in [0, count] with (k, c_hi + j) feasible; the feasible set is downward
             # closed in l. Y_l = s_hi + (sum of the first j band entries), y_l = band[j - 1]
             # (tau_hi stands in for j = 0, as in the tensor version).
@@ -186,7 +201,7 @@ def _thresholds(
                 lf = float(c_hi + mid)
                 ok = xk + lam2 * lf * ax_k >= lam * big_y
                 ok = ok and yl + lam2 * k * (big_y - lf * yl) >= lam_x
-                ok = ok and lf < l_max
+                ok = ok and k_lam2 * lf < 1.0  # d = 1 - k l lam^2 > 0
                 if ok:
                     lo = mid
                 else:
