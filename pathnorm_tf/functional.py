@@ -331,17 +331,14 @@ BAND_BLOCK = 32
 # Narrow bands (at most this many entries in every row) are extracted by repeated max
 # reductions over the long side instead of a top_k (which XLA on CPU runs as a slow partial
 # sort of every row); each extra entry costs one pass. Tiers, tried in order.
-_FAST_TIERS = (1, 4)
+_FAST_TIERS = (0, 1, 4)
 # Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
 _BAND_FULL_LIMIT = 1 << 15
+# Reductions over the long side first combine this many slices elementwise (see _reduce_units).
+_SPLITS = 8
 # Rows of the short side at most this long are sorted by ranking (pairwise comparisons).
 _RANK_SORT_MAX = 16
 _EPS = {tf.float32: 2.0**-23, tf.float64: 2.0**-52}
-
-
-def _norm_sq(t: tf.Tensor, axis: int = 1) -> tf.Tensor:
-    # ||t||^2 as torch.linalg.vector_norm(t).square() rounds it, as a column (n, 1).
-    return tf.reshape(tf.square(tf.norm(t, axis=axis)), [-1, 1])
 
 
 def _soft_threshold_rows(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
@@ -359,15 +356,16 @@ def _sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
     if p == 1:
         return a
     if p <= _RANK_SORT_MAX:
-        # rank_j = #{i : a_i > a_j or (a_i == a_j and i < j)} is a permutation; row r of the
-        # result is the one entry of rank r (a sum of it and zeros: exact). XLA's sort of
-        # short rows costs far more than these (n, p, p) comparisons.
-        idx = tf.range(p)
-        ai, aj = a[:, :, tf.newaxis], a[:, tf.newaxis, :]
-        first = (idx[:, tf.newaxis] < idx[tf.newaxis, :])[tf.newaxis]
-        rank = tf.reduce_sum(tf.cast((ai > aj) | ((ai == aj) & first), tf.int32), 1)
-        one_hot = rank[:, :, tf.newaxis] == idx[tf.newaxis, tf.newaxis, :]
-        return tf.reduce_sum(tf.where(one_hot, ai, tf.zeros_like(ai)), 1)
+        # rank_j = #{i : a_i > a_j or (a_i == a_j and i < j)} is a permutation; column r of the
+        # result is the one entry of rank r (a sum of it and zeros: exact). Sums of p
+        # elementwise terms (XLA fuses them; its sort of short rows costs far more).
+        idx = tf.range(p)[tf.newaxis, :]
+        cols = [a[:, i : i + 1] for i in range(p)]
+        rank = tf.add_n(
+            [tf.cast((c > a) | ((c == a) & (idx > i)), tf.int32) for i, c in enumerate(cols)]
+        )
+        zero = tf.zeros_like(a)
+        return tf.add_n([tf.where(rank[:, j : j + 1] == idx, c, zero) for j, c in enumerate(cols)])
     # |values| >= +0 sort like their bit patterns read as integers (cheaper than float sorts).
     int_dtype = tf.int64 if a.dtype == tf.float64 else tf.int32
     return tf.bitcast(tf.sort(tf.bitcast(a, int_dtype), axis=1, direction="DESCENDING"), a.dtype)
@@ -379,8 +377,37 @@ def _unit(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
 
 
 def _reduce_units(fn: Any, t: tf.Tensor, unit_axis: int) -> tf.Tensor:
-    """``fn`` (a tf reduction) over each unit's entries of a long-side tensor, as (n, 1)."""
-    return tf.reshape(fn(t, axis=1 - unit_axis), [-1, 1])
+    """``fn`` (``tf.reduce_sum`` or ``tf.reduce_max``) over each unit's entries of a long-side
+    tensor, as a column (n, 1).
+
+    XLA on CPU does not fuse an elementwise producer into a reduction: it writes the whole
+    producer out first (a pass over memory per reduced expression). An elementwise combination
+    of :data:`_SPLITS` slices is fused with the producer instead, so the long side is read once
+    per statistic and only a block of 1 / _SPLITS of its size is written and then reduced.
+    """
+    axis = 1 - unit_axis
+    size = int(t.shape[axis])
+    step = size // _SPLITS
+    if step == 0:
+        return tf.reshape(fn(t, axis=axis), [-1, 1])
+    combine = tf.add if fn is tf.reduce_sum else tf.maximum
+
+    def part(start: int, stop: int) -> tf.Tensor:
+        return t[start:stop] if axis == 0 else t[:, start:stop]
+
+    acc = part(0, step)
+    for i in range(1, _SPLITS):
+        acc = combine(acc, part(i * step, (i + 1) * step))
+    out = fn(acc, axis=axis)
+    if _SPLITS * step < size:
+        out = combine(out, fn(part(_SPLITS * step, size), axis=axis))
+    return tf.reshape(out, [-1, 1])
+
+
+def _unit_norm_sq(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
+    # Squared l2 norm of each unit's entries, (n, 1), rounded as torch.linalg.vector_norm(t)
+    # .square() rounds it (a square root, then its square).
+    return tf.square(tf.sqrt(_reduce_units(tf.reduce_sum, t * t, unit_axis)))
 
 
 class _Band(NamedTuple):
@@ -402,7 +429,6 @@ class _Band(NamedTuple):
     s_hi: tf.Tensor
     q_hi: tf.Tensor
     count: tf.Tensor  # band entries per unit (float)
-    top: tf.Tensor  # the largest band entry (0 if none)
     width: tf.Tensor  # 0-d: the largest count
 
     def unit(self, t: tf.Tensor) -> tf.Tensor:
@@ -414,15 +440,20 @@ class _Band(NamedTuple):
     def band_values(self) -> tf.Tensor:
         """``|y|`` on the band ``tau_lo < |y| <= tau_hi``, 0 elsewhere (``y``-shaped)."""
         ay = tf.abs(self.y)
-        in_hi = tf.sign(tf.maximum(ay - self.unit(self.tau_hi), 0.0))
-        return ay * (tf.sign(tf.maximum(ay - self.unit(self.tau_lo), 0.0)) - in_hi)
+        in_band = (ay > self.unit(self.tau_lo)) & (ay <= self.unit(self.tau_hi))
+        return tf.where(in_band, ay, tf.zeros_like(ay))
 
 
 def _band_setup(
     x: tf.Tensor, y: tf.Tensor, unit_axis: int, lam: float | tf.Tensor, lam2: float | tf.Tensor
 ) -> _Band:
-    """Bounds ``tau_hi``, ``tau_lo`` and the band statistics: two fused passes over ``y``."""
+    """Bounds ``tau_hi``, ``tau_lo`` and the band statistics.
+
+    XLA on CPU does not fuse an elementwise producer into a reduction, so the number of reduced
+    expressions over the long side is kept small (four; see :func:`_reduce_units`).
+    """
     p = int(x.shape[1])
+    m = int(y.shape[1 - unit_axis])
     dt = x.dtype
     margin = 64 * _EPS[dt]
     ax = tf.abs(x)
@@ -432,14 +463,9 @@ def _band_setup(
     x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
     tau_hi = lam * x1 * (1 + margin)
     ay = tf.abs(y)
-    ysq = _norm_sq(ay, 1 - unit_axis)
+    ysq = _unit_norm_sq(ay, unit_axis)
     r_hi = tf.maximum(ay - _unit(tau_hi, unit_axis), 0.0)
-    r_sum = _reduce_units(tf.reduce_sum, r_hi, unit_axis)
-    r_sq = _norm_sq(r_hi, 1 - unit_axis)
-    in_hi = tf.sign(r_hi)
-    c_hi = _reduce_units(tf.reduce_sum, in_hi, unit_axis)
-    s_hi = r_sum + c_hi * tau_hi
-    q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
+    r_sq = _unit_norm_sq(r_hi, unit_axis)
     # Upper bound on the minimum, and from it a lower bound a_lo on ||v||_1 (see torch).
     g_best = tf.minimum(0.5 * (ysq - r_sq), 0.5 * xsq)
     kk = tf.cast(tf.range(1, p + 1), dt)[tf.newaxis, :]
@@ -450,12 +476,26 @@ def _band_setup(
     theta_g = tf.where(g_best >= 0.5 * xsq, xs[:, :1], theta_g)
     a_lo = tf.reduce_sum(tf.maximum(ax - theta_g, 0.0), 1, keepdims=True)
     tau_lo = lam * a_lo * (1 - margin)
-    in_band = tf.sign(tf.maximum(ay - _unit(tau_lo, unit_axis), 0.0)) - in_hi
-    count = _reduce_units(tf.reduce_sum, in_band, unit_axis)
-    top = _reduce_units(tf.reduce_max, ay * in_band, unit_axis)
+    # Counts above tau_hi (c_hi) and in the band (count; tau_lo <= tau_hi) from one reduction
+    # of (|y| > tau_lo) + K (|y| > tau_hi), K a power of two > m: integers below 2^24 (2^53 in
+    # float64) sum exactly in any order. (|y| > t as 0/1 is sign(max(|y| - t, 0)) of torch:
+    # a - b > 0 iff a > b.)
+    in_hi = tf.cast(ay > _unit(tau_hi, unit_axis), dt)
+    above_lo = tf.cast(ay > _unit(tau_lo, unit_axis), dt)
+    pack = 2.0 ** math.ceil(math.log2(m + 1))
+    if pack * (m + 1) <= 2.0 ** (53 if dt == tf.float64 else 24):
+        packed = _reduce_units(tf.reduce_sum, above_lo + pack * in_hi, unit_axis)
+        c_hi = tf.floor(packed / pack)
+        count = packed - pack * c_hi - c_hi
+    else:
+        c_hi = _reduce_units(tf.reduce_sum, in_hi, unit_axis)
+        count = _reduce_units(tf.reduce_sum, above_lo - in_hi, unit_axis)
+    r_sum = _reduce_units(tf.reduce_sum, r_hi, unit_axis)
+    s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
+    q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     return _Band(
         x, y, unit_axis, lam, lam2, xs, cx, cx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_hi,
-        count, top, tf.reduce_max(count),
+        count, tf.reduce_max(count),
     )  # fmt: skip
 
 
@@ -545,13 +585,12 @@ def _narrow_band(b: _Band, kb: int) -> tf.Tensor:
     ``top_t`` for ``e_1 + ... + e_{t-1} <= s < e_1 + ... + e_t``. Same values as a sort.
     """
     dt = b.x.dtype
-    tops, ends = [b.top], []
-    if kb > 1:
-        vals = b.band_values()
-        for _ in range(kb - 1):
-            prev = b.unit(tops[-1])
-            ends.append(b.reduce(tf.reduce_sum, tf.cast(tf.equal(vals, prev), dt)))
-            tops.append(b.reduce(tf.reduce_max, tf.where(vals < prev, vals, tf.zeros_like(vals))))
+    vals = b.band_values()
+    tops, ends = [b.reduce(tf.reduce_max, vals)], []
+    for _ in range(kb - 1):
+        prev = b.unit(tops[-1])
+        ends.append(b.reduce(tf.reduce_sum, tf.cast(tf.equal(vals, prev), dt)))
+        tops.append(b.reduce(tf.reduce_max, tf.where(vals < prev, vals, tf.zeros_like(vals))))
     slot = tf.cast(tf.range(kb), dt)[tf.newaxis, :]
     if ends:
         end = tf.cumsum(tf.concat(ends, 1), axis=1)  # (n, kb - 1)
@@ -601,13 +640,16 @@ def _prox_band(
 
     tiers = sorted({min(t, BAND_BLOCK, int(y.shape[1 - unit_axis])) for t in _FAST_TIERS})
 
+    def narrow(kb: int) -> tuple[tf.Tensor, tf.Tensor]:
+        if kb == 0:  # no band anywhere: only j = 0
+            return _band_candidates(b, tf.zeros_like(b.count))
+        return _band_candidates(b, _narrow_band(b, kb))
+
     def tier(i: int) -> tuple[tf.Tensor, tf.Tensor]:
         if i == len(tiers):
             return wide()
         kb = tiers[i]
-        return tf.cond(
-            b.width <= kb, lambda: _band_candidates(b, _narrow_band(b, kb)), lambda: tier(i + 1)
-        )
+        return tf.cond(b.width <= kb, lambda: narrow(kb), lambda: tier(i + 1))
 
     return tier(0)
 
