@@ -8,6 +8,7 @@ from pathnorm_lightning.callbacks import (
     StepTarget,
 )
 from pathnorm_lightning.functional import (
+    NonFiniteWeightsError,
     path_norm,
     product_bound,
     project_rows_l1_ball,
@@ -25,6 +26,7 @@ __all__ = [
     "L1Prox",
     "LayerPair",
     "LayerwiseLinfProjection",
+    "NonFiniteWeightsError",
     "PathNormBound",
     "PathNormProx",
     "ProductBound",

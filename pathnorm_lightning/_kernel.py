@@ -82,29 +82,28 @@ def _row_stats(
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def _collect_band(
-    row: np.ndarray, lo: float, hi: float, out: np.ndarray
-) -> int:  # pragma: no cover - compiled
-    """Write the entries with ``lo < |r| <= hi`` to ``out`` (size >= len + 1), return their
-    count. The band is sparse (none to a few per cent): blocks are counted vectorised first,
-    and only blocks with a hit are scanned."""
-    m = row.shape[0]
+def _count_band(row: np.ndarray, lo: float, hi: float) -> int:  # pragma: no cover - compiled
+    """Number of entries with ``lo < |r| <= hi`` (one vectorised pass)."""
     count = 0
-    for base in range(0, m, _BLOCK):
-        stop = min(base + _BLOCK, m)
-        hits = 0
-        for j in range(base, stop):
-            v = abs(np.float64(row[j]))
-            hits += 1 if (v > lo) & (v <= hi) else 0
-        if hits:
-            for j in range(base, stop):
-                v = abs(np.float64(row[j]))
-                out[count] = v  # branch-free: kept only when in the band
-                count += 1 if (v > lo) & (v <= hi) else 0
+    for j in range(row.shape[0]):
+        v = abs(np.float64(row[j]))
+        count += 1 if (v > lo) & (v <= hi) else 0
     return count
 
 
-_BLOCK = 32
+@numba.njit(cache=True, nogil=True)
+def _collect_band(
+    row: np.ndarray, lo: float, hi: float, out: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    """Write the entries with ``lo < |r| <= hi`` to ``out``, return their count (a branchy
+    scan: the band is sparse, a few per cent at most, so the branch is well predicted)."""
+    count = 0
+    for j in range(row.shape[0]):
+        v = abs(np.float64(row[j]))
+        if (v > lo) & (v <= hi):
+            out[count] = v
+            count += 1
+    return count
 
 
 @numba.njit(cache=True, nogil=True)
@@ -171,7 +170,9 @@ def _thresholds(
         tau_lo = lam * a_lo * (1 - _MARGIN)
 
         # Pass 2: the band tau_lo < |y| <= tau_hi (usually empty), sorted descending.
-        count = _collect_band(y[i], tau_lo, tau_hi, band)
+        count = 0
+        if _count_band(y[i], tau_lo, tau_hi):  # in training the band is usually empty
+            count = _collect_band(y[i], tau_lo, tau_hi, band)
         _sort_desc(band, count)
         cb[0] = 0.0
         cb2[0] = 0.0

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "NonFiniteWeightsError",
     "path_norm",
     "product_bound",
     "project_rows_l1_ball",
@@ -67,6 +68,10 @@ def _check_scalar(value: float | Tensor, name: str) -> float:
     return value
 
 
+class NonFiniteWeightsError(ValueError):
+    """A weight given to the prox holds NaN or inf (the prox is undefined there)."""
+
+
 def _check_matrix(w: Tensor, name: str, check_finite: bool) -> None:
     if not isinstance(w, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(w).__name__}")
@@ -75,7 +80,7 @@ def _check_matrix(w: Tensor, name: str, check_finite: bool) -> None:
     if not w.is_floating_point():
         raise ValueError(f"{name} must have a floating dtype, got {w.dtype}")
     if check_finite and w.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(w))).all()):
-        raise ValueError(
+        raise NonFiniteWeightsError(
             f"{name} contains NaN or inf; the prox of non-finite weights is undefined "
             "(check the learning rate and the loss for divergence)"
         )
@@ -429,24 +434,30 @@ def _prox_kernel(
     cd = _compute_dtype(w_in.dtype)
     n, m = w_in.shape
     p = w_out.shape[0]
-    direct = in_place and w_in.dtype == cd and w_in.is_contiguous()
-    # y: incoming rows (n, m); x: outgoing columns as rows (n, p); both C-contiguous.
-    y = w_in.detach() if direct else torch.empty(n, m, dtype=cd).copy_(w_in.detach())
-    x = torch.empty(n, p, dtype=cd).copy_(w_out.detach().t())
+
+    def working(w: Tensor) -> Tensor:  # C-contiguous, dtype cd: ``w`` itself when possible
+        if in_place and w.dtype == cd and w.is_contiguous():
+            return w.detach()
+        return torch.empty(w.shape, dtype=cd).copy_(w.detach())
+
+    a, b = working(w_in), working(w_out)  # (n, m), (p, n)
     with torch.no_grad():
-        if p <= m:
-            bad = kernel.prox_inplace(x.numpy(), y.numpy(), lam, check_finite)
+        if p <= m:  # the short side is read and written through the transposed view
+            bad = kernel.prox_inplace(b.numpy().T, a.numpy(), lam, check_finite)
         else:  # the kernel sorts the first (short) side: swap roles (the problem is symmetric)
-            bad = kernel.prox_inplace(y.numpy(), x.numpy(), lam, check_finite)
+            long = torch.empty(n, p, dtype=cd).copy_(b.t())  # rows are scanned: contiguous
+            bad = kernel.prox_inplace(a.numpy(), long.numpy(), lam, check_finite)
+            if bad < 0:
+                b.copy_(long.t())
         if bad >= 0:  # nothing was written
             name = "w_out" if bool(torch.isfinite(w_in[bad]).all()) else "w_in"
             _check_matrix(w_in if name == "w_in" else w_out, name, check_finite=True)
         if in_place:
-            if not direct:
-                w_in.copy_(y)
-            w_out.copy_(x.t())
+            for w, work in ((w_in, a), (w_out, b)):
+                if work.data_ptr() != w.data_ptr():
+                    w.copy_(work)
             return w_in, w_out
-    return y.to(w_in.dtype), x.t().to(w_out.dtype).contiguous()
+    return a.to(w_in.dtype), b.to(w_out.dtype)
 
 
 def _prox(
