@@ -328,10 +328,11 @@ def _prox_kernels(
 # used. (On Glorot-initialised 784-200-10 kernels the band holds <= 8 entries for lam <= 1e-4
 # and <= 16 for lam = 1e-3; in training mostly 0 to 2 entries in a handful of rows.)
 BAND_BLOCK = 32
-# Narrow bands (at most this many entries in every row) are extracted by repeated max
+# Narrow bands (at most this many entries in every unit) are extracted by repeated max
 # reductions over the long side instead of a top_k (which XLA on CPU runs as a slow partial
-# sort of every row); each extra entry costs one pass. Tiers, tried in order.
-_FAST_TIERS = (0, 1, 4)
+# sort of every row); each extra entry costs two reductions. Tiers, tried in order (in
+# training the widest band mostly holds 1 or 2 entries; lam = 1e-3 on Glorot kernels: ~15).
+_FAST_TIERS = (0, 1, 2, 4, 8, 16)
 # Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
 _BAND_FULL_LIMIT = 1 << 15
 # Reductions over the long side first combine this many slices elementwise (see _reduce_units).
