@@ -1,0 +1,232 @@
+"""pathnorm_tf band prox: the narrow-band tiers, packed counts and sliced reductions.
+
+Randomized float64 cases against the exhaustive reference (``shared_spec.reference``), eagerly
+and under XLA, aimed at every extraction tier of ``_prox_band`` (band width 0, 1, 2, 3-4, 5-8,
+9-16, the top_k block, the whole-row sort fallback), ties among band entries, zeros, a huge
+dynamic range, tiny and huge lam and lam at the ``k l lam^2 = 1`` boundary; plus white-box
+checks of the pieces (band extraction with ties, exact packed counts, sliced reductions, the
+rank sort of short rows).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pathnorm_tf import functional, prox_path_norm
+from shared_spec import reference as ref
+
+# (m, n, p): kernel_in (m, n), kernel_out (n, p). Dense layout (m >= p) and the swapped one
+# (p > m, m < 8: no slicing), a long side that is no multiple of 8 with p = 1, and m > 32 (the
+# top_k block and the sort fallback).
+SHAPES = [(40, 6, 3), (5, 4, 9), (67, 5, 1), (100, 4, 2)]
+KINDS = ["glorot", "ties", "zeros", "range", "boundary"]
+SEEDS = range(12)
+# Band widths that select each extraction path of _prox_band (BAND_BLOCK = 32).
+BUCKETS = [(0, 0), (1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, 32), (33, 10**9)]
+
+
+def make_case(shape: tuple[int, int, int], kind: str, seed: int) -> tuple[Any, Any, float]:
+    """Dense kernels (float64) and a lam for one randomized case."""
+    m, n, p = shape
+    rng = np.random.default_rng([seed, *shape, KINDS.index(kind)])
+    k_in = rng.standard_normal((m, n)) * np.sqrt(2 / (m + n))
+    k_out = rng.standard_normal((n, p)) * np.sqrt(2 / (n + p))
+    lam = float(10 ** rng.uniform(-4, 0))  # band widths from 0 to the whole long side
+    if kind == "ties":
+        # The long side takes few distinct magnitudes: many equal entries inside the band.
+        long_ = k_in if m >= p else k_out
+        levels = rng.choice([0.05, 0.1, 0.15, 0.2], size=long_.shape)
+        long_[...] = np.sign(rng.standard_normal(long_.shape)) * levels / np.sqrt(m + p)
+    elif kind == "zeros":
+        k_in[rng.random(k_in.shape) < 0.4] = 0.0
+        k_out[rng.random(k_out.shape) < 0.3] = 0.0
+        k_in[:, 0] = 0.0  # a unit with no incoming weights
+        k_out[n - 1, :] = 0.0  # and one with no outgoing weights
+    elif kind == "range":
+        k_in *= 10.0 ** rng.uniform(-6, 2, k_in.shape)
+        k_out *= 10.0 ** rng.uniform(-3, 1, k_out.shape)
+        lam = float(10 ** rng.uniform(-6, -1))
+    elif kind == "boundary":
+        # lam at (or one ulp around) 1 / sqrt(k l): d = 1 - k l lam^2 crosses 0 for that pair;
+        # weights large enough that the support pairs compete with the trivial points.
+        k_in *= 20.0
+        k_out *= 20.0
+        k, l_ = int(rng.integers(1, min(m, p) + 1)), int(rng.integers(1, max(m, p) + 1))
+        lam = float(np.nextafter(1.0 / np.sqrt(k * l_), [-1.0, 0.0, 2.0][seed % 3]))
+    if kind == "glorot" and seed == 0:
+        lam = 1e-12  # no band: every unit keeps its whole support
+    if kind == "glorot" and seed == 1:
+        lam = 5.0  # beyond the cap (2): only the trivial points
+    return k_in, k_out, lam
+
+
+def band_width(k_in: Any, k_out: Any, lam: float) -> int:
+    """The widest band of the case, as ``_prox_kernels`` sees it."""
+    m, p = k_in.shape[0], k_out.shape[1]
+    lam = min(lam, functional._LAM_CAP)
+    if p > m:
+        b = functional._band_setup(tf.constant(k_in.T), tf.constant(k_out), 0, lam, lam * lam)
+    else:
+        b = functional._band_setup(tf.constant(k_out), tf.constant(k_in), 1, lam, lam * lam)
+    return int(b.width.numpy())
+
+
+@cache
+def xla_prox(shape: tuple[int, int, int]) -> Callable[..., Any]:
+    del shape  # one compiled function per shape (the cache key)
+
+    def prox(a: tf.Tensor, b: tf.Tensor, lam: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return prox_path_norm(a, b, lam, check_finite=False)
+
+    return tf.function(prox, jit_compile=True)
+
+
+def check_against_reference(got: tuple[Any, Any], k_in: Any, k_out: Any, lam: float) -> None:
+    exp_out, exp_in_t = ref.prox_path_norm(k_out, k_in.T, lam)
+    got_in, got_out = got
+    obj = ref.path_norm_objective(got_out, got_in.T, k_out, k_in.T, lam)
+    exp_obj = ref.path_norm_objective(exp_out, exp_in_t, k_out, k_in.T, lam)
+    assert obj <= exp_obj + 1e-12 * max(1.0, abs(exp_obj))
+    scale = max(1.0, float(np.max(np.abs(k_in))), float(np.max(np.abs(k_out))))
+    _, spread = ref.minimiser_margin(k_out, k_in.T, lam, 1e-13)
+    if spread <= 1e-9 * scale:  # a unique minimiser at rounding level: the same point
+        np.testing.assert_allclose(got_in, exp_in_t.T, rtol=1e-9, atol=1e-12 * scale)
+        np.testing.assert_allclose(got_out, exp_out, rtol=1e-9, atol=1e-12 * scale)
+
+
+def assert_same(a: tuple[Any, Any], b: tuple[Any, Any], rtol: float) -> None:
+    for got, want in zip(a, b, strict=True):
+        scale = max(1.0, float(np.max(np.abs(want))))
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=1e-14 * scale)
+        np.testing.assert_array_equal(got == 0, want == 0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "-".join(map(str, s)))
+def test_band_prox_matches_reference_eager_and_xla(shape: tuple[int, int, int], kind: str) -> None:
+    xla = xla_prox(shape)
+    for seed in SEEDS:
+        k_in, k_out, lam = make_case(shape, kind, seed)
+        band = [t.numpy() for t in prox_path_norm(k_in, k_out, lam, method="band")]
+        check_against_reference((band[0], band[1]), k_in, k_out, lam)
+        by_sort = [t.numpy() for t in prox_path_norm(k_in, k_out, lam, method="sort")]
+        assert_same((band[0], band[1]), (by_sort[0], by_sort[1]), rtol=1e-11)
+        lam_t = tf.constant(lam, tf.float64)
+        compiled = [t.numpy() for t in xla(tf.constant(k_in), tf.constant(k_out), lam_t)]
+        assert_same((compiled[0], compiled[1]), (band[0], band[1]), rtol=1e-11)
+
+
+def test_cases_cover_every_band_path() -> None:
+    """The randomized cases reach every extraction tier, the top_k block and the fallback."""
+    hit = {bucket: 0 for bucket in BUCKETS}
+    for shape in SHAPES:
+        for kind in KINDS:
+            for seed in SEEDS:
+                w = band_width(*make_case(shape, kind, seed))
+                for lo, hi in BUCKETS:
+                    hit[(lo, hi)] += lo <= w <= hi
+    assert functional._FAST_TIERS == (0, 1, 2, 4, 8, 16) and functional.BAND_BLOCK == 32
+    assert all(count >= 3 for count in hit.values()), hit
+
+
+# ---------------------------------------------------------------------------------------------
+# The pieces
+# ---------------------------------------------------------------------------------------------
+
+
+def sorted_band(ay: Any, lo: Any, hi: Any, kb: int) -> Any:
+    """NumPy: per row the entries with lo < |y| <= hi, descending, zero padded to kb."""
+    out = np.zeros((ay.shape[0], kb))
+    for i, row in enumerate(ay):
+        vals = np.sort(row[(row > lo[i]) & (row <= hi[i])])[::-1]
+        out[i, : vals.size] = vals
+    return out
+
+
+@pytest.mark.parametrize("unit_axis", [0, 1])
+@pytest.mark.parametrize("kb", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("jit", [False, True])
+def test_narrow_band_extraction_with_ties(unit_axis: int, kb: int, jit: bool) -> None:
+    rng = np.random.default_rng(kb + 10 * unit_axis)
+    n, m = 7, 53
+    # Few distinct magnitudes: runs of equal entries inside the band, also across its edges.
+    ay = rng.choice([0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6], size=(n, m))
+    y = ay * np.sign(rng.standard_normal((n, m)))
+    lo, hi = np.full((n, 1), 0.1), np.full((n, 1), 0.4)
+    lo[2], hi[2] = 0.45, 0.5  # an empty band
+    lo[3], hi[3] = 0.15, 0.3  # edges exactly at entry values (lo excluded, hi included)
+    for i in range(n):  # at most kb entries per row: drop extra band entries
+        inside = np.flatnonzero((ay[i] > lo[i]) & (ay[i] <= hi[i]))
+        y[i, inside[kb:]] = 0.0
+    want = sorted_band(np.abs(y), lo[:, 0], hi[:, 0], kb)
+    count = ((np.abs(y) > lo) & (np.abs(y) <= hi)).sum(1, keepdims=True).astype(np.float64)
+    assert count.max() == kb  # the block is full in some row
+
+    def extract(y_t: tf.Tensor) -> tf.Tensor:
+        b = functional._band_setup(tf.ones([n, 2], tf.float64), y_t, unit_axis, 0.1, 0.01)
+        b = b._replace(tau_lo=tf.constant(lo), tau_hi=tf.constant(hi), count=tf.constant(count))
+        return functional._narrow_band(b, kb)
+
+    fn = tf.function(extract, jit_compile=True) if jit else extract
+    got = fn(tf.constant(y if unit_axis == 0 else y.T)).numpy()
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("unit_axis", [0, 1])
+@pytest.mark.parametrize("m", [3, 8, 67, 200, 4100])  # 4100: float32 counts unpacked
+def test_packed_counts_are_exact(dtype: tf.DType, unit_axis: int, m: int) -> None:
+    rng = np.random.default_rng(m)
+    n, p = 9, 3
+    x = rng.standard_normal((n, p))
+    y = rng.standard_normal((n, m)) * rng.choice([0.0, 1e-3, 1.0], size=(n, m))
+    lam = 0.05
+    b = functional._band_setup(
+        tf.constant(x, dtype),
+        tf.constant(y if unit_axis == 0 else y.T, dtype),
+        unit_axis,
+        lam,
+        lam**2,
+    )
+    ay = np.abs(y.astype(dtype.as_numpy_dtype))
+    tau_hi, tau_lo = b.tau_hi.numpy(), b.tau_lo.numpy()
+    np.testing.assert_array_equal(b.c_hi.numpy(), (ay > tau_hi).sum(1, keepdims=True))
+    np.testing.assert_array_equal(
+        b.count.numpy(), ((ay > tau_lo) & (ay <= tau_hi)).sum(1, keepdims=True)
+    )
+    assert b.width.numpy() == b.count.numpy().max()
+
+
+@pytest.mark.parametrize("unit_axis", [0, 1])
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 16, 67, 784])
+def test_sliced_reductions(unit_axis: int, size: int) -> None:
+    rng = np.random.default_rng(size)
+    t = rng.standard_normal((5, size))
+    t_in = tf.constant(t if unit_axis == 0 else t.T)
+    total = functional._reduce_units(tf.reduce_sum, t_in, unit_axis).numpy()
+    np.testing.assert_allclose(total, t.sum(1, keepdims=True), rtol=1e-13, atol=1e-13)
+    top = functional._reduce_units(tf.reduce_max, t_in, unit_axis).numpy()
+    np.testing.assert_array_equal(top, t.max(1, keepdims=True))
+
+
+@pytest.mark.parametrize("p", [2, 3, 10, 16, 17])
+def test_rank_sort_of_short_rows(p: int) -> None:
+    rng = np.random.default_rng(p)
+    a = np.abs(rng.choice([0.0, 0.5, 1.0, rng.random()], size=(30, p)))  # ties and zeros
+    a[:10] = rng.random((10, p))
+    got = functional._sort_rows_desc(tf.constant(a)).numpy()
+    np.testing.assert_array_equal(got, -np.sort(-a, axis=1))
+    xla = tf.function(functional._sort_rows_desc, jit_compile=True)
+    np.testing.assert_array_equal(
+        xla(tf.constant(a.astype(np.float32))).numpy(), got.astype(np.float32)
+    )
