@@ -1,7 +1,8 @@
 """Prox cost on the paper's shapes, as ratios measured in one run.
 
 For each shape (m-n-p: Linear(m, n) -> ELU -> Linear(n, p)) it times, in float32:
-the prox (``pathnorm_lightning.prox_path_norm``), one SGD step of the same network
+the prox (``pathnorm_lightning.prox_path_norm``: on CPU the compiled kernel; also the same
+algorithm in torch tensor ops, the fallback without numba), one SGD step of the same network
 (forward + backward + update, batch 100), a full ``torch.sort`` of the rows of |w_in| and of
 |w_out|, the authors'-style per-unit NumPy loop (paper's Algorithms 3 + 4), and the naive
 exhaustive reference (timed on a few units and scaled to n, marked ``~``).
@@ -90,6 +91,11 @@ def bench_shape(m: int, n: int, p: int, lam: float, device: torch.device, naive:
         device,
     )
     row = {"shape": f"{m}-{n}-{p}", "prox": t_prox, "sgd": t_sgd, "sort": t_sort}
+    if device.type == "cpu":  # what "auto" runs without numba
+        method = "band" if 4 * min(m, p) <= max(m, p) else "sort"
+        row["ops"] = timeit(
+            lambda: prox_path_norm(w_in, w_out, lam, check_finite=False, method=method), device
+        )
     if naive:
         a, b = w_in.double().cpu().numpy(), w_out.double().cpu().numpy()
         t_loop = timeit(lambda: prox_per_unit_loop(a, b, lam), torch.device("cpu"), 0.0)
@@ -146,6 +152,8 @@ def main() -> None:
     )
     print(f"# prox_path_norm, float32, lam={args.lam}, device: {name}, torch {torch.__version__}")
     cols = ["shape", "prox ms", "SGD step ms", "sort ms", "prox/SGD", "prox/sort"]
+    if device.type == "cpu":
+        cols += ["tensor-op prox ms"]
     if not args.no_naive:
         cols += ["per-unit loop ms", "loop/prox", "exhaustive ms", "exhaustive/prox"]
     lines = []
@@ -158,6 +166,8 @@ def main() -> None:
             f"{r['prox'] / r['sgd']:.2f}",
             f"{r['prox'] / r['sort']:.2f}",
         ]
+        if "ops" in r:
+            vals += [f"{r['ops'] * 1e3:.3f}"]
         if "loop" in r:
             vals += [
                 f"{r['loop'] * 1e3:.1f}",

@@ -33,19 +33,26 @@ _MARGIN = 64 * 2.0**-23
 
 @numba.njit(cache=True, nogil=True)
 def _sort_desc(a: np.ndarray, count: int) -> None:  # pragma: no cover - compiled
-    """Sort ``a[:count]`` in place, descending (insertion sort for the usual tiny counts)."""
-    if count <= 24:
-        for i in range(1, count):
+    """Sort ``a[:count]`` in place, descending: insertion sort for the usual tiny counts,
+    Shell sort (Ciura's gaps) up to a few hundred, numba's quicksort beyond."""
+    if count > 400:
+        a[:count].sort()  # ascending, in place, then reversed
+        for i in range(count // 2):
+            a[i], a[count - 1 - i] = a[count - 1 - i], a[i]
+        return
+    for gap in _GAPS:
+        if gap >= count:
+            continue
+        for i in range(gap, count):
             v = a[i]
-            j = i - 1
-            while j >= 0 and a[j] < v:
-                a[j + 1] = a[j]
-                j -= 1
-            a[j + 1] = v
-    else:
-        s = np.sort(a[:count])
-        for i in range(count):
-            a[i] = s[count - 1 - i]
+            j = i
+            while j >= gap and a[j - gap] < v:
+                a[j] = a[j - gap]
+                j -= gap
+            a[j] = v
+
+
+_GAPS = (132, 57, 23, 10, 4, 1)
 
 
 # Reassociation lets LLVM vectorise the row reductions (the sums change in the last bits of a
@@ -56,11 +63,12 @@ _FAST = {"reassoc", "nsz", "contract"}
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
 def _row_stats(
     row: np.ndarray, tau: float
-) -> tuple[float, int, float, float, float, bool]:  # pragma: no cover - compiled
-    """Of ``|row|``: the sum of squares; the count, sum, sum of squares and sum of squared
-    excess over ``tau`` of the entries above ``tau``; whether all are finite. One vectorised
-    pass."""
+) -> tuple[float, float, int, float, float, float, bool]:  # pragma: no cover - compiled
+    """Of ``|row|``: the sum and the sum of squares; the count, sum, sum of squares and sum of
+    squared excess over ``tau`` of the entries above ``tau``; whether all are finite. One
+    vectorised pass."""
     big = 1.7976931348623157e308
+    l1 = 0.0
     sq = 0.0
     c = 0
     s = 0.0
@@ -71,6 +79,7 @@ def _row_stats(
         v = abs(np.float64(row[j]))
         finite &= bool(v <= big)
         v2 = v * v
+        l1 += v
         sq += v2
         above = v > tau
         c += 1 if above else 0
@@ -78,40 +87,90 @@ def _row_stats(
         q += v2 if above else 0.0
         r = v - tau if above else 0.0
         e += r * r
-    return sq, c, s, q, e, finite
+    return l1, sq, c, s, q, e, finite
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FAST)
-def _count_band(row: np.ndarray, lo: float, hi: float) -> int:  # pragma: no cover - compiled
-    """Number of entries with ``lo < |r| <= hi`` (one vectorised pass)."""
-    count = 0
-    for j in range(row.shape[0]):
+def _hits(
+    row: np.ndarray, start: int, stop: int, lo: float, hi: float
+) -> float:  # pragma: no cover
+    """Number of entries of ``row[start:stop]`` with ``lo < |r| <= hi`` (vectorised)."""
+    hits = 0.0
+    for j in range(start, stop):
         v = abs(np.float64(row[j]))
-        count += 1 if (v > lo) & (v <= hi) else 0
-    return count
+        hits += 1.0 if (v > lo) & (v <= hi) else 0.0
+    return hits
 
 
 @numba.njit(cache=True, nogil=True)
 def _collect_band(
     row: np.ndarray, lo: float, hi: float, out: np.ndarray
 ) -> int:  # pragma: no cover - compiled
-    """Write the entries with ``lo < |r| <= hi`` to ``out``, return their count (a branchy
-    scan: the band is sparse, a few per cent at most, so the branch is well predicted)."""
+    """Write the entries with ``lo < |r| <= hi`` to ``out``, return their count. The band is
+    sparse (a handful of entries): blocks are tested vectorised, only blocks with a hit are
+    scanned."""
+    m = row.shape[0]
     count = 0
+    for start in range(0, m, _BLOCK):
+        stop = min(start + _BLOCK, m)
+        if _hits(row, start, stop, lo, hi) > 0:
+            for j in range(start, stop):
+                v = abs(np.float64(row[j]))
+                if (v > lo) & (v <= hi):
+                    out[count] = v
+                    count += 1
+    return count
+
+
+_BLOCK = 128
+
+
+@numba.njit(cache=True, nogil=True)
+def _shrink_sum(xs: np.ndarray, t: float) -> float:  # pragma: no cover - compiled
+    """``sum_j (xs_j - t)_+`` for ``xs`` sorted descending."""
+    total = 0.0
+    for j in range(xs.shape[0]):
+        if xs[j] <= t:
+            break
+        total += xs[j] - t
+    return total
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+def _above(
+    row: np.ndarray, lo: float, hi: float
+) -> tuple[int, int, float, float]:  # pragma: no cover
+    """Of ``|row|``: the number of entries in ``(lo, hi]``, and the count, sum and sum of
+    squares of those above ``hi`` (one vectorised pass; float counters: LLVM does not
+    vectorise integer counters mixed with float sums)."""
+    n_lo = 0.0
+    c = 0.0
+    s = 0.0
+    q = 0.0
     for j in range(row.shape[0]):
         v = abs(np.float64(row[j]))
-        if (v > lo) & (v <= hi):
-            out[count] = v
-            count += 1
-    return count
+        above = 1.0 if v > hi else 0.0
+        n_lo += 1.0 if v > lo else 0.0
+        c += above
+        s += v * above
+        q += v * v * above
+    return int(n_lo - c), int(c), s, q
 
 
 @numba.njit(cache=True, nogil=True)
 def _thresholds(
-    x: np.ndarray, y: np.ndarray, lam: float, check_finite: bool, t_x: np.ndarray, t_y: np.ndarray
+    x: np.ndarray,
+    y: np.ndarray,
+    lam: float,
+    check_finite: bool,
+    t_x: np.ndarray,
+    t_y: np.ndarray,
+    x_sorted: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
     """Per unit ``i`` (row of ``x`` (n, p), row of ``y`` (n, m), p <= m) the soft-threshold
     levels of the prox: ``t_x[i]`` for ``x[i]`` and ``t_y[i]`` for ``y[i]`` (``inf``: all zero).
+    ``x_sorted``: ``|x|`` in float64, rows sorted descending, or an empty array (then each row
+    is sorted here).
 
     Returns -1, or with ``check_finite`` the first unit holding a NaN or inf (and stops).
     """
@@ -126,13 +185,15 @@ def _thresholds(
     cb = np.empty(m + 1)  # cb[j]: sum of the first j band entries
     cb2 = np.empty(m + 1)  # and of their squares
     for i in range(n):
+        presorted = x_sorted.shape[0] > 0
         for j in range(p):
-            xs[j] = abs(np.float64(x[i, j]))
+            xs[j] = x_sorted[i, j] if presorted else abs(np.float64(x[i, j]))
         if check_finite:
             for j in range(p):
                 if not xs[j] <= big:
                     return i
-        _sort_desc(xs, p)
+        if not presorted:
+            _sort_desc(xs, p)
         acc = 0.0
         acc2 = 0.0
         for j in range(p):
@@ -145,7 +206,7 @@ def _thresholds(
 
         # Pass 1 over the long side: everything above tau_hi is in the support.
         tau_hi = lam * x1 * (1 + _MARGIN)
-        ysq, c_hi, s_hi, q_hi, r_sq, finite = _row_stats(y[i], tau_hi)
+        y1, ysq, c_hi, s_hi, q_hi, r_sq, finite = _row_stats(y[i], tau_hi)
         if check_finite and not finite:
             return i
 
@@ -169,9 +230,21 @@ def _thresholds(
                 a_lo += xs[j] - theta_g
         tau_lo = lam * a_lo * (1 - _MARGIN)
 
-        # Pass 2: the band tau_lo < |y| <= tau_hi (usually empty), sorted descending.
+        # Fixed-point bounds: a non-trivial minimiser has a* = A(B(lam a*)) with
+        # A(b) = sum (|x| - lam b)_+ and B(t) = sum (|y| - t)_+, both decreasing; from
+        # B(0) = ||y||_1 >= B(t*) >= B(tau_hi): lam A(||y||_1) <= t* <= lam A(B(tau_hi)).
+        # Widened by far more than their float64 rounding.
+        err = _MARGIN * (x1 + p * lam * y1)
+        tau_lo = max(tau_lo, lam * (_shrink_sum(xs, lam * y1) - err))
+        hi = lam * (_shrink_sum(xs, lam * (s_hi - c_hi * tau_hi)) + err)
+        # Pass 2: the band tau_lo < |y| <= tau_hi (usually empty), and what lies above.
+        if hi < tau_hi:
+            tau_hi = hi
+            n_band, c_hi, s_hi, q_hi = _above(y[i], tau_lo, tau_hi)
+        else:
+            n_band = _above(y[i], tau_lo, tau_hi)[0]
         count = 0
-        if _count_band(y[i], tau_lo, tau_hi):  # in training the band is usually empty
+        if n_band > 0:
             count = _collect_band(y[i], tau_lo, tau_hi, band)
         _sort_desc(band, count)
         cb[0] = 0.0
@@ -244,16 +317,26 @@ def _shrink_rows(z: np.ndarray, t: np.ndarray) -> None:  # pragma: no cover - co
             row[j] = v - min(max(v, -ti), ti)  # branch-free: the signs are random
 
 
+# Short sides longer than this are sorted by numpy before the kernel runs.
+_PRESORT = 16
+
+
 def prox_inplace(short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool) -> int:
     """Exact prox of every unit, in place: rows of ``short`` (n, p) and ``long`` (n, m), p <= m.
 
     Both arrays C-contiguous, of one float dtype, ``0 < lam <= 2``. Returns -1, or (with
     ``check_finite``) the index of the first unit holding a NaN or inf, with nothing written.
     """
-    n = short.shape[0]
+    n, p = short.shape
     t_short = np.empty(n)
     t_long = np.empty(n)
-    bad = _thresholds(short, long, lam, check_finite, t_short, t_long)
+    if p > _PRESORT:  # numpy's vectorised sort beats sorting row by row (mispredictions)
+        x_sorted = np.negative(np.abs(short), dtype=np.float64)
+        x_sorted.sort(axis=1)
+        np.negative(x_sorted, out=x_sorted)
+    else:
+        x_sorted = np.empty((0, 0))
+    bad = _thresholds(short, long, lam, check_finite, t_short, t_long, x_sorted)
     if bad >= 0:
         return int(bad)
     _shrink_rows(short, t_short)

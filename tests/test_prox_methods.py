@@ -215,3 +215,29 @@ def test_kernel_is_float64_accurate_on_float32_weights() -> None:
         got_in, got_out = prox_path_norm(w_in, w_out, 1e-3, method="kernel")
         np.testing.assert_allclose(got_out.double().numpy().T, v_ref, rtol=0, atol=1e-8)
         np.testing.assert_allclose(got_in.double().numpy(), w_ref, rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_kernel_exact_on_wide_rows(seed: int) -> None:
+    # Long rows (several blocks of the kernel's band scan) and long short sides (sorted by
+    # numpy before the kernel), in the regime where the band bounds narrow the band to a few
+    # entries, with ties and zeros.
+    rng = np.random.default_rng(900 + seed)
+    for case in range(12):
+        n, m = 3, int(rng.integers(130, 300))
+        p = int(rng.integers(17, 41)) if case % 2 else int(rng.integers(1, 17))
+        y = rng.uniform(-1, 1, size=(n, m)) / np.sqrt(m)
+        x = rng.uniform(-1, 1, size=(n, p)) / np.sqrt(n)
+        if case % 3 == 1:  # coarse grid: ties, also at the thresholds
+            y, x = np.round(y, 2), np.round(x, 1)
+        if case % 4 == 2:  # zeros
+            y *= rng.random(size=y.shape) < 0.6
+            x *= rng.random(size=x.shape) < 0.6
+        lam = float(10 ** rng.uniform(-4, -0.5))
+        new_in, new_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method="kernel")
+        v_ref, w_ref = reference.prox_path_norm(x, y, lam)
+        h_ref = reference.path_norm_objective(v_ref, w_ref, x, y, lam)
+        h = _objective(new_in, new_out, x, y, lam)
+        assert h <= h_ref + 1e-9 * max(1.0, abs(h_ref)), (seed, case, lam)
+        np.testing.assert_allclose(new_in.numpy(), w_ref, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(new_out.numpy().T, v_ref, rtol=1e-9, atol=1e-12)
