@@ -4,12 +4,17 @@ The same mathematics as :func:`pathnorm_lightning.functional._prox_rows_band` (s
 docstring), written as loops that numba compiles to machine code, so the prox costs a few
 passes over the weights instead of the dispatch of ~130 tensor operations. Per hidden unit:
 
-1. sort the short side ``|x|`` (p entries), prefix sums;
-2. one pass over the long side ``|y|``: its squared norm, and the count, sum and sum of
+1. sort the short side ``|x|`` (p entries; numpy sorts all rows at once when p > 16), prefix
+   sums;
+2. one vectorised pass over the long side ``|y|``: its norms, and the count, sum and sum of
    squares of the entries above ``tau_hi = lam ||x||_1`` (always in the support);
-3. the lower bound ``tau_lo = lam a_lo`` (entries at or below it are never in the support);
-4. a second pass collects the band ``tau_lo < |y| <= tau_hi`` (usually empty or tiny in
-   training) and sorts it;
+3. bounds on ``t* = lam a*`` of a non-trivial minimiser: the tensor version's ``tau_lo`` and
+   the fixed-point bounds ``lam A(||y||_1) <= t* <= lam A(B(tau_hi))`` (``A``, ``B``: the
+   soft-threshold l1 norms of each side, see ``_thresholds``), whose width is about
+   ``k m lam^2`` relative: entries above the upper bound are in the support, entries at or
+   below the lower one are out;
+4. a second vectorised pass counts the band between them (a few entries at most, usually
+   none) and the entries above it; only a non-empty band is collected and sorted;
 5. for every ``k`` the largest feasible ``l`` in the band (bisection), the candidate's
    objective, and the argmin over ``(0, y)``, the support pairs by ``k``, and ``(x, 0)`` (first
    minimum wins, as ``argmin`` in the tensor versions).
@@ -264,8 +269,10 @@ def _thresholds(
             lam_x = lam * big_x
             k_lam2 = k * lam2
             # Largest j in [0, count] with (k, c_hi + j) feasible; the feasible set is downward
-            # closed in l. Y_l = s_hi + (sum of the first j band entries), y_l = band[j - 1]
-            # (tau_hi stands in for j = 0, as in the tensor version).
+            # closed in l. Y_l = s_hi + (sum of the first j band entries), y_l = band[j - 1];
+            # tau_hi stands in for y_l at j = 0 (the true one is larger). The test of w_l >= 0
+            # grows with y_l (d > 0), so a pair passing with the stand-in is truly feasible, and
+            # the minimiser's pair passes: its lam a* <= tau_hi.
             lo = -1
             hi = count + 1
             while hi - lo > 1:
