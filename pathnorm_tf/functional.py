@@ -377,21 +377,20 @@ def _unit(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
     return t if unit_axis == 0 else tf.reshape(t, [1, -1])
 
 
-def _reduce_units(fn: Any, t: tf.Tensor, unit_axis: int) -> tf.Tensor:
-    """``fn`` (``tf.reduce_sum`` or ``tf.reduce_max``) over each unit's entries of a long-side
-    tensor, as a column (n, 1).
+def _fold(t: tf.Tensor, unit_axis: int, combine: Any) -> list[tf.Tensor]:
+    """Pieces of a long-side tensor whose reductions, combined, reduce ``t`` per unit.
 
     XLA on CPU does not fuse an elementwise producer into a reduction: it writes the whole
-    producer out first (a pass over memory per reduced expression). An elementwise combination
+    producer out first (a pass over memory per reduced expression). An elementwise ``combine``
     of :data:`_SPLITS` slices is fused with the producer instead, so the long side is read once
-    per statistic and only a block of 1 / _SPLITS of its size is written and then reduced.
+    and only a block of 1 / _SPLITS of its size is written (then reduced, with the few
+    remaining entries as a second piece).
     """
     axis = 1 - unit_axis
     size = int(t.shape[axis])
     step = size // _SPLITS
     if step == 0:
-        return tf.reshape(fn(t, axis=axis), [-1, 1])
-    combine = tf.add if fn is tf.reduce_sum else tf.maximum
+        return [t]
 
     def part(start: int, stop: int) -> tf.Tensor:
         return t[start:stop] if axis == 0 else t[:, start:stop]
@@ -399,16 +398,34 @@ def _reduce_units(fn: Any, t: tf.Tensor, unit_axis: int) -> tf.Tensor:
     acc = part(0, step)
     for i in range(1, _SPLITS):
         acc = combine(acc, part(i * step, (i + 1) * step))
-    out = fn(acc, axis=axis)
-    if _SPLITS * step < size:
-        out = combine(out, fn(part(_SPLITS * step, size), axis=axis))
+    return [acc] + ([part(_SPLITS * step, size)] if _SPLITS * step < size else [])
+
+
+def _reduce_units(fn: Any, t: tf.Tensor, unit_axis: int) -> tf.Tensor:
+    """``fn`` (``tf.reduce_sum`` or ``tf.reduce_max``) over each unit's entries of a long-side
+    tensor, as a column (n, 1) (see :func:`_fold`)."""
+    combine = tf.add if fn is tf.reduce_sum else tf.maximum
+    pieces = [fn(piece, axis=1 - unit_axis) for piece in _fold(t, unit_axis, combine)]
+    out = pieces[0] if len(pieces) == 1 else combine(pieces[0], pieces[1])
     return tf.reshape(out, [-1, 1])
 
 
-def _unit_norm_sq(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
-    # Squared l2 norm of each unit's entries, (n, 1), rounded as torch.linalg.vector_norm(t)
-    # .square() rounds it (a square root, then its square).
-    return tf.square(tf.sqrt(_reduce_units(tf.reduce_sum, t * t, unit_axis)))
+def _unit_sums(a: tf.Tensor, b: tf.Tensor, unit_axis: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per-unit sums (n, 1) of two long-side tensors: the real and imaginary parts of one
+    folded complex tensor (each part adds exactly as a real sum would). XLA splits the fold
+    into two fused loops again, but the pair costs less than two real folds."""
+    axis = 1 - unit_axis
+    pieces = _fold(tf.complex(a, b), unit_axis, tf.add)
+    re, im = (
+        tf.reshape(tf.add_n([tf.reduce_sum(part(c), axis=axis) for c in pieces]), [-1, 1])
+        for part in (tf.math.real, tf.math.imag)
+    )
+    return re, im
+
+
+def _norm_sq(sum_sq: tf.Tensor) -> tf.Tensor:
+    # A squared l2 norm rounded as torch.linalg.vector_norm(t).square() rounds it.
+    return tf.square(tf.sqrt(sum_sq))
 
 
 class _Band(NamedTuple):
@@ -451,7 +468,7 @@ def _band_setup(
     """Bounds ``tau_hi``, ``tau_lo`` and the band statistics.
 
     XLA on CPU does not fuse an elementwise producer into a reduction, so the number of reduced
-    expressions over the long side is kept small (four; see :func:`_reduce_units`).
+    expressions over the long side is kept small (four, folded; see :func:`_fold`).
     """
     p = int(x.shape[1])
     m = int(y.shape[1 - unit_axis])
@@ -464,9 +481,8 @@ def _band_setup(
     x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
     tau_hi = lam * x1 * (1 + margin)
     ay = tf.abs(y)
-    ysq = _unit_norm_sq(ay, unit_axis)
     r_hi = tf.maximum(ay - _unit(tau_hi, unit_axis), 0.0)
-    r_sq = _unit_norm_sq(r_hi, unit_axis)
+    ysq, r_sq = (_norm_sq(t) for t in _unit_sums(ay * ay, r_hi * r_hi, unit_axis))
     # Upper bound on the minimum, and from it a lower bound a_lo on ||v||_1 (see torch).
     g_best = tf.minimum(0.5 * (ysq - r_sq), 0.5 * xsq)
     kk = tf.cast(tf.range(1, p + 1), dt)[tf.newaxis, :]
@@ -485,13 +501,12 @@ def _band_setup(
     above_lo = tf.cast(ay > _unit(tau_lo, unit_axis), dt)
     pack = 2.0 ** math.ceil(math.log2(m + 1))
     if pack * (m + 1) <= 2.0 ** (53 if dt == tf.float64 else 24):
-        packed = _reduce_units(tf.reduce_sum, above_lo + pack * in_hi, unit_axis)
+        packed, r_sum = _unit_sums(above_lo + pack * in_hi, r_hi, unit_axis)
         c_hi = tf.floor(packed / pack)
         count = packed - pack * c_hi - c_hi
     else:
-        c_hi = _reduce_units(tf.reduce_sum, in_hi, unit_axis)
+        c_hi, r_sum = _unit_sums(in_hi, r_hi, unit_axis)
         count = _reduce_units(tf.reduce_sum, above_lo - in_hi, unit_axis)
-    r_sum = _reduce_units(tf.reduce_sum, r_hi, unit_axis)
     s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
     q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     return _Band(
