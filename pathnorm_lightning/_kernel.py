@@ -328,24 +328,34 @@ def _shrink_rows(z: np.ndarray, t: np.ndarray) -> None:  # pragma: no cover - co
 _PRESORT = 16
 
 
-def prox_inplace(short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool) -> int:
-    """Exact prox of every unit, in place: rows of ``short`` (n, p) and ``long`` (n, m), p <= m.
-
-    Both arrays C-contiguous, of one float dtype, ``0 < lam <= 2``. Returns -1, or (with
-    ``check_finite``) the index of the first unit holding a NaN or inf, with nothing written.
-    """
-    n, p = short.shape
+@numba.njit(cache=True, nogil=True)
+def _prox_all(
+    short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool, x_sorted: np.ndarray
+) -> int:  # pragma: no cover - compiled
+    n = short.shape[0]
     t_short = np.empty(n)
     t_long = np.empty(n)
-    if p > _PRESORT:  # numpy's vectorised sort beats sorting row by row (mispredictions)
-        x_sorted = np.negative(np.abs(short), dtype=np.float64)
-        x_sorted.sort(axis=1)
-        np.negative(x_sorted, out=x_sorted)
-    else:
-        x_sorted = np.empty((0, 0))
     bad = _thresholds(short, long, lam, check_finite, t_short, t_long, x_sorted)
     if bad >= 0:
-        return int(bad)
+        return bad
     _shrink_rows(short, t_short)
     _shrink_rows(long, t_long)
     return -1
+
+
+_NOT_SORTED = np.empty((0, 0))
+
+
+def prox_inplace(short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool) -> int:
+    """Exact prox of every unit, in place: rows of ``short`` (n, p) and ``long`` (n, m), p <= m.
+
+    One float dtype; ``long`` C-contiguous (its rows are scanned), ``short`` any layout (e.g.
+    the transposed view of a weight); ``0 < lam <= 2``. Returns -1, or (with ``check_finite``)
+    the index of the first unit holding a NaN or inf, with nothing written.
+    """
+    x_sorted = _NOT_SORTED
+    if short.shape[1] > _PRESORT:  # numpy's vectorised sort beats sorting row by row
+        x_sorted = np.negative(np.abs(short), dtype=np.float64)
+        x_sorted.sort(axis=1)
+        np.negative(x_sorted, out=x_sorted)
+    return int(_prox_all(short, long, lam, check_finite, x_sorted))
