@@ -43,10 +43,12 @@ def _layers(rng: np.random.Generator, m: int, n: int, p: int) -> tuple[np.ndarra
     return w_in, w_out
 
 
-# Both sides have two exact methods (whole-row sort, band); every combination must give the
-# same numbers.
+# Both sides have several exact methods (torch: compiled kernel, band, whole-row sort; TF: band,
+# sort); every combination must give the same numbers.
 TORCH_METHODS = (
-    ["sort", "band"] if "method" in inspect.signature(pnl.prox_path_norm).parameters else [None]
+    ["kernel", "sort", "band"]
+    if "method" in inspect.signature(pnl.prox_path_norm).parameters
+    else [None]
 )
 
 
