@@ -80,10 +80,14 @@ def _check_matrix(w: Tensor, name: str, check_finite: bool) -> None:
     if not w.is_floating_point():
         raise ValueError(f"{name} must have a floating dtype, got {w.dtype}")
     if check_finite and w.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(w))).all()):
-        raise NonFiniteWeightsError(
-            f"{name} contains NaN or inf; the prox of non-finite weights is undefined "
-            "(check the learning rate and the loss for divergence)"
-        )
+        raise _non_finite(name)
+
+
+def _non_finite(name: str) -> NonFiniteWeightsError:
+    return NonFiniteWeightsError(
+        f"{name} contains NaN or inf; the prox of non-finite weights is undefined "
+        "(check the learning rate and the loss for divergence)"
+    )
 
 
 def _check_pair(w_in: Tensor, w_out: Tensor, check_finite: bool) -> None:
@@ -380,8 +384,9 @@ def prox_path_norm(
         w_in: first layer weight, shape (n, m).
         w_out: second layer weight, shape (p, n).
         lam: prox step, finite and >= 0 (inside proximal SGD: ``lr * lambda``).
-        check_finite: raise on NaN/inf weights (costs one device sync; disable on hot paths
-            where the weights are known to be finite).
+        check_finite: raise :class:`NonFiniteWeightsError` (a ``ValueError``) on NaN/inf
+            weights (free with the CPU kernel; elsewhere one device sync, which hot paths on
+            accelerators may skip when the weights are known to be finite).
         method: ``"kernel"``: the band algorithm compiled by numba, a few passes over the
             weights per call (CPU only; the fastest there by far; the first call of a process
             loads it from numba's cache, or compiles it in a few seconds on a new machine).
@@ -449,9 +454,8 @@ def _prox_kernel(
             bad = kernel.prox_inplace(a.numpy(), long.numpy(), lam, check_finite)
             if bad < 0:
                 b.copy_(long.t())
-        if bad >= 0:  # nothing was written
-            name = "w_out" if bool(torch.isfinite(w_in[bad]).all()) else "w_in"
-            _check_matrix(w_in if name == "w_in" else w_out, name, check_finite=True)
+        if bad >= 0:  # unit `bad` holds a NaN or inf; nothing was written
+            raise _non_finite("w_out" if bool(torch.isfinite(w_in[bad]).all()) else "w_in")
         if in_place:
             for w, work in ((w_in, a), (w_out, b)):
                 if work.data_ptr() != w.data_ptr():
