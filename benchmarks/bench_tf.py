@@ -2,12 +2,17 @@
 
 1. Prox time of ``pathnorm_tf.prox_path_norm`` in float32 on the paper's shapes (m-n-p:
    ``Dense(n) -> ELU -> Dense(p)`` on m inputs), eagerly, in ``tf.function`` and under XLA
-   (``jit_compile=True``), with ``method="band"`` (the default) and ``method="sort"``. (torch's prox has its own script, ``bench_prox.py``: timing both
+   (``jit_compile=True``; per call, and per prox inside one compiled loop, i.e. without the
+   call's dispatch, as inside a compiled train step), with ``method="band"`` (the default)
+   and ``method="sort"``. (torch's prox has its own script, ``bench_prox.py``: timing both
    frameworks in one process makes their thread pools fight over the cores.)
 2. Epoch time of the paper's network (784-200-10, ELU, batch 100, 60,000 MNIST training images
    from ``/work/shared/data/mnist`` or random data of the same shape) trained by ``model.fit``
    with ``keras.optimizers.SGD`` and with ``PathNormSGD``; epochs alternate in one process, so
-   both see the same machine load; the medians and their ratio are printed.
+   both see the same machine load; the medians and their ratio are printed, for wall-clock
+   time and for the process's CPU time (on a shared machine a step that waits on another
+   thread can lose a whole scheduler tick, which quantizes wall-clock epochs; CPU time
+   does not see that).
 
     python benchmarks/bench_tf.py [--repeats 3] [--jit 1|0] [--lam 1e-4] [--lr 0.1] [--threads 1]
                                   [--markdown]
@@ -34,6 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+import pathnorm_tf
 from pathnorm_tf import PathNormSGD, prox_path_norm
 
 SHAPES = [(784, 200, 10), (784, 200, 1), (784, 1000, 10), (512, 512, 512)]
@@ -61,6 +67,31 @@ def trained_like(m: int, n: int, p: int, seed: int = 0) -> tuple[np.ndarray, np.
     return k_in.astype(np.float32), k_out.astype(np.float32)
 
 
+def xla_loop_time(
+    prox: Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]],
+    k_in: tf.Tensor,
+    k_out: tf.Tensor,
+    lam: tf.Tensor,
+    calls: int = 20,
+) -> float:
+    """Seconds per prox inside one XLA computation (as in a compiled train step): ``calls``
+    proxes in a ``tf.while_loop`` on inputs perturbed below rounding (so nothing is hoisted),
+    results kept as loop state (so they are written out); no per-call dispatch."""
+
+    def loop(a: tf.Tensor, b: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+        def body(i: tf.Tensor, out_a: tf.Tensor, out_b: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            tiny = tf.cast(i, a.dtype) * 1e-30
+            new_a, new_b = prox(a + tiny, b + tiny, t)
+            return i + 1, new_a, new_b
+
+        state = (tf.constant(0), tf.zeros_like(a), tf.zeros_like(b))
+        _, out_a, out_b = tf.while_loop(lambda i, *_: i < calls, body, state)
+        return out_a[0, 0] + out_b[0, 0]
+
+    compiled = tf.function(loop, jit_compile=True)
+    return timeit(lambda: compiled(k_in, k_out, lam).numpy()) / calls
+
+
 def bench_shape(m: int, n: int, p: int, lam: float, method: str) -> dict[str, object]:
     k_in_np, k_out_np = trained_like(m, n, p)
     k_in, k_out = tf.constant(k_in_np), tf.constant(k_out_np)
@@ -77,13 +108,14 @@ def bench_shape(m: int, n: int, p: int, lam: float, method: str) -> dict[str, ob
         "eager": timeit(lambda: prox(k_in, k_out, lam)[0].numpy()),
         "tf.function": timeit(lambda: graph(k_in, k_out, lam_t)[0].numpy()),
         "xla": timeit(lambda: xla(k_in, k_out, lam_t)[0].numpy()),
+        "xla (in loop)": xla_loop_time(prox, k_in, k_out, lam_t),
     }
 
 
-def bench_prox(lam: float) -> list[dict[str, object]]:
+def bench_prox(lam: float, methods: list[str]) -> list[dict[str, object]]:
     rows = []
     for m, n, p in SHAPES:
-        for method in ("band", "sort"):
+        for method in methods:
             row = bench_shape(m, n, p, lam, method)
             rows.append(row)
             times = ", ".join(
@@ -131,13 +163,17 @@ def bench_epoch(repeats: int, jit: bool, lam: float, lr: float) -> dict[str, obj
     for model in models.values():  # warm-up: tracing, compilation, dataset cache
         model.fit(dataset, epochs=1, verbose=0)
     times: dict[str, list[float]] = {name: [] for name in models}
+    cpu: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(repeats):
         for name, model in models.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             model.fit(dataset, epochs=1, verbose=0)
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append(time.process_time() - c0)
     sgd = statistics.median(times["SGD"])
     prox = statistics.median(times["PathNormSGD"])
+    sgd_cpu = statistics.median(cpu["SGD"])
+    prox_cpu = statistics.median(cpu["PathNormSGD"])
     kernel = models["PathNormSGD"].layers[0].kernel.numpy()
     result = {
         "data": source,
@@ -146,11 +182,16 @@ def bench_epoch(repeats: int, jit: bool, lam: float, lr: float) -> dict[str, obj
         "PathNormSGD": prox,
         "ratio": prox / sgd,
         "per_step_extra_ms": 1e3 * (prox - sgd) / 600,
+        "SGD_cpu": sgd_cpu,
+        "PathNormSGD_cpu": prox_cpu,
+        "cpu_ratio": prox_cpu / sgd_cpu,
         "sparsity_first_kernel": float(np.mean(kernel == 0)),
     }
     print(
         f"epoch ({source}, jit_compile={jit}): SGD {sgd:.2f} s, PathNormSGD {prox:.2f} s, "
-        f"ratio {prox / sgd:.2f}x ({result['per_step_extra_ms']:.2f} ms extra per step)",
+        f"ratio {prox / sgd:.2f}x ({result['per_step_extra_ms']:.2f} ms extra per step); "
+        f"process CPU time: SGD {sgd_cpu:.2f} s, PathNormSGD {prox_cpu:.2f} s, "
+        f"ratio {prox_cpu / sgd_cpu:.2f}x",
         flush=True,
     )
     return result
@@ -163,6 +204,10 @@ def main() -> None:
     parser.add_argument("--lam", type=float, default=1e-4)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=0, help="TF threads (0: default)")
+    parser.add_argument(
+        "--prox-lam", type=float, default=None, help="prox step of the prox timings (lam * lr)"
+    )
+    parser.add_argument("--methods", default="band,sort", help="prox methods to time")
     parser.add_argument("--skip-prox", action="store_true")
     parser.add_argument("--skip-epoch", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
@@ -171,14 +216,16 @@ def main() -> None:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     threads = args.threads or os.cpu_count()
+    prox_lam = args.lam * args.lr if args.prox_lam is None else args.prox_lam
     print(f"TensorFlow {tf.__version__}, Keras {keras.__version__}, {threads} threads")
-    rows = [] if args.skip_prox else bench_prox(args.lam * args.lr)
+    print(f"pathnorm_tf from {Path(pathnorm_tf.__file__).parent}; prox step {prox_lam:g}")
+    rows = [] if args.skip_prox else bench_prox(prox_lam, args.methods.split(","))
     epoch = (
         None if args.skip_epoch else bench_epoch(args.repeats, bool(args.jit), args.lam, args.lr)
     )
     if args.markdown:
         if rows:
-            cols = ["eager", "tf.function", "xla"]
+            cols = ["eager", "tf.function", "xla", "xla (in loop)"]
             print("\n| shape (m-n-p) | method | " + " | ".join(f"{c} (ms)" for c in cols) + " |")
             print("|---|---|" + "---:|" * len(cols))
             for row in rows:
@@ -189,6 +236,7 @@ def main() -> None:
             print(f"| keras.optimizers.SGD | {epoch['SGD']:.2f} |")
             print(f"| PathNormSGD | {epoch['PathNormSGD']:.2f} |")
             print(f"| ratio | {epoch['ratio']:.2f}x |")
+            print(f"| ratio of process CPU times | {epoch['cpu_ratio']:.2f}x |")
 
 
 if __name__ == "__main__":

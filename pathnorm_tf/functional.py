@@ -356,10 +356,11 @@ def _sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
     p = int(a.shape[1])
     if p == 1:
         return a
-    if p <= _RANK_SORT_MAX:
+    if p <= _RANK_SORT_MAX and not tf.executing_eagerly():
         # rank_j = #{i : a_i > a_j or (a_i == a_j and i < j)} is a permutation; column r of the
         # result is the one entry of rank r (a sum of it and zeros: exact). Sums of p
-        # elementwise terms (XLA fuses them; its sort of short rows costs far more).
+        # elementwise terms (XLA fuses them; its sort of short rows costs far more; eagerly,
+        # the sort is the cheaper one).
         idx = tf.range(p)[tf.newaxis, :]
         cols = [a[:, i : i + 1] for i in range(p)]
         rank = tf.add_n(
@@ -389,7 +390,7 @@ def _fold(t: tf.Tensor, unit_axis: int, combine: Any) -> list[tf.Tensor]:
     axis = 1 - unit_axis
     size = int(t.shape[axis])
     step = size // _SPLITS
-    if step == 0:
+    if step == 0 or tf.executing_eagerly():  # (eagerly, each slice would be a copy)
         return [t]
 
     def part(start: int, stop: int) -> tf.Tensor:

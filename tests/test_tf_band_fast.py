@@ -207,16 +207,24 @@ def test_packed_counts_are_exact(dtype: tf.DType, unit_axis: int, m: int) -> Non
     assert b.width.numpy() == b.count.numpy().max()
 
 
+@pytest.mark.parametrize("jit", [False, True])
 @pytest.mark.parametrize("unit_axis", [0, 1])
 @pytest.mark.parametrize("size", [1, 7, 8, 9, 16, 67, 784])
-def test_sliced_reductions(unit_axis: int, size: int) -> None:
+def test_sliced_reductions(unit_axis: int, size: int, jit: bool) -> None:
+    # In a graph (eagerly, _fold does not slice): a sliced fold, then the remainder.
     rng = np.random.default_rng(size)
     t = rng.standard_normal((5, size))
     t_in = tf.constant(t if unit_axis == 0 else t.T)
-    total = functional._reduce_units(tf.reduce_sum, t_in, unit_axis).numpy()
+
+    def reduce(fn: Any) -> Any:
+        return tf.function(lambda u: functional._reduce_units(fn, u, unit_axis), jit_compile=jit)
+
+    total = reduce(tf.reduce_sum)(t_in).numpy()
     np.testing.assert_allclose(total, t.sum(1, keepdims=True), rtol=1e-13, atol=1e-13)
-    top = functional._reduce_units(tf.reduce_max, t_in, unit_axis).numpy()
-    np.testing.assert_array_equal(top, t.max(1, keepdims=True))
+    np.testing.assert_array_equal(reduce(tf.reduce_max)(t_in).numpy(), t.max(1, keepdims=True))
+    pair = tf.function(lambda u: functional._unit_sums(u, u * u, unit_axis), jit_compile=jit)(t_in)
+    np.testing.assert_allclose(pair[0].numpy(), total, rtol=1e-13, atol=1e-13)
+    np.testing.assert_allclose(pair[1].numpy(), (t * t).sum(1, keepdims=True), rtol=1e-13)
 
 
 @pytest.mark.parametrize("p", [2, 3, 10, 16, 17])
@@ -224,9 +232,10 @@ def test_rank_sort_of_short_rows(p: int) -> None:
     rng = np.random.default_rng(p)
     a = np.abs(rng.choice([0.0, 0.5, 1.0, rng.random()], size=(30, p)))  # ties and zeros
     a[:10] = rng.random((10, p))
-    got = functional._sort_rows_desc(tf.constant(a)).numpy()
-    np.testing.assert_array_equal(got, -np.sort(-a, axis=1))
-    xla = tf.function(functional._sort_rows_desc, jit_compile=True)
-    np.testing.assert_array_equal(
-        xla(tf.constant(a.astype(np.float32))).numpy(), got.astype(np.float32)
-    )
+    want = -np.sort(-a, axis=1)
+    np.testing.assert_array_equal(functional._sort_rows_desc(tf.constant(a)).numpy(), want)
+    for jit in (False, True):  # in a graph: the rank sort (p <= 16)
+        sort = tf.function(functional._sort_rows_desc, jit_compile=jit)
+        np.testing.assert_array_equal(sort(tf.constant(a)).numpy(), want)
+        got32 = sort(tf.constant(a.astype(np.float32))).numpy()
+        np.testing.assert_array_equal(got32, want.astype(np.float32))
