@@ -4,8 +4,8 @@ Randomized float64 cases against the exhaustive reference (``shared_spec.referen
 and under XLA, aimed at every extraction tier of ``_prox_band`` (band width 0, 1, 2, 3-4, 5-8,
 9-16, the top_k block, the whole-row sort fallback), ties among band entries, zeros, a huge
 dynamic range, tiny and huge lam and lam at the ``k l lam^2 = 1`` boundary; plus white-box
-checks of the pieces (band extraction with ties, exact packed counts, sliced reductions, the
-rank sort of short rows).
+checks of the pieces (band extraction with ties, exact packed counts, sliced reductions, row
+sorts: rank sort, bitonic network).
 """
 
 from __future__ import annotations
@@ -227,14 +227,16 @@ def test_sliced_reductions(unit_axis: int, size: int, jit: bool) -> None:
     np.testing.assert_allclose(pair[1].numpy(), (t * t).sum(1, keepdims=True), rtol=1e-13)
 
 
-@pytest.mark.parametrize("p", [2, 3, 10, 16, 17])
-def test_rank_sort_of_short_rows(p: int) -> None:
+@pytest.mark.parametrize("p", [2, 3, 10, 16, 17, 64, 100, 513])
+def test_row_sorts(p: int) -> None:
+    """Eagerly and in a plain graph TensorFlow's sort; under XLA the rank sort (p <= 16) or
+    the bitonic network (padded to a power of two): the same values."""
     rng = np.random.default_rng(p)
     a = np.abs(rng.choice([0.0, 0.5, 1.0, rng.random()], size=(30, p)))  # ties and zeros
     a[:10] = rng.random((10, p))
     want = -np.sort(-a, axis=1)
     np.testing.assert_array_equal(functional._sort_rows_desc(tf.constant(a)).numpy(), want)
-    for jit in (False, True):  # in a graph: the rank sort (p <= 16)
+    for jit in (False, True):
         sort = tf.function(functional._sort_rows_desc, jit_compile=jit)
         np.testing.assert_array_equal(sort(tf.constant(a)).numpy(), want)
         got32 = sort(tf.constant(a.astype(np.float32))).numpy()
