@@ -10,12 +10,13 @@
    from ``/work/shared/data/mnist`` or random data of the same shape) trained by ``model.fit``
    with ``keras.optimizers.SGD`` and with ``PathNormSGD``; epochs alternate in one process, so
    both see the same machine load; the medians and their ratio are printed, for wall-clock
-   time and for the process's CPU time (on a shared machine a step that waits on another
-   thread can lose a whole scheduler tick, which quantizes wall-clock epochs; CPU time
-   does not see that).
+   time and for the process's CPU time. ``--driver train_on_batch`` runs the same 600 steps
+   as ``train_on_batch`` calls on prepared batches instead: on a loaded machine, ``fit``'s
+   hand-offs between the tf.data threads and the step can lose whole multiples of ~1 ms per
+   step (epochs then take 1x, 2x or 4x a fixed time), which hides the step's own cost.
 
     python benchmarks/bench_tf.py [--repeats 3] [--jit 1|0] [--lam 1e-4] [--lr 0.1] [--threads 1]
-                                  [--markdown]
+        [--driver fit|train_on_batch] [--prox-lam 1e-3] [--methods band,sort] [--markdown]
 
 ``--threads N`` pins TensorFlow's intra- and inter-op thread pools (and XLA's) to N threads
 (0: TensorFlow's default, all cores); ``--threads 1`` gives reproducible numbers on a busy
@@ -153,21 +154,32 @@ def paper_mlp(optimizer: keras.optimizers.Optimizer, jit: bool) -> keras.Model:
     return model
 
 
-def bench_epoch(repeats: int, jit: bool, lam: float, lr: float) -> dict[str, object]:
+def bench_epoch(repeats: int, jit: bool, lam: float, lr: float, driver: str) -> dict[str, object]:
     x, y, source = load_mnist()
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(100).cache().prefetch(2)
+    batches = [
+        (tf.constant(x[i : i + 100]), tf.constant(y[i : i + 100])) for i in range(0, len(x), 100)
+    ]
     models = {
         "SGD": paper_mlp(keras.optimizers.SGD(lr), jit),
         "PathNormSGD": paper_mlp(PathNormSGD(lr, lam=lam), jit),
     }
+
+    def epoch(model: keras.Model) -> None:
+        if driver == "fit":
+            model.fit(dataset, epochs=1, verbose=0)
+        else:  # the same 600 steps, one train_on_batch call each: no tf.data threads
+            for xb, yb in batches:
+                model.train_on_batch(xb, yb)
+
     for model in models.values():  # warm-up: tracing, compilation, dataset cache
-        model.fit(dataset, epochs=1, verbose=0)
+        epoch(model)
     times: dict[str, list[float]] = {name: [] for name in models}
     cpu: dict[str, list[float]] = {name: [] for name in models}
     for _ in range(repeats):
         for name, model in models.items():
             t0, c0 = time.perf_counter(), time.process_time()
-            model.fit(dataset, epochs=1, verbose=0)
+            epoch(model)
             times[name].append(time.perf_counter() - t0)
             cpu[name].append(time.process_time() - c0)
     sgd = statistics.median(times["SGD"])
@@ -178,6 +190,7 @@ def bench_epoch(repeats: int, jit: bool, lam: float, lr: float) -> dict[str, obj
     result = {
         "data": source,
         "jit_compile": jit,
+        "driver": driver,
         "SGD": sgd,
         "PathNormSGD": prox,
         "ratio": prox / sgd,
@@ -188,7 +201,7 @@ def bench_epoch(repeats: int, jit: bool, lam: float, lr: float) -> dict[str, obj
         "sparsity_first_kernel": float(np.mean(kernel == 0)),
     }
     print(
-        f"epoch ({source}, jit_compile={jit}): SGD {sgd:.2f} s, PathNormSGD {prox:.2f} s, "
+        f"epoch ({source}, jit_compile={jit}, {driver}): SGD {sgd:.2f} s, PathNormSGD {prox:.2f} s, "
         f"ratio {prox / sgd:.2f}x ({result['per_step_extra_ms']:.2f} ms extra per step); "
         f"process CPU time: SGD {sgd_cpu:.2f} s, PathNormSGD {prox_cpu:.2f} s, "
         f"ratio {prox_cpu / sgd_cpu:.2f}x",
@@ -208,6 +221,12 @@ def main() -> None:
         "--prox-lam", type=float, default=None, help="prox step of the prox timings (lam * lr)"
     )
     parser.add_argument("--methods", default="band,sort", help="prox methods to time")
+    parser.add_argument(
+        "--driver",
+        choices=["fit", "train_on_batch"],
+        default="fit",
+        help="run an epoch by model.fit (tf.data) or by 600 train_on_batch calls",
+    )
     parser.add_argument("--skip-prox", action="store_true")
     parser.add_argument("--skip-epoch", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
@@ -221,7 +240,9 @@ def main() -> None:
     print(f"pathnorm_tf from {Path(pathnorm_tf.__file__).parent}; prox step {prox_lam:g}")
     rows = [] if args.skip_prox else bench_prox(prox_lam, args.methods.split(","))
     epoch = (
-        None if args.skip_epoch else bench_epoch(args.repeats, bool(args.jit), args.lam, args.lr)
+        None
+        if args.skip_epoch
+        else bench_epoch(args.repeats, bool(args.jit), args.lam, args.lr, args.driver)
     )
     if args.markdown:
         if rows:
