@@ -36,7 +36,7 @@ import numpy as np
 _MARGIN = 64 * 2.0**-23
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(nogil=True)
 def _sort_desc(a: np.ndarray, count: int) -> None:  # pragma: no cover - compiled
     """Sort ``a[:count]`` in place, descending: insertion sort for the usual tiny counts,
     Shell sort (Ciura's gaps) up to a few hundred, numba's quicksort beyond."""
@@ -65,7 +65,7 @@ _GAPS = (132, 57, 23, 10, 4, 1)
 _FAST = {"reassoc", "nsz", "contract"}
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(nogil=True, fastmath=_FAST)
 def _row_stats(
     row: np.ndarray, tau: float
 ) -> tuple[float, float, int, float, float, float, bool]:  # pragma: no cover - compiled
@@ -95,7 +95,7 @@ def _row_stats(
     return l1, sq, c, s, q, e, finite
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(nogil=True, fastmath=_FAST)
 def _hits(
     row: np.ndarray, start: int, stop: int, lo: float, hi: float
 ) -> float:  # pragma: no cover
@@ -107,7 +107,7 @@ def _hits(
     return hits
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(nogil=True)
 def _collect_band(
     row: np.ndarray, lo: float, hi: float, out: np.ndarray
 ) -> int:  # pragma: no cover - compiled
@@ -130,7 +130,7 @@ def _collect_band(
 _BLOCK = 128
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(nogil=True)
 def _shrink_sum(xs: np.ndarray, t: float) -> float:  # pragma: no cover - compiled
     """``sum_j (xs_j - t)_+`` for ``xs`` sorted descending."""
     total = 0.0
@@ -141,7 +141,7 @@ def _shrink_sum(xs: np.ndarray, t: float) -> float:  # pragma: no cover - compil
     return total
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FAST)
+@numba.njit(nogil=True, fastmath=_FAST)
 def _above(
     row: np.ndarray, lo: float, hi: float
 ) -> tuple[int, int, float, float]:  # pragma: no cover
@@ -162,7 +162,7 @@ def _above(
     return int(n_lo - c), int(c), s, q
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(nogil=True)
 def _thresholds(
     x: np.ndarray,
     y: np.ndarray,
@@ -295,11 +295,18 @@ def _thresholds(
             d = 1.0 - k * lf * lam2
             a = max((big_x - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
             b = max((ly - lf * lam * big_x) / d, 0.0)  # ||w||_1 of the candidate
-            h = 0.5 * lam2 * (k * b * b + lf * a * a) - 0.5 * (cx2[k - 1] + ly2) + lam * a * b
+            t_v = lam * b
+            t_w = lam * a
+            # The objective of the point these thresholds produce (up to 1/2 (|x|^2 + |y|^2)),
+            # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and
+            # the closed form of their objective could misrank nearly equal candidates.
+            nv = max(big_x - k * t_v, 0.0)
+            nw = max(ly - lf * t_w, 0.0)
+            h = 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2[k - 1] - ly2) + lam * nv * nw
             if h < best_h:
                 best_h = h
-                best_tx = lam * b
-                best_ty = np.inf if lf == 0 else lam * a
+                best_tx = t_v
+                best_ty = np.inf if lf == 0 else t_w
         if -0.5 * xsq < best_h:
             best_tx = 0.0
             best_ty = np.inf
@@ -308,7 +315,7 @@ def _thresholds(
     return -1
 
 
-@numba.njit(cache=True, nogil=True)
+@numba.njit(nogil=True)
 def _shrink_rows(z: np.ndarray, t: np.ndarray) -> None:  # pragma: no cover - compiled
     """In place, row by row: ``z[i] = sign(z[i]) max(|z[i]| - t[i], 0)`` (``t[i] = inf``: 0).
 
@@ -344,18 +351,46 @@ def _prox_all(
 
 
 _NOT_SORTED = np.empty((0, 0))
+_compiled = False
+
+
+def _compile() -> None:
+    """Compile (or load from numba's on-disk cache) every signature of the entry point, always
+    all of them and in one fixed order, then forbid further compilation.
+
+    Numba's cache names a new signature's file after the entries its index already holds;
+    processes that compile different signatures at the same time (parallel test runs, several
+    jobs on one machine) can then save one signature's code under another's name. Compiling
+    the same list in the same order everywhere makes concurrent writers write the same thing.
+    Callees carry no cache of their own: their code is linked into the entry point's.
+    """
+    global _compiled
+    if _compiled:
+        return
+    for dt in (numba.float32, numba.float64):
+        for short in (dt[:, ::1], dt[::1, :]):  # a contiguous copy, or the view w_out.T
+            _prox_all.compile((short, dt[:, ::1], numba.float64, numba.boolean, _SORTED_TYPE))
+    _prox_all.disable_compile()
+    _compiled = True
+
+
+_SORTED_TYPE = numba.float64[:, ::1]
 
 
 def prox_inplace(short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool) -> int:
     """Exact prox of every unit, in place: rows of ``short`` (n, p) and ``long`` (n, m), p <= m.
 
-    One float dtype; ``long`` C-contiguous (its rows are scanned), ``short`` any layout (e.g.
-    the transposed view of a weight); ``0 < lam <= 2``. Returns -1, or (with ``check_finite``)
-    the index of the first unit holding a NaN or inf, with nothing written.
+    One dtype, float32 or float64; ``long`` C-contiguous (its rows are scanned), ``short``
+    C- or F-contiguous (e.g. the transposed view of a weight); ``0 < lam <= 2``. Returns -1, or
+    (with ``check_finite``) the index of the first unit holding a NaN or inf, with nothing
+    written.
     """
+    _compile()
     x_sorted = _NOT_SORTED
     if short.shape[1] > _PRESORT:  # numpy's vectorised sort beats sorting row by row
-        x_sorted = np.negative(np.abs(short), dtype=np.float64)
+        x_sorted = np.empty(short.shape)
+        np.abs(short, out=x_sorted)
+        np.negative(x_sorted, out=x_sorted)
         x_sorted.sort(axis=1)
         np.negative(x_sorted, out=x_sorted)
     return int(_prox_all(short, long, lam, check_finite, x_sorted))

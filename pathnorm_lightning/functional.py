@@ -161,12 +161,15 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
         w, v = _prox_rows(y, x, lam)
         return v, w
-    dt = x.dtype
     lam2 = lam * lam
     ax, ay = x.abs(), y.abs()
-    xs = torch.sort(ax, dim=1, descending=True).values
-    ys = torch.sort(ay, dim=1, descending=True).values
-    zero = x.new_zeros(n, 1)
+    # Sorted in the weights' dtype; sums and candidates in float64: in float32 the objectives of
+    # two candidates can differ by less than float32 resolves (e.g. keeping a unit's output
+    # weight at 1e-4 or zeroing it), and the argmin must still pick the true minimiser.
+    xs = torch.sort(ax, dim=1, descending=True).values.double()
+    ys = torch.sort(ay, dim=1, descending=True).values.double()
+    dt = xs.dtype
+    zero = xs.new_zeros(n, 1)
     cx = xs.cumsum(1)  # cx[:, k - 1] = X_k, the sum of the k largest |x|
     cy = torch.cat([zero, ys.cumsum(1)], 1)  # cy[:, l] = Y_l
     cx2 = (xs * xs).cumsum(1)
@@ -205,8 +208,7 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     ly = cy.gather(1, lo)
     a = ((cx - k * lam * ly) / d).clamp_min(0)  # ||v||_1 of the candidate
     b = ((ly - lf * lam * cx) / d).clamp_min(0)  # ||w||_1 of the candidate
-    # Objective up to the constant 1/2 (||x||^2 + ||y||^2).
-    h = 0.5 * lam2 * (k * b * b + lf * a * a) - 0.5 * (cx2 + cy2.gather(1, lo)) + lam * a * b
+    h = _candidate_objective(cx, cy2.gather(1, lo), cx2, ly, k, lf, lam * b, lam * a, lam)
     # Candidates: (0, y) (= k = 0, l = m), (k, L(k)) for k = 1..p, and (x, 0) (Lemma 8 makes
     # it redundant when L(p) > 0; kept for safety). Thresholds: lam * b for v, lam * a for w.
     h = torch.cat([-0.5 * cy2[:, m:], h, -0.5 * cx2[:, p - 1 :]], 1)
@@ -215,6 +217,27 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     t_w = torch.cat([zero, torch.where(lo == 0, math.inf, lam * a), inf], 1)
     best = h.argmin(1, keepdim=True)
     return _soft_threshold(x, t_v.gather(1, best)), _soft_threshold(y, t_w.gather(1, best))
+
+
+def _candidate_objective(
+    big_x: Tensor,
+    ly2: Tensor,
+    cx2: Tensor,
+    ly: Tensor,
+    k: Tensor,
+    lf: Tensor,
+    t_v: Tensor,
+    t_w: Tensor,
+    lam: float,
+) -> Tensor:
+    """Objective (up to 1/2 (||x||^2 + ||y||^2)) of the point that support sizes ``(k, l)``
+    and thresholds ``t_v = lam b``, ``t_w = lam a`` produce, from that point's own l1 norms
+    ``X_k - k t_v`` and ``Y_l - l t_w``: near ``d = 1 - k l lam^2 = 0``, ``a`` and ``b`` carry
+    rounding amplified by ``1 / d``, and the closed form in ``a, b`` could misrank nearly equal
+    candidates. ``big_x``, ``ly``: X_k and Y_l; ``cx2``, ``ly2``: their sums of squares."""
+    nv = (big_x - k * t_v).clamp_min(0)
+    nw = (ly - lf * t_w).clamp_min(0)
+    return 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2 - ly2) + lam * nv * nw
 
 
 def _compact(ay: Tensor, band: Tensor, k_max: int, scratch: list[Tensor] | None) -> Tensor:
@@ -354,7 +377,7 @@ def _prox_rows_band(
     d = 1.0 - kk * lf * lam2
     a = ((cx - kk * lam * ly) / d).clamp_min(0)  # ||v||_1 of the candidate
     b = ((ly - lf * lam * cx) / d).clamp_min(0)  # ||w||_1 of the candidate
-    h = 0.5 * lam2 * (kk * b * b + lf * a * a) - 0.5 * (cx2 + ly2) + lam * a * b
+    h = _candidate_objective(cx, ly2, cx2, ly, kk, lf, lam * b, lam * a, lam)
     h = torch.where(valid, h, math.inf)
     # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w.
     h = torch.cat([-0.5 * ysq, h, -0.5 * xsq], 1)

@@ -244,3 +244,17 @@ def test_kernel_exact_on_wide_rows(seed: int) -> None:
         assert h <= h_ref + 1e-9 * max(1.0, abs(h_ref)), (seed, case, lam)
         np.testing.assert_allclose(new_in.numpy(), w_ref, rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(new_out.numpy().T, v_ref, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_nearly_equal_candidates_near_d_zero_are_ranked_by_their_points(method: str) -> None:
+    # k l lam^2 = 1 - 2e-9: the support pair's norms a, b carry rounding amplified 5e8 times,
+    # and its closed-form objective came out below the trivial point (0, y), which is better
+    # by 1.6e-12 (found by hypothesis). Candidates are now ranked by the objective of the
+    # point each one produces.
+    x = np.array([[0.0, 0.01171875]])
+    y = np.array([[0.01171875, 1.793585252161581e-06]])
+    lam = 0.999999999
+    new_in, new_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method=method)  # type: ignore[arg-type]
+    assert np.array_equal(new_out.numpy(), np.zeros((2, 1)))  # v = 0
+    assert np.array_equal(new_in.numpy(), y)  # w = y
