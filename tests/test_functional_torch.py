@@ -39,11 +39,13 @@ OBJ_FLOOR = 1e-280
 N_LOOP_CASES = 2000
 
 
-def torch_prox(X: np.ndarray, Y: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+def torch_prox(
+    X: np.ndarray, Y: np.ndarray, lam: float, method: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
     """prox_path_norm in float64 on a neutral-layout pair; returns neutral (V, W)."""
     w_in = torch.tensor(Y, dtype=torch.float64)
     w_out = torch.tensor(X.T, dtype=torch.float64)
-    new_in, new_out = prox_path_norm(w_in, w_out, lam)
+    new_in, new_out = prox_path_norm(w_in, w_out, lam, method=method)  # type: ignore[arg-type]
     return new_out.numpy().T.copy(), new_in.numpy().copy()
 
 
@@ -51,9 +53,11 @@ def unit_objectives(V: np.ndarray, W: np.ndarray, X: np.ndarray, Y: np.ndarray, 
     return np.array([ref.objective(v, w, x, y, lam) for v, w, x, y in zip(V, W, X, Y, strict=True)])
 
 
-def assert_exact(X: np.ndarray, Y: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+def assert_exact(
+    X: np.ndarray, Y: np.ndarray, lam: float, method: str = "auto"
+) -> tuple[np.ndarray, np.ndarray]:
     """Torch's prox attains the reference's global minimum in every unit (float64)."""
-    V, W = torch_prox(X, Y, lam)
+    V, W = torch_prox(X, Y, lam, method)
     assert np.isfinite(V).all() and np.isfinite(W).all()
     h_ref = np.array([ref.prox_unit(x, y, lam)[2] for x, y in zip(X, Y, strict=True)])
     h = unit_objectives(V, W, X, Y, lam)
@@ -136,6 +140,25 @@ def test_exact_near_kl_lam2_equal_one(
     k, l_ = data.draw(st.integers(1, p)), data.draw(st.integers(1, m))
     eps = data.draw(st.sampled_from([-1e-6, -1e-9, -1e-12, 0.0, 1e-12, 1e-9, 1e-6]))
     assert_exact(X, Y, (1.0 + eps) / math.sqrt(k * l_))
+
+
+# The tests above run the CPU default (the compiled kernel); the tensor-op methods (the default
+# on accelerators, and on CPU without numba) meet the same hypothesis cases here.
+@pytest.mark.parametrize("method", ["band", "sort"])
+@settings(HYPO, max_examples=700)
+@given(data=st.data(), pair=layer_pairs(mixed))
+def test_tensor_methods_exact_on_random_layers(
+    method: str, data: st.DataObject, pair: tuple[np.ndarray, np.ndarray]
+) -> None:
+    X, Y = pair
+    p, m = X.shape[1], Y.shape[1]
+    if data.draw(st.booleans()):
+        lam = data.draw(lams(p, m))
+    else:  # next to k l lam^2 = 1
+        k, l_ = data.draw(st.integers(1, p)), data.draw(st.integers(1, m))
+        eps = data.draw(st.sampled_from([-1e-6, -1e-9, -1e-12, 0.0, 1e-12, 1e-9, 1e-6]))
+        lam = (1.0 + eps) / math.sqrt(k * l_)
+    assert_exact(X, Y, lam, method)
 
 
 # --- a seeded NumPy loop with a fixed count --------------------------------------------------
