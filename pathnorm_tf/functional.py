@@ -701,12 +701,13 @@ def _prox_band(
             return _band_candidates(b, tf.zeros_like(b.count))
         return _band_candidates(b, _narrow_band(b, kb))
 
-    # The first tier that holds the widest band (NaN weights: the last, the wide one).
-    which = tf.reduce_sum(
-        tf.cast(tf.logical_not(b.width <= tf.constant(tiers, b.width.dtype)), tf.int32)
-    )
-    branches = [lambda kb=kb: narrow(kb) for kb in tiers] + [wide]
-    return tf.switch_case(which, branches)  # type: ignore[return-value]
+    def tier(i: int) -> tuple[tf.Tensor, tf.Tensor]:
+        if i == len(tiers):
+            return wide()
+        kb = tiers[i]
+        return tf.cond(b.width <= kb, lambda: narrow(kb), lambda: tier(i + 1))
+
+    return tier(0)
 
 
 def _prox_rows_band(
