@@ -38,7 +38,14 @@ import math
 from typing import Any, NamedTuple
 
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_util as _control_flow_util  # the XLA context
+
+try:  # TensorFlow's own test for "being traced for XLA" (private, hence the fallback)
+    from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
+except ImportError:  # pragma: no cover
+
+    def GraphOrParentsInXlaContext(graph: Any) -> bool:
+        return True  # every graph: the XLA-friendly formulations (same values)
+
 
 __all__ = [
     "path_norm",
@@ -355,7 +362,7 @@ def _tracing_for_xla() -> bool:
     formulations (sorts, reductions) depends on it, never the result's values beyond rounding."""
     if tf.executing_eagerly():
         return False
-    return bool(_control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
+    return bool(GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph()))
 
 
 def _sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
