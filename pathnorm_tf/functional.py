@@ -171,6 +171,27 @@ def _prefix_sums(a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     return c, c2, top
 
 
+def _candidate_objective(
+    big_x: tf.Tensor,
+    ly2: tf.Tensor,
+    cx2: tf.Tensor,
+    ly: tf.Tensor,
+    k: tf.Tensor,
+    lf: tf.Tensor,
+    t_v: tf.Tensor,
+    t_w: tf.Tensor,
+    lam: tf.Tensor,
+) -> tf.Tensor:
+    """Objective (up to 1/2 (||x||^2 + ||y||^2)) of the point that support sizes ``(k, l)``
+    and thresholds ``t_v = lam b``, ``t_w = lam a`` produce, from that point's own l1 norms
+    ``X_k - k t_v`` and ``Y_l - l t_w`` (as the torch side): near ``d = 1 - k l lam^2 = 0``,
+    ``a`` and ``b`` carry rounding amplified by ``1 / d``, and the closed form in ``a, b``
+    could misrank nearly equal candidates."""
+    nv = tf.maximum(big_x - k * t_v, 0.0)
+    nw = tf.maximum(ly - lf * t_w, 0.0)
+    return 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2 - ly2) + lam * nv * nw
+
+
 def _prox_rows(
     x: tf.Tensor, y: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor]:
@@ -222,11 +243,8 @@ def _prox_rows(
     ly = tf.gather(cy, big_l, axis=1, batch_dims=1)
     a = tf.maximum((kx - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
     b = tf.maximum((ly - lf * lam * kx) / d, 0.0)  # ||w||_1 of the candidate
-    # Objective up to the constant 1/2 (||x||^2 + ||y||^2).
-    h = (
-        0.5 * lam2 * (k * b * b + lf * a * a)
-        - 0.5 * (cx2 + tf.gather(cy2, big_l, axis=1, batch_dims=1))
-        + lam * a * b
+    h = _candidate_objective(
+        kx, tf.gather(cy2, big_l, axis=1, batch_dims=1), cx2, ly, k, lf, lam * b, lam * a, lam
     )
 
     # --- The trivial point (x, 0), appended last (same order as the torch side). ---
@@ -629,7 +647,7 @@ def _band_candidates(b: _Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     d = 1.0 - kk * lf * lam2
     a = tf.maximum((cx - kk * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
     bb = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
-    h = 0.5 * lam2 * (kk * bb * bb + lf * a * a) - 0.5 * (cx2 + ly2) + lam * a * bb
+    h = _candidate_objective(cx, ly2, cx2, ly, kk, lf, lam * bb, lam * a, lam)
     h = tf.where(valid, h, inf)
     # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w.
     h = tf.concat([-0.5 * b.ysq, h, -0.5 * cx2[:, p - 1 :]], 1)

@@ -288,3 +288,18 @@ def test_finite_check_is_optional_and_a_graph_assertion() -> None:
     fn = tf.function(lambda a: prox_path_norm(a, tf.ones((2, 2), tf.float64), 0.1)[0])
     with pytest.raises(tf.errors.InvalidArgumentError, match="kernel_in contains NaN or inf"):
         fn(tf.constant(bad))
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["graph", "xla"])
+@pytest.mark.parametrize("method", ["band", "sort"])
+def test_nearly_equal_candidates_near_d_zero_are_ranked_by_their_points(
+    method: str, jit: bool
+) -> None:
+    # As on the torch side: k l lam^2 = 1 - 2e-9, where the closed-form objective of the
+    # support pair (1, 1) came out below the better trivial point (0, y) (by 1.6e-12).
+    y = np.array([[0.01171875], [1.793585252161581e-06]])  # kernel_in (m, n) = (2, 1)
+    x = np.array([[0.0, 0.01171875]])  # kernel_out (n, p) = (1, 2)
+    fn = tf.function(lambda a, b: prox_path_norm(a, b, 0.999999999, method=method), jit_compile=jit)
+    new_in, new_out = fn(tf.constant(y), tf.constant(x))
+    assert np.array_equal(new_out.numpy(), np.zeros((1, 2)))  # v = 0
+    assert np.array_equal(new_in.numpy(), y)  # w = y
