@@ -161,15 +161,12 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
         w, v = _prox_rows(y, x, lam)
         return v, w
+    dt = x.dtype
     lam2 = lam * lam
     ax, ay = x.abs(), y.abs()
-    # Sorted in the weights' dtype; sums and candidates in float64: in float32 the objectives of
-    # two candidates can differ by less than float32 resolves (e.g. keeping a unit's output
-    # weight at 1e-4 or zeroing it), and the argmin must still pick the true minimiser.
-    xs = torch.sort(ax, dim=1, descending=True).values.double()
-    ys = torch.sort(ay, dim=1, descending=True).values.double()
-    dt = xs.dtype
-    zero = xs.new_zeros(n, 1)
+    xs = torch.sort(ax, dim=1, descending=True).values
+    ys = torch.sort(ay, dim=1, descending=True).values
+    zero = x.new_zeros(n, 1)
     cx = xs.cumsum(1)  # cx[:, k - 1] = X_k, the sum of the k largest |x|
     cy = torch.cat([zero, ys.cumsum(1)], 1)  # cy[:, l] = Y_l
     cx2 = (xs * xs).cumsum(1)
