@@ -189,8 +189,8 @@ def _thresholds(
     band = np.empty(m + 1)
     cb = np.empty(m + 1)  # cb[j]: sum of the first j band entries
     cb2 = np.empty(m + 1)  # and of their squares
+    presorted = x_sorted.shape[0] > 0
     for i in range(n):
-        presorted = x_sorted.shape[0] > 0
         for j in range(p):
             xs[j] = x_sorted[i, j] if presorted else abs(np.float64(x[i, j]))
         if check_finite:

@@ -79,7 +79,13 @@ def _check_matrix(w: Tensor, name: str, check_finite: bool) -> None:
         raise ValueError(f"{name} must be a 2-D weight matrix, got shape {tuple(w.shape)}")
     if not w.is_floating_point():
         raise ValueError(f"{name} must have a floating dtype, got {w.dtype}")
-    if check_finite and w.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(w))).all()):
+    if check_finite:
+        _check_finite(w, name)
+
+
+def _check_finite(w: Tensor, name: str) -> None:
+    """Raise on NaN/inf in one pass and one host sync: min/max propagate NaN and expose inf."""
+    if w.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(w))).all()):
         raise _non_finite(name)
 
 
@@ -439,8 +445,14 @@ def _kernel_module() -> ModuleType | None:
     return _KERNEL if isinstance(_KERNEL, ModuleType) else None
 
 
-def _fast_cpu(w: Tensor) -> bool:
-    return isinstance(w, Tensor) and w.device.type == "cpu" and _kernel_module() is not None
+def _auto_method(w_in: Tensor, w_out: Tensor) -> str:
+    """``"kernel"`` on CPU with numba; else ``"band"`` on CPU when the shorter side is at most a
+    quarter of the longer one (the band pays off there), else ``"sort"``."""
+    cpu = w_in.device.type == "cpu"
+    if cpu and _kernel_module() is not None:
+        return "kernel"
+    lopsided = 4 * min(w_in.shape[1], w_out.shape[0]) <= max(w_in.shape[1], w_out.shape[0])
+    return "band" if cpu and lopsided else "sort"
 
 
 def _prox_kernel(
@@ -493,22 +505,19 @@ def _prox(
     in_place: bool,
 ) -> tuple[Tensor, Tensor]:
     lam = _check_scalar(lam, "lam")
-    # The kernel checks finiteness in its first pass over the weights (for free).
-    kernel_checks = check_finite and method in ("auto", "kernel") and _fast_cpu(w_in)
-    _check_pair(w_in, w_out, check_finite and not kernel_checks)
-    if lam == 0.0 or w_in.numel() == 0 or w_out.numel() == 0:
-        if kernel_checks:
-            _check_pair(w_in, w_out, True)
+    _check_pair(w_in, w_out, check_finite=False)
+    trivial = lam == 0.0 or w_in.numel() == 0 or w_out.numel() == 0
+    if not trivial:
+        if method not in ("auto", "kernel", "band", "sort"):
+            raise ValueError(f"method must be 'auto', 'kernel', 'band' or 'sort', got {method!r}")
+        if method == "auto":
+            method = _auto_method(w_in, w_out)
+    # The kernel checks finiteness in its first pass over the weights, for free.
+    if check_finite and (trivial or method != "kernel"):
+        _check_finite(w_in, "w_in")
+        _check_finite(w_out, "w_out")
+    if trivial:
         return (w_in, w_out) if in_place else (w_in.detach().clone(), w_out.detach().clone())
-    if method not in ("auto", "kernel", "band", "sort"):
-        raise ValueError(f"method must be 'auto', 'kernel', 'band' or 'sort', got {method!r}")
-    cpu = w_in.device.type == "cpu"
-    if method == "auto":
-        if cpu and _kernel_module() is not None:
-            method = "kernel"
-        else:  # the band pays off when one side is much shorter than the other
-            lopsided = 4 * min(w_in.shape[1], w_out.shape[0]) <= max(w_in.shape[1], w_out.shape[0])
-            method = "band" if cpu and lopsided else "sort"
     # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points
     # remain and the prox no longer depends on lam. Capping keeps lam^2 finite.
     lam = min(lam, 2.0)
