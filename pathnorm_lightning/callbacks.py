@@ -265,7 +265,8 @@ class AfterOptimizerStep(Callback):
         """Current metric values (detached 0-d tensors), keyed by their logged names."""
         values: dict[str, Tensor] = {}
         device = self._targets[0].weights[0].device if self._targets else torch.device("cpu")
-        self._sparsity = self._sparsity.to(device)
+        if self._sparsity.device != device:
+            self._sparsity = self._sparsity.to(device)
         self._sparsity.reset()
         for chain in self.sparsity_chains():
             self._sparsity.update(chain)
@@ -279,7 +280,8 @@ class AfterOptimizerStep(Callback):
                 ("path_norm_bound", self._path_norm_bound),
                 ("product_bound", self._product_bound),
             ):
-                metric = metric.to(device)
+                if metric.device != device:
+                    metric = metric.to(device)
                 metric.reset()
                 metric.update(weights)
                 values[f"{self._log_prefix}/{key}"] = metric.compute()

@@ -46,6 +46,22 @@ def test_sparsity_counts_zeros_and_alive_units_by_hand() -> None:
     assert out["alive_units"].item() == pytest.approx(1 / 4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_sparsity_signed_zeros_nan_and_empty_layers(dtype: torch.dtype) -> None:
+    # -0.0 is a zero, NaN is not; a layer with no inputs has only dead units.
+    w_in = torch.tensor([[-0.0, 0.0], [float("nan"), 0.0], [0.0, -2.0]], dtype=dtype)
+    w_out = torch.tensor([[1.0, 1.0, -0.0]], dtype=dtype)
+    metric = Sparsity()
+    metric.update([w_in, w_out])
+    out = metric.compute()
+    assert out["sparsity"].item() == pytest.approx(5 / 9)
+    assert out["alive_units"].item() == pytest.approx(1 / 3)  # unit 1 (NaN row) only
+    metric = Sparsity()
+    metric.update([torch.zeros(3, 0, dtype=dtype), torch.ones(2, 3, dtype=dtype)])
+    assert metric.compute()["alive_units"].item() == 0.0
+    assert metric.compute()["sparsity"].item() == 0.0
+
+
 def test_sparsity_pools_updates_and_single_matrices() -> None:
     metric = Sparsity()
     metric.update([torch.zeros(2, 3)])
