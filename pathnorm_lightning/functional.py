@@ -478,12 +478,13 @@ def _prox_kernel(
         return torch.empty(w.shape, dtype=cd).copy_(w.detach())
 
     a, b = working(w_in), working(w_out)  # (n, m), (p, n)
+    threads = torch.get_num_threads()  # large layers use as many threads as torch's ops
     with torch.no_grad():
         if p <= m:  # the short side is read and written through the transposed view
-            bad = kernel.prox_inplace(b.numpy().T, a.numpy(), lam, check_finite)
+            bad = kernel.prox_inplace(b.numpy().T, a.numpy(), lam, check_finite, threads)
         else:  # the kernel sorts the first (short) side: swap roles (the problem is symmetric)
             long = torch.empty(n, p, dtype=cd).copy_(b.t())  # rows are scanned: contiguous
-            bad = kernel.prox_inplace(a.numpy(), long.numpy(), lam, check_finite)
+            bad = kernel.prox_inplace(a.numpy(), long.numpy(), lam, check_finite, threads)
             if bad < 0:
                 b.copy_(long.t())
         if bad >= 0:  # unit `bad` holds a NaN or inf; nothing was written
