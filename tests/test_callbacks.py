@@ -425,10 +425,11 @@ def test_layerwise_linf_projection_bounds_every_row() -> None:
 # --- metrics logging ------------------------------------------------------------------
 
 
-def test_logged_metrics_equal_direct_computation(tmp_path: Path) -> None:
+@pytest.mark.parametrize("prog_bar", [True, False])
+def test_logged_metrics_equal_direct_computation(tmp_path: Path, prog_bar: bool) -> None:
     torch.manual_seed(0)
     model = MLP()
-    cb = PathNormProx(lam=0.3, prog_bar=True)
+    cb = PathNormProx(lam=0.3, prog_bar=prog_bar)
     tr = trainer(
         max_epochs=1, callbacks=[cb], logger=CSVLogger(tmp_path, name="run"), log_every_n_steps=2
     )
@@ -450,8 +451,29 @@ def test_logged_metrics_equal_direct_computation(tmp_path: Path) -> None:
     for key, value in expected.items():
         assert math.isclose(float(last[key]), value, rel_tol=1e-5), key
         assert math.isclose(float(tr.callback_metrics[key]), value, rel_tol=1e-5), key
-        assert key in tr.progress_bar_metrics
+        assert (key in tr.progress_bar_metrics) == prog_bar
     assert expected["pathnorm/path_norm_bound"] <= expected["pathnorm/product_bound"]
+
+
+def test_model_checkpoint_can_monitor_the_path_norm_bound(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    ckpt = ModelCheckpoint(
+        dirpath=tmp_path, monitor="pathnorm/path_norm_bound", mode="min", every_n_train_steps=2
+    )
+    tr = trainer(
+        max_epochs=1,
+        callbacks=[PathNormProx(lam=0.3), ckpt],
+        logger=CSVLogger(tmp_path, name="run"),
+        log_every_n_steps=2,
+        enable_checkpointing=True,
+    )
+    tr.fit(model, loader(make_data()))
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).read_text().splitlines()))
+    bounds = [float(r["pathnorm/path_norm_bound"]) for r in rows if r.get("pathnorm/sparsity")]
+    assert len(bounds) == 3 and bounds[-1] < bounds[0]  # the prox shrinks the bound
+    assert ckpt.best_model_score is not None
+    assert math.isclose(float(ckpt.best_model_score), min(bounds), rel_tol=1e-6)
 
 
 def test_own_log_every_n_steps_writes_to_loggers_and_log_metrics_off(tmp_path: Path) -> None:
