@@ -77,6 +77,40 @@ def test_exact_on_random_corner_cases(
         assert np.all(new_in.numpy()[y == 0] == 0) and np.all(new_out.numpy().T[x == 0] == 0)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_exact_with_entries_planted_next_to_the_support_threshold(method: str) -> None:
+    # Incoming weights at, just below and within 1/16 of tau = lam ||x||_1 (the kernel skips its
+    # band pass when no entry lies in (15/16 tau, tau] and its bounds are closer than that),
+    # at 15/16 tau exactly, and below: small lam, where the bounds are tight.
+    rng = np.random.default_rng(20261126)
+    for _ in range(700):
+        n, m, p = int(rng.integers(1, 4)), int(rng.integers(1, 10)), int(rng.integers(1, 5))
+        x = rng.normal(size=(n, p))
+        lam = float(10 ** rng.uniform(-4, -0.5))
+        y = rng.normal(size=(n, m)) * (rng.random((n, m)) < 0.8)
+        tau = lam * np.abs(x).sum(1, keepdims=True)
+        pick = rng.random((n, m))
+        planted = [
+            (0.15, tau * (1 - 1 / 16)),
+            (0.25, tau * (1 - 1 / 32)),
+            (0.35, tau),
+            (0.40, tau * (1 - 2.0**-52)),
+            (0.50, tau * rng.uniform(0, 1, size=(n, m))),
+        ]
+        low = 0.0
+        for high, value in planted:
+            sel = (pick >= low) & (pick < high)
+            y = np.where(
+                sel, np.broadcast_to(value, y.shape) * rng.choice([-1, 1], size=y.shape), y
+            )
+            low = high
+        new_in, new_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method=method)  # type: ignore[arg-type]
+        v_ref, w_ref = reference.prox_path_norm(x, y, lam)
+        h_ref = reference.path_norm_objective(v_ref, w_ref, x, y, lam)
+        h = _objective(new_in, new_out, x, y, lam)
+        assert h <= h_ref + 1e-9 * max(1.0, abs(h_ref)), (x.tolist(), y.tolist(), lam, h, h_ref)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(300, 40, 10), (50, 30, 1), (20, 25, 60), (64, 16, 64)])
 @pytest.mark.parametrize("lam", [1e-4, 1e-2, 0.2])
