@@ -6,15 +6,18 @@ passes over the weights instead of the dispatch of ~130 tensor operations. Per h
 
 1. sort the short side ``|x|`` (p entries; numpy sorts all rows at once when p > 16), prefix
    sums;
-2. one vectorised pass over the long side ``|y|``: its norms, and the count, sum and sum of
-   squares of the entries above ``tau_hi = lam ||x||_1`` (always in the support);
+2. one vectorised pass over the long side ``|y|``: its norms, the count, sum and sum of
+   squares of the entries above ``tau_hi = lam ||x||_1`` (always in the support), and the
+   count of those within 1/16 below it;
 3. bounds on ``t* = lam a*`` of a non-trivial minimiser: the tensor version's ``tau_lo`` and
    the fixed-point bounds ``lam A(||y||_1) <= t* <= lam A(B(tau_hi))`` (``A``, ``B``: the
    soft-threshold l1 norms of each side, see ``_thresholds``), whose width is about
    ``k m lam^2`` relative: entries above the upper bound are in the support, entries at or
    below the lower one are out;
 4. a second vectorised pass counts the band between them (a few entries at most, usually
-   none) and the entries above it; only a non-empty band is collected and sorted;
+   none) and the entries above it; only a non-empty band is collected and sorted. The pass
+   is skipped when pass 1 found no entry in ``(15/16 tau_hi, tau_hi]`` and both bounds lie
+   above ``15/16 tau_hi`` (then nothing lies in the band or between the two upper bounds);
 5. for every ``k`` the largest feasible ``l`` in the band (bisection), the candidate's
    objective, and the argmin over ``(0, y)``, the support pairs by ``k``, and ``(x, 0)`` (first
    minimum wins, as ``argmin`` in the tensor versions).
