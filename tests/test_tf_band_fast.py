@@ -241,3 +241,28 @@ def test_row_sorts(p: int) -> None:
         np.testing.assert_array_equal(sort(tf.constant(a)).numpy(), want)
         got32 = sort(tf.constant(a.astype(np.float32))).numpy()
         np.testing.assert_array_equal(got32, want.astype(np.float32))
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("cols", [1, 2, 10, 32, 33])
+def test_short_cumsums_under_xla_equal_cumsum(dtype: tf.DType, cols: int) -> None:
+    # Under XLA, rows of at most 32 columns are summed by a fused chain of adds (left to
+    # right, as a sequential scan); longer rows keep tf.cumsum.
+    rng = np.random.default_rng(cols)
+    a = tf.constant(rng.standard_normal((7, cols)) * 10.0 ** rng.uniform(-3, 3, (7, cols)), dtype)
+    xla = tf.function(functional._cumsum_cols, jit_compile=True)
+    got = xla(a).numpy()
+    want = np.cumsum(a.numpy().astype(np.float64), axis=1)
+    rtol = 1e-5 if dtype == tf.float32 else 1e-13
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(a.numpy()).sum())
+    eager = functional._cumsum_cols(a).numpy()  # outside XLA: tf.cumsum itself
+    np.testing.assert_array_equal(eager, tf.cumsum(a, axis=1).numpy())
+    # the fused chain is exactly a left-to-right scan
+    if cols <= functional._UNROLL_CUMSUM:
+        seq = np.zeros_like(a.numpy())
+        acc = a.numpy()[:, 0].copy()
+        seq[:, 0] = acc
+        for j in range(1, cols):
+            acc = acc + a.numpy()[:, j]
+            seq[:, j] = acc
+        np.testing.assert_array_equal(got, seq)
