@@ -38,6 +38,7 @@ import functools
 import math
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 try:  # TensorFlow's own test for "being traced for XLA" (private, hence the fallback)
@@ -386,15 +387,16 @@ def _tracing_for_xla() -> bool:
 
 def _cumsum_cols(a: tf.Tensor) -> tf.Tensor:
     """``tf.cumsum(a, axis=1)`` for the short rows of the band method (p, band widths). Under
-    XLA a few columns are summed as one fused chain of slices and adds: XLA on CPU runs a
-    cumsum as a reduce-window, its own thunk, and the band method has several."""
+    XLA up to :data:`_UNROLL_CUMSUM` columns are summed by one masked, fused reduction: XLA on
+    CPU runs a cumsum as a reduce-window thunk of its own (about 1 us each; the band method has
+    several), while a chain of adds becomes one small thunk per column. (A non-finite entry
+    spoils its row's earlier sums too, through inf * 0; the prox of such a row is undefined.)"""
     cols = int(a.shape[1])
     if cols > _UNROLL_CUMSUM or cols == 0 or not _tracing_for_xla():
         return tf.cumsum(a, axis=1)
-    parts = [a[:, :1]]
-    for j in range(1, cols):
-        parts.append(parts[-1] + a[:, j : j + 1])
-    return tf.concat(parts, 1)
+    # out[:, j] = sum_k a[:, k] [k <= j]: one fused reduction over a (rows, cols, cols) mask.
+    upper = tf.constant(np.triu(np.ones((cols, cols))), a.dtype)  # upper[k, j] = [k <= j]
+    return tf.reduce_sum(a[:, :, tf.newaxis] * upper, axis=1)
 
 
 _UNROLL_CUMSUM = 32
