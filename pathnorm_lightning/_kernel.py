@@ -37,6 +37,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import threading
 from typing import Any
 
 import numba
@@ -424,6 +425,7 @@ def _prox_all_parallel(
 _NOT_SORTED = np.empty((0, 0))
 _compiled = False
 _compiled_parallel = False
+_COMPILE_LOCK = threading.Lock()
 
 
 def _compile() -> None:
@@ -437,10 +439,19 @@ def _compile() -> None:
     Callees carry no cache of their own: their code is linked into the entry point's.
     """
     global _compiled
-    if _compiled:
-        return
-    _compile_signatures(_prox_all)
-    _compiled = True
+    with _COMPILE_LOCK:  # a second thread must not compile after the first disabled it
+        if not _compiled:
+            _compile_signatures(_prox_all)
+            _compiled = True
+
+
+def _compile_parallel() -> None:
+    """:func:`_compile` for the multi-threaded entry."""
+    global _compiled_parallel
+    with _COMPILE_LOCK:
+        if not _compiled_parallel:
+            _compile_signatures(_prox_all_parallel, numba.int64)
+            _compiled_parallel = True
 
 
 def _compile_signatures(entry: Any, *extra: Any) -> None:
@@ -497,12 +508,12 @@ def prox_inplace(
     depend on it. Returns -1, or (with ``check_finite``) the index of the first unit holding a
     NaN or inf, with nothing written.
     """
-    global _compiled_parallel, _parallel_pid
+    global _parallel_pid
     use = _use_parallel(long.size + short.size, threads)
-    if use > 1 and not _compiled_parallel:
-        _compile_signatures(_prox_all_parallel, numba.int64)
-        _compiled_parallel = True
-    elif use == 1:
+    if use > 1:
+        if not _compiled_parallel:
+            _compile_parallel()
+    elif not _compiled:
         _compile()
     x_sorted = _NOT_SORTED
     if short.shape[1] > _PRESORT:  # numpy's vectorised sort beats sorting row by row

@@ -292,3 +292,39 @@ def test_nearly_equal_candidates_near_d_zero_are_ranked_by_their_points(method: 
     new_in, new_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method=method)  # type: ignore[arg-type]
     assert np.array_equal(new_out.numpy(), np.zeros((2, 1)))  # v = 0
     assert np.array_equal(new_in.numpy(), y)  # w = y
+
+
+def test_kernel_first_calls_from_several_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The first call compiles (or loads) every signature and then forbids compiling; a second
+    # thread arriving meanwhile must wait for that, not compile after it ("compilation
+    # disabled"). A reload gives the module a fresh, uncompiled state.
+    import importlib
+    import threading
+
+    kernel = pytest.importorskip("pathnorm_lightning._kernel")
+    importlib.reload(kernel)
+    monkeypatch.setattr(kernel, "_PARALLEL_MIN_SIZE", 0)
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+    results: list[tuple[int, np.ndarray]] = []
+
+    def work(i: int) -> None:
+        rng = np.random.default_rng(0)
+        short = rng.standard_normal((20, 3)).astype(np.float32)
+        long = rng.standard_normal((20, 30)).astype(np.float32)
+        barrier.wait()
+        try:
+            kernel.prox_inplace(short, long, 1e-2, True, 1 + i % 2)  # both entries
+            results.append((i, long))
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 4
+    for _, long in results[1:]:
+        np.testing.assert_array_equal(long, results[0][1])
