@@ -65,14 +65,14 @@ class EpochTimer(pl.Callback):
 
 
 def epoch_time(
-    loader: DataLoader, lr: float, prox: PathNormProx | None, seed: int
+    loader: DataLoader, lr: float, prox: PathNormProx | None, seed: int, accelerator: str = "cpu"
 ) -> tuple[float, PaperMLP]:
     torch.manual_seed(seed)
     model = PaperMLP(lr)
     timer = EpochTimer()
     callbacks: list[pl.Callback] = [timer] + ([prox] if prox is not None else [])
     trainer = pl.Trainer(
-        accelerator="cpu",
+        accelerator=accelerator,
         devices=1,
         max_epochs=1,
         logger=False,
@@ -97,6 +97,10 @@ def main() -> None:
     parser.add_argument("--lam", type=float, default=1e-4)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--accelerator", default="cpu", help='Lightning accelerator ("cpu", "gpu")')
+    parser.add_argument(
+        "--no-check-finite", action="store_true", help="PathNormProx(check_finite=False)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -117,20 +121,24 @@ def main() -> None:
     print(
         f"data: {source}; 784-200-10 ELU, SGD lr={args.lr}, batch 100, {len(sampler)} steps/epoch"
     )
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, lam {args.lam}")
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, lam {args.lam}, "
+        f"accelerator {args.accelerator}, check_finite {not args.no_check_finite}"
+    )
     # Warm-up (imports, allocator, first-call costs: loading the compiled prox kernel from
     # numba's cache, or compiling it on a new machine, is timed apart).
     t0 = time.perf_counter()
     prox_path_norm(torch.zeros(200, 784), torch.zeros(10, 200), 1e-3)
     print(f"first prox call of the process (kernel load): {time.perf_counter() - t0:.2f} s")
-    epoch_time(loader, args.lr, None, seed=0)
-    epoch_time(loader, args.lr, PathNormProx(lam=args.lam), seed=0)
+    epoch_time(loader, args.lr, None, seed=0, accelerator=args.accelerator)
+    epoch_time(loader, args.lr, PathNormProx(lam=args.lam), seed=0, accelerator=args.accelerator)
     plain, prox = [], []
     final = None
     for r in range(args.repeats):
-        plain.append(epoch_time(loader, args.lr, None, seed=r)[0])
-        callback = PathNormProx(lam=args.lam)  # defaults: metrics logged every 50 steps
-        t, final = epoch_time(loader, args.lr, callback, seed=r)
+        plain.append(epoch_time(loader, args.lr, None, seed=r, accelerator=args.accelerator)[0])
+        # defaults: metrics logged every 50 steps
+        callback = PathNormProx(lam=args.lam, check_finite=not args.no_check_finite)
+        t, final = epoch_time(loader, args.lr, callback, seed=r, accelerator=args.accelerator)
         prox.append(t)
         print(f"  repeat {r}: plain {plain[-1]:.3f} s, PathNormProx {prox[-1]:.3f} s")
     p, q = statistics.median(plain), statistics.median(prox)
@@ -139,13 +147,19 @@ def main() -> None:
     print(f"ratio PathNormProx / plain: {q / p:.3f}  (+{(q - p) / steps * 1e3:.3f} ms per step)")
     if final is not None:
         # The prox alone on the trained weights, to split the overhead into prox and callback.
-        w_in, w_out = final.net[0].weight.detach(), final.net[2].weight.detach()
+        # (Lightning hands the model back on the CPU: move it to where it trained.)
+        dev = torch.device("cpu" if args.accelerator == "cpu" else "cuda")
+        w_in, w_out = final.net[0].weight.detach().to(dev), final.net[2].weight.detach().to(dev)
         step = args.lam * args.lr
         prox_path_norm(w_in, w_out, step)
         reps = 100
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(reps):
             prox_path_norm(w_in, w_out, step, check_finite=False)
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
         per_call = (time.perf_counter() - t0) / reps
         print(
             f"prox_path_norm alone: {per_call * 1e3:.3f} ms per call; plain step {p / steps * 1e3:.3f} ms"

@@ -2,7 +2,8 @@
 
 For each shape (m-n-p: Linear(m, n) -> ELU -> Linear(n, p)) it times, in float32:
 the prox (``pathnorm_lightning.prox_path_norm``: on CPU the compiled kernel; also the same
-algorithm in torch tensor ops, the fallback without numba), one SGD step of the same network
+algorithm in torch tensor ops, the fallback without numba; on CUDA the whole-row-sort algorithm
+replayed as a CUDA graph, also with its finiteness check and without the graph), one SGD step of the same network
 (forward + backward + update, batch 100), a full ``torch.sort`` of the rows of |w_in| and of
 |w_out|, the authors'-style per-unit NumPy loop (paper's Algorithms 3 + 4), and the naive
 exhaustive reference (timed on a few units and scaled to n, marked ``~``).
@@ -66,7 +67,18 @@ def trained_like(m: int, n: int, p: int, device: torch.device) -> tuple[torch.Te
 
 def bench_shape(m: int, n: int, p: int, lam: float, device: torch.device, naive: bool) -> dict:
     w_in, w_out = trained_like(m, n, p, device)
+    cuda = device.type == "cuda"
+    reserved = torch.cuda.memory_reserved(device) if cuda else 0
     t_prox = timeit(lambda: prox_path_norm(w_in, w_out, lam, check_finite=False), device)
+    extra = {}
+    if cuda:  # what the cached CUDA graph of this shape keeps (its buffers and intermediates)
+        extra["graph_mib"] = (torch.cuda.memory_reserved(device) - reserved) / 2**20
+        os.environ["PATHNORM_CUDA_GRAPHS"] = "0"
+        extra["eager"] = timeit(
+            lambda: prox_path_norm(w_in, w_out, lam, check_finite=False), device
+        )
+        os.environ.pop("PATHNORM_CUDA_GRAPHS")
+        extra["checked"] = timeit(lambda: prox_path_norm(w_in, w_out, lam), device)
 
     net = torch.nn.Sequential(torch.nn.Linear(m, n), torch.nn.ELU(), torch.nn.Linear(n, p)).to(
         device
@@ -90,7 +102,7 @@ def bench_shape(m: int, n: int, p: int, lam: float, device: torch.device, naive:
         ),
         device,
     )
-    row = {"shape": f"{m}-{n}-{p}", "prox": t_prox, "sgd": t_sgd, "sort": t_sort}
+    row = {"shape": f"{m}-{n}-{p}", "prox": t_prox, "sgd": t_sgd, "sort": t_sort, **extra}
     if device.type == "cpu":  # what "auto" runs without numba
         method = "band" if 4 * min(m, p) <= max(m, p) else "sort"
         row["ops"] = timeit(
@@ -154,6 +166,8 @@ def main() -> None:
     cols = ["shape", "prox ms", "SGD step ms", "sort ms", "prox/SGD", "prox/sort"]
     if device.type == "cpu":
         cols += ["tensor-op prox ms"]
+    else:
+        cols += ["with check_finite ms", "without CUDA graph ms", "graph MiB"]
     if not args.no_naive:
         cols += ["per-unit loop ms", "loop/prox", "exhaustive ms", "exhaustive/prox"]
     lines = []
@@ -168,6 +182,12 @@ def main() -> None:
         ]
         if "ops" in r:
             vals += [f"{r['ops'] * 1e3:.3f}"]
+        if "eager" in r:
+            vals += [
+                f"{r['checked'] * 1e3:.3f}",
+                f"{r['eager'] * 1e3:.3f}",
+                f"{r['graph_mib']:.0f}",
+            ]
         if "loop" in r:
             vals += [
                 f"{r['loop'] * 1e3:.1f}",

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -96,9 +97,12 @@ class AfterOptimizerStep(Callback):
         log_metrics: log ``pathnorm/sparsity``, ``pathnorm/alive_units``,
             ``pathnorm/path_norm_bound`` and ``pathnorm/product_bound``.
         prog_bar: also show the metrics in the progress bar.
-        check_finite: raise a ``ValueError`` as soon as a regularized weight is NaN/inf (free in
-            the compiled CPU prox; elsewhere one device sync per step; with ``False``
-            non-finite weights propagate silently, which on GPU saves the sync).
+        check_finite: raise a ``ValueError`` when a regularized weight is NaN/inf after an
+            optimizer step. On CPU at that step (free in the compiled prox). On CUDA without
+            stalling the GPU: the flag is copied to the host asynchronously and read when it has
+            arrived, so the error comes at a later step (a few at most, and at the latest at
+            the end of the epoch or before a checkpoint is saved). Elsewhere one device sync
+            per step. With ``False`` non-finite weights propagate silently.
     """
 
     _log_prefix = "pathnorm"
@@ -141,6 +145,7 @@ class AfterOptimizerStep(Callback):
         self._plan: dict[int, list[_Planned]] = {}  # id(optimizer) -> its targets
         self._chain: list[nn.Linear] | None = None
         self._last_logged_step = -1
+        self._pending: deque[_PendingCheck] = deque()  # CUDA finiteness flags on their way
         self._sparsity = Sparsity()
         self._path_norm_bound = PathNormBound()
         self._product_bound = ProductBound()
@@ -200,16 +205,29 @@ class AfterOptimizerStep(Callback):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove_hooks()
+        self._collect_checks(block=True)
+
+    @override
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._collect_checks(block=True)
+
+    @override
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        self._collect_checks(block=True)  # never save weights a pending check would reject
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._remove_hooks()
+        self._pending.clear()
 
     @override
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._remove_hooks()
+        self._pending.clear()
 
     @override
     def on_train_batch_end(
@@ -351,6 +369,7 @@ class AfterOptimizerStep(Callback):
         planned = self._plan.get(id(optimizer))
         if not planned:
             return
+        self._collect_checks(block=False)
         for item in planned:
             lrs = [_as_float(optimizer.param_groups[g]["lr"]) for g in item.groups]
             if any(lr != lrs[0] for lr in lrs[1:]):
@@ -359,8 +378,10 @@ class AfterOptimizerStep(Callback):
                     f"groups with different learning rates {lrs}; the coupled prox needs a single "
                     "step size lam * lr. Give both layers the same learning rate (one group)."
                 )
-            if self.check_finite and not self.apply_checks_finite:
-                if not _all_finite(item.target.weights):
+            if self.check_finite:
+                if item.target.weights[0].device.type == "cuda":
+                    self._defer_check(item.target)
+                elif not self.apply_checks_finite and not _all_finite(item.target.weights):
                     raise self._non_finite(item.target)
             try:
                 self.apply(item.target, lrs[0])
@@ -368,12 +389,44 @@ class AfterOptimizerStep(Callback):
                 raise self._non_finite(item.target) from None
         self.num_steps += 1
 
-    def _non_finite(self, target: StepTarget) -> ValueError:
+    def _non_finite(self, target: StepTarget, step: int | None = None) -> ValueError:
+        when = "the optimizer step" if step is None else f"optimizer step {step}"
+        late = (
+            ""
+            if step is None
+            else " (on CUDA the check reads its flag when it has reached the host, without "
+            "stalling the GPU, so training may have gone on for a few steps)"
+        )
         return ValueError(
             f"{type(self).__name__}: the weights of {target.name} contain NaN or inf "
-            "after the optimizer step (check the learning rate and the loss for "
-            "divergence); the prox of non-finite weights is undefined."
+            f"after {when}{late}; check the learning rate and the loss for divergence. The "
+            "prox of non-finite weights is undefined."
         )
+
+    def _defer_check(self, target: StepTarget) -> None:
+        """Queue an on-device finiteness flag of ``target``'s weights, copied to the host
+        asynchronously (no host sync), for :meth:`_collect_checks`."""
+        ends = [torch.stack(torch.aminmax(w.detach())) for w in target.weights if w.numel()]
+        if not ends:
+            return
+        device = target.weights[0].device
+        finite = torch.isfinite(torch.cat(ends)).all().to("cpu", non_blocking=True)  # pinned
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(device))
+        self._pending.append(_PendingCheck(self.num_steps + 1, target, finite, ready))
+
+    def _collect_checks(self, block: bool) -> None:
+        """Read the queued flags that have arrived (all of them when ``block``) and raise on
+        the first non-finite one."""
+        while self._pending:
+            check = self._pending[0]
+            if not block and len(self._pending) <= _MAX_PENDING and not check.ready.query():
+                return
+            check.ready.synchronize()
+            self._pending.popleft()
+            if not bool(check.finite):
+                self._pending.clear()
+                raise self._non_finite(check.target, check.step)
 
 
 def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
@@ -382,6 +435,17 @@ def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
         return check(value)
     except (TypeError, ValueError) as err:
         raise type(err)(f"{owner}: {err}") from None
+
+
+@dataclass
+class _PendingCheck:
+    step: int  # 1-based optimizer step (of this callback) after which the weights were checked
+    target: StepTarget
+    finite: Tensor  # host tensor, written by an asynchronous copy
+    ready: torch.cuda.Event  # recorded after that copy
+
+
+_MAX_PENDING = 64  # flags in flight before a step waits for the oldest
 
 
 def _all_finite(weights: Sequence[Tensor]) -> bool:
@@ -468,7 +532,9 @@ class PathNormProx(AfterOptimizerStep):
     @override
     def apply(self, target: StepTarget, lr: float) -> None:
         w_in, w_out = target.weights
-        prox_path_norm_(w_in, w_out, self.lam * lr, check_finite=self.check_finite)
+        # On CUDA the base class has queued the check (no host sync).
+        check = self.check_finite and w_in.device.type != "cuda"
+        prox_path_norm_(w_in, w_out, self.lam * lr, check_finite=check)
 
     @override
     def sparsity_chains(self) -> list[list[Tensor]]:

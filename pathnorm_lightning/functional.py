@@ -31,7 +31,9 @@ weights, without the dispatch of a hundred tensor operations.
 from __future__ import annotations
 
 import math
+import os
 import threading
+import warnings
 from collections import OrderedDict
 from types import ModuleType
 from typing import Literal
@@ -160,11 +162,15 @@ def _soft_threshold(
     return torch.sub(z, clipped, out=out if out is not None else clipped)
 
 
-def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
-    """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights."""
+def _prox_rows(x: Tensor, y: Tensor, lam: float | Tensor) -> tuple[Tensor, Tensor]:
+    """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights.
+
+    ``lam`` may be a 0-d float64 tensor on the weights' device (the CUDA graph feeds it so): no
+    Python branch depends on its value, and it rounds as a Python float would.
+    """
     n, p = x.shape
     m = y.shape[1]
-    if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
+    if p > m:  # enumerate the shorter side, search the longer one (the problem is symmetric)
         w, v = _prox_rows(y, x, lam)
         return v, w
     dt = x.dtype
@@ -182,29 +188,35 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float) -> tuple[Tensor, Tensor]:
     k = torch.arange(1, p + 1, device=x.device, dtype=dt)
     ax_k = cx - k * xs  # X_k - k x_k >= 0
     lam_x = lam * cx
-    l_max = 1.0 / (k * lam2) if lam2 > 0 else torch.full_like(k, math.inf)
+    l_max = 1.0 / (k * lam2)  # inf for lam = 0
 
-    def feasible(l_idx: Tensor) -> Tensor:
-        # (k, l) is feasible iff d = 1 - k l lam^2 > 0 and the last kept entries of both
-        # candidate vectors are >= 0; multiplied through by d:
-        #   v_k >= 0  <=>  x_k + lam^2 l (X_k - k x_k) >= lam Y_l
-        #   w_l >= 0  <=>  y_l + lam^2 k (Y_l - l y_l) >= lam X_k   (vacuous for l = 0)
-        lf = l_idx.to(dt)
-        ok = torch.addcmul(xs, lam2 * lf, ax_k) >= lam * cy.gather(1, l_idx)
-        ok &= (l_idx == 0) | (
-            torch.addcmul(yl.gather(1, l_idx), lam2 * k, by.gather(1, l_idx)) >= lam_x
-        )
-        return ok & (lf < l_max)
-
-    # Bisection for L(k) = the largest feasible l in [0, m] for k = 1..p; l = 0 is always
-    # feasible and the feasible set is downward closed in l, so fixed-length bisection is exact.
+    # (k, l) is feasible iff d = 1 - k l lam^2 > 0 and the last kept entries of both candidate
+    # vectors are >= 0; multiplied through by d:
+    #   v_k >= 0  <=>  x_k + lam^2 l (X_k - k x_k) >= lam Y_l
+    #   w_l >= 0  <=>  y_l + lam^2 k (Y_l - l y_l) >= lam X_k   (vacuous for l = 0)
+    # L(k) = the largest feasible l in [0, m] for k = 1..p. l = 0 is always feasible and the
+    # feasible set is downward closed in l, so L(k) is built bit by bit (binary lifting): try
+    # L + 2^j from the top bit down, keep it when feasible. One gather per step fetches
+    # (lam Y_l, y_l, Y_l - l y_l); columns past m hold lam Y_l = inf, which fails the first test,
+    # so no step needs clamping. Every step is a fixed set of tensor operations (nothing waits
+    # on the device), about a dozen, for bit_length(m) steps.
+    top = 1 << (m.bit_length() - 1)
+    table = torch.stack([lam * cy, yl, by], 2)  # (n, m + 1, 3)
+    pad = table.new_zeros(n, top, 3)
+    pad[:, :, 0] = math.inf
+    table = torch.cat([table, pad], 1)
+    lam2_k = lam2 * k
     lo = torch.zeros(n, p, dtype=torch.long, device=x.device)
-    hi = torch.full_like(lo, m + 1)
-    for _ in range(max(1, math.ceil(math.log2(m + 2)))):
-        mid = (lo + hi) >> 1  # a shift: integer floor division is slow on CPU
-        ok = feasible(mid.clamp_max(m))
-        lo = torch.where(ok, mid, lo)
-        hi = torch.where(ok, hi, mid)
+    bit = top
+    while bit:
+        cand = lo + bit  # >= 1, <= m + top
+        lf = cand.to(dt)
+        g = table.gather(1, cand.unsqueeze(2).expand(n, p, 3))
+        ok = torch.addcmul(xs, lam2 * lf, ax_k) >= g[:, :, 0]
+        ok &= torch.addcmul(g[:, :, 1], lam2_k, g[:, :, 2]) >= lam_x
+        ok &= lf < l_max
+        lo = torch.where(ok, cand, lo)
+        bit >>= 1
 
     lf = lo.to(dt)
     d = 1.0 - k * lf * lam2
@@ -231,7 +243,7 @@ def _candidate_objective(
     lf: Tensor,
     t_v: Tensor,
     t_w: Tensor,
-    lam: float,
+    lam: float | Tensor,
 ) -> Tensor:
     """Objective (up to 1/2 (||x||^2 + ||y||^2)) of the point that support sizes ``(k, l)``
     and thresholds ``t_v = lam b``, ``t_w = lam a`` produce, from that point's own l1 norms
@@ -418,9 +430,11 @@ def prox_path_norm(
             loads it from numba's cache, or compiles it in a few seconds on a new machine).
             ``"band"``: the same algorithm in torch ops, sorting only the band of the long side
             that can change support (one host sync for the band width). ``"sort"`` sorts whole
-            rows and never syncs (for accelerators). ``"auto"``: ``"kernel"`` on CPU when numba
-            is installed; else ``"band"`` on CPU when the shorter side is at most a quarter of
-            the longer one, else ``"sort"``. All are exact and return the same minimiser.
+            rows and never syncs (for accelerators; on CUDA it runs as a CUDA graph, captured
+            at the second call with a layer shape and replayed after, unless the environment
+            sets ``PATHNORM_CUDA_GRAPHS=0``). ``"auto"``: ``"kernel"`` on CPU when numba is
+            installed; else ``"band"`` on CPU when the shorter side is at most a quarter of the
+            longer one, else ``"sort"``. All are exact and return the same minimiser.
 
     Returns:
         ``(w_in_new, w_out_new)``, new tensors of the input dtypes. Half precision inputs are
@@ -513,6 +527,9 @@ def _prox(
             raise ValueError(f"method must be 'auto', 'kernel', 'band' or 'sort', got {method!r}")
         if method == "auto":
             method = _auto_method(w_in, w_out)
+    graph = None if trivial or method != "sort" else _cuda_graph(w_in, w_out)
+    if graph is not None:  # it checks finiteness too, with one sync for both matrices
+        return graph(w_in, w_out, min(lam, 2.0), check_finite, in_place)
     # The kernel checks finiteness in its first pass over the weights, for free.
     if check_finite and (trivial or method != "kernel"):
         _check_finite(w_in, "w_in")
@@ -542,6 +559,113 @@ def _prox(
             w_out.copy_(v.t())
             return w_in, w_out
     return w.to(w_in.dtype), v.t().to(w_out.dtype).contiguous()
+
+
+class _GraphedSort:
+    """The ``"sort"`` prox of one layer shape as a CUDA graph, replayed at every call.
+
+    Eagerly, the algorithm is a few hundred small kernels whose launches from Python cost
+    several milliseconds per call (several SGD steps of the paper's network on an H100), while
+    the GPU itself is busy for a fraction of that. Captured once, a call is a few launches: copy
+    the weights and ``lam`` into the graph's input buffers, replay, copy the results out. The
+    graph also computes whether the weights are finite, so ``check_finite`` costs one host
+    sync for both matrices. The graph keeps its intermediates allocated while it is cached.
+    """
+
+    def __init__(self, w_in: Tensor, w_out: Tensor) -> None:
+        device = w_in.device
+        self.w_in = torch.empty(w_in.shape, dtype=w_in.dtype, device=device)
+        self.w_out = torch.empty(w_out.shape, dtype=w_out.dtype, device=device)
+        self.lam = torch.zeros((), dtype=torch.float64, device=device)
+        self.lock = threading.Lock()
+        self.done = torch.cuda.Event()  # the last call's copies out: the next one waits for it
+        with torch.no_grad(), torch.cuda.device(device):
+            self.w_in.copy_(w_in)
+            self.w_out.copy_(w_out)
+            self.lam.fill_(1e-3)
+            # Warm up on a side stream (library handles, workspaces), then capture.
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._compute()
+            torch.cuda.current_stream(device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.out = self._compute()
+
+    def _compute(self) -> tuple[Tensor, Tensor, Tensor]:
+        cd = _compute_dtype(self.w_in.dtype)
+        x, y = self.w_out.to(cd).t().contiguous(), self.w_in.to(cd)
+        v, w = _prox_rows(x, y, self.lam)
+        finite = torch.isfinite(torch.stack([*torch.aminmax(y), *torch.aminmax(x)])).view(2, 2)
+        return w.to(self.w_in.dtype), v.t().to(self.w_out.dtype), finite.all(1)
+
+    def __call__(
+        self, w_in: Tensor, w_out: Tensor, lam: float, check_finite: bool, in_place: bool
+    ) -> tuple[Tensor, Tensor]:
+        with self.lock, torch.no_grad(), torch.cuda.device(w_in.device):
+            stream = torch.cuda.current_stream()
+            stream.wait_event(self.done)  # (no-op before the first call)
+            self.w_in.copy_(w_in)
+            self.w_out.copy_(w_out)
+            self.lam.fill_(lam)
+            self.graph.replay()
+            new_in, new_out, finite = self.out
+            if check_finite:
+                ok_in, ok_out = finite.tolist()  # the one host sync
+                if not (ok_in and ok_out):
+                    raise _non_finite("w_in" if not ok_in else "w_out")
+            if in_place:
+                w_in.copy_(new_in)
+                w_out.copy_(new_out)
+                result = (w_in, w_out)
+            else:
+                fmt = torch.contiguous_format
+                result = (new_in.clone(memory_format=fmt), new_out.clone(memory_format=fmt))
+            self.done.record(stream)
+        return result
+
+
+_GRAPHS: OrderedDict[tuple, _GraphedSort | None] = OrderedDict()
+_SEEN: OrderedDict[tuple, None] = OrderedDict()  # shapes called once so far
+_GRAPHS_LOCK = threading.Lock()
+_GRAPHS_MAX = 16  # layer shapes whose graphs (and their intermediates) stay cached
+
+
+def _cuda_graph(w_in: Tensor, w_out: Tensor) -> _GraphedSort | None:
+    """The graph for this pair's shapes, dtypes and device, captured on the second call with
+    them (a one-off call runs eagerly), or None: not CUDA, ``PATHNORM_CUDA_GRAPHS=0``, inside
+    another capture, first call, or capture failed."""
+    if w_in.device.type != "cuda" or os.environ.get("PATHNORM_CUDA_GRAPHS", "1") == "0":
+        return None
+    if torch.cuda.is_current_stream_capturing():  # the caller's own graph records the ops
+        return None
+    key = (w_in.device, w_in.dtype, w_out.dtype, tuple(w_in.shape), tuple(w_out.shape))
+    with _GRAPHS_LOCK:
+        if key in _GRAPHS:
+            _GRAPHS.move_to_end(key)
+            return _GRAPHS[key]
+        if key not in _SEEN:
+            _SEEN[key] = None
+            while len(_SEEN) > 4 * _GRAPHS_MAX:
+                _SEEN.popitem(last=False)
+            return None
+        del _SEEN[key]
+        try:
+            graph: _GraphedSort | None = _GraphedSort(w_in, w_out)
+        except RuntimeError as err:  # e.g. an allocator setting that forbids capture
+            warnings.warn(
+                f"pathnorm: could not capture the prox as a CUDA graph ({err}); running its "
+                "kernels one by one (slower; set PATHNORM_CUDA_GRAPHS=0 to skip the attempt)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            graph = None
+        _GRAPHS[key] = graph
+        while len(_GRAPHS) > _GRAPHS_MAX:
+            _GRAPHS.popitem(last=False)
+        return graph
 
 
 def prox_path_norm_(
