@@ -145,7 +145,11 @@ class AfterOptimizerStep(Callback):
         self._plan: dict[int, list[_Planned]] = {}  # id(optimizer) -> its targets
         self._chain: list[nn.Linear] | None = None
         self._last_logged_step = -1
-        self._pending: deque[_PendingCheck] = deque()  # CUDA finiteness flags on their way
+        # CUDA finiteness checks on their way: (step, target, slot of self._flags / _events).
+        self._pending: deque[tuple[int, StepTarget, int]] = deque()
+        self._flags: Tensor | None = None
+        self._events: list[torch.cuda.Event] = []
+        self._next_slot = 0
         self._sparsity = Sparsity()
         self._path_norm_bound = PathNormBound()
         self._product_bound = ProductBound()
@@ -205,17 +209,17 @@ class AfterOptimizerStep(Callback):
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove_hooks()
-        self._collect_checks(block=True)
+        self._collect_checks(keep=0)
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._collect_checks(block=True)
+        self._collect_checks(keep=0)
 
     @override
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        self._collect_checks(block=True)  # never save weights a pending check would reject
+        self._collect_checks(keep=0)  # never save weights a pending check would reject
 
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -369,7 +373,7 @@ class AfterOptimizerStep(Callback):
         planned = self._plan.get(id(optimizer))
         if not planned:
             return
-        self._collect_checks(block=False)
+        self._collect_checks()
         for item in planned:
             lrs = [_as_float(optimizer.param_groups[g]["lr"]) for g in item.groups]
             if any(lr != lrs[0] for lr in lrs[1:]):
@@ -404,29 +408,37 @@ class AfterOptimizerStep(Callback):
         )
 
     def _defer_check(self, target: StepTarget) -> None:
-        """Queue an on-device finiteness flag of ``target``'s weights, copied to the host
-        asynchronously (no host sync), for :meth:`_collect_checks`."""
-        ends = [torch.stack(torch.aminmax(w.detach())) for w in target.weights if w.numel()]
-        if not ends:
+        """Queue an on-device finiteness flag of ``target``'s weights, copied asynchronously
+        into a pinned host slot (no host sync), for :meth:`_collect_checks`."""
+        flag = _finite_flag(target.weights)
+        if flag is None:
             return
-        device = target.weights[0].device
-        finite = torch.isfinite(torch.cat(ends)).all().to("cpu", non_blocking=True)  # pinned
-        ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(device))
-        self._pending.append(_PendingCheck(self.num_steps + 1, target, finite, ready))
+        if self._flags is None:  # allocated once: pinned slots, and an event per slot
+            self._flags = torch.ones(_MAX_PENDING, dtype=torch.bool, pin_memory=True)
+            self._events = [torch.cuda.Event() for _ in range(_MAX_PENDING)]
+        self._collect_checks(keep=_MAX_PENDING - 1)  # the slot must be free (rarely waits)
+        slot = self._next_slot
+        self._next_slot = (slot + 1) % _MAX_PENDING
+        self._flags[slot].copy_(flag, non_blocking=True)
+        self._events[slot].record(torch.cuda.current_stream(flag.device))
+        self._pending.append((self.num_steps + 1, target, slot))
 
-    def _collect_checks(self, block: bool) -> None:
-        """Read the queued flags that have arrived (all of them when ``block``) and raise on
-        the first non-finite one."""
+    def _collect_checks(self, keep: int | None = None) -> None:
+        """Read the queued flags that have arrived; with ``keep``, wait until at most ``keep``
+        remain. Raise on the first non-finite one."""
         while self._pending:
-            check = self._pending[0]
-            if not block and len(self._pending) <= _MAX_PENDING and not check.ready.query():
-                return
-            check.ready.synchronize()
+            step, target, slot = self._pending[0]
+            ready = self._events[slot]
+            if keep is None or len(self._pending) <= keep:
+                if not ready.query():
+                    return
+            else:
+                ready.synchronize()
             self._pending.popleft()
-            if not bool(check.finite):
+            assert self._flags is not None
+            if not bool(self._flags[slot]):
                 self._pending.clear()
-                raise self._non_finite(check.target, check.step)
+                raise self._non_finite(target, step)
 
 
 def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
@@ -437,22 +449,21 @@ def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
         raise type(err)(f"{owner}: {err}") from None
 
 
-@dataclass
-class _PendingCheck:
-    step: int  # 1-based optimizer step (of this callback) after which the weights were checked
-    target: StepTarget
-    finite: Tensor  # host tensor, written by an asynchronous copy
-    ready: torch.cuda.Event  # recorded after that copy
+_MAX_PENDING = 64  # CUDA finiteness flags in flight before a step waits for the oldest
 
 
-_MAX_PENDING = 64  # flags in flight before a step waits for the oldest
+def _finite_flag(weights: Sequence[Tensor]) -> Tensor | None:
+    """On-device 0-d bool: whether every entry is finite (None for no entries), in one pass:
+    min/max propagate NaN and expose +-inf (about 7x cheaper on CPU than ``isfinite(w).all()``,
+    which allocates a mask)."""
+    ends = [e.reshape(1) for w in weights if w.numel() for e in torch.aminmax(w.detach())]
+    return torch.isfinite(torch.cat(ends)).all() if ends else None
 
 
 def _all_finite(weights: Sequence[Tensor]) -> bool:
-    """Whether every entry is finite, in one pass and one host sync: min/max propagate NaN and
-    expose +-inf (about 7x cheaper on CPU than ``isfinite(w).all()``, which allocates a mask)."""
-    ends = [torch.stack(torch.aminmax(w.detach())) for w in weights if w.numel()]
-    return not ends or bool(torch.isfinite(torch.cat(ends)).all())
+    """Whether every entry is finite (one host sync)."""
+    flag = _finite_flag(weights)
+    return flag is None or bool(flag)
 
 
 def _as_float(lr: Any) -> float:
