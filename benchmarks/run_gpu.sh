@@ -23,9 +23,11 @@ echo "== prox on CUDA"
 echo "== CUDA tests"
 "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_spec_torch.py 2>&1 \
     | tee "$OUT/tests_cuda.log" | tail -20
-echo "== Lightning epoch on the GPU"
-"$PY" benchmarks/bench_lightning_epoch.py --accelerator gpu --repeats 3 --data-dir "$DATA" 2>&1 \
-    | grep -v Warning | tee "$OUT/lightning_gpu.log"
+echo "== Lightning epoch on the GPU (with and without PathNormProx's finiteness check)"
+for flag in "" --no-check-finite; do
+    "$PY" benchmarks/bench_lightning_epoch.py --accelerator gpu --repeats 3 --data-dir "$DATA" \
+        $flag 2>&1 | grep -E "repeat|median|ratio|alone|torch|Error" | tee -a "$OUT/lightning_gpu.log"
+done
 echo "== prox on this machine's CPU (all cores)"
 "$PY" benchmarks/bench_prox.py --no-naive --markdown \
     --shapes 784-200-10,784-1000-10,512-512-512,4096-4096-10 2>&1 | tee "$OUT/prox_cpu.md"

@@ -19,7 +19,8 @@ the objective decreases along it (Lemma 8), so the minimiser lies among the pair
 evaluate all of them at once, with no Python loop over units or support sizes:
 
 * ``_prox_rows`` ("sort"): one sort per row, cumulative sums, a fixed-length vectorised
-  bisection for ``L(k)`` and an argmin; nothing waits on the device.
+  binary search for ``L(k)`` and an argmin; nothing waits on the device. On CUDA it is replayed
+  as a CUDA graph (``_GraphedSort``).
 * ``_prox_rows_band`` ("band"): sorts only the thin band of the long side whose entries can
   enter or leave the support (see its docstring).
 
@@ -201,19 +202,19 @@ def _prox_rows(x: Tensor, y: Tensor, lam: float | Tensor) -> tuple[Tensor, Tenso
     # so no step needs clamping. Every step is a fixed set of tensor operations (nothing waits
     # on the device), about a dozen, for bit_length(m) steps.
     top = 1 << (m.bit_length() - 1)
-    table = torch.stack([lam * cy, yl, by], 2)  # (n, m + 1, 3)
-    pad = table.new_zeros(n, top, 3)
-    pad[:, :, 0] = math.inf
-    table = torch.cat([table, pad], 1)
+    table = torch.stack([lam * cy, yl, by], 1)  # (n, 3, m + 1): planes copy row by row
+    pad = table.new_zeros(n, 3, top)
+    pad[:, 0] = math.inf
+    table = torch.cat([table, pad], 2)
     lam2_k = lam2 * k
     lo = torch.zeros(n, p, dtype=torch.long, device=x.device)
     bit = top
     while bit:
         cand = lo + bit  # >= 1, <= m + top
         lf = cand.to(dt)
-        g = table.gather(1, cand.unsqueeze(2).expand(n, p, 3))
-        ok = torch.addcmul(xs, lam2 * lf, ax_k) >= g[:, :, 0]
-        ok &= torch.addcmul(g[:, :, 1], lam2_k, g[:, :, 2]) >= lam_x
+        g = table.gather(2, cand.unsqueeze(1).expand(n, 3, p))
+        ok = torch.addcmul(xs, lam2 * lf, ax_k) >= g[:, 0]
+        ok &= torch.addcmul(g[:, 1], lam2_k, g[:, 2]) >= lam_x
         ok &= lf < l_max
         lo = torch.where(ok, cand, lo)
         bit >>= 1
@@ -607,24 +608,24 @@ class _GraphedSort:
         with self.lock, torch.no_grad(), torch.cuda.device(w_in.device):
             stream = torch.cuda.current_stream()
             stream.wait_event(self.done)  # (no-op before the first call)
-            self.w_in.copy_(w_in)
-            self.w_out.copy_(w_out)
-            self.lam.fill_(lam)
-            self.graph.replay()
-            new_in, new_out, finite = self.out
-            if check_finite:
-                ok_in, ok_out = finite.tolist()  # the one host sync
-                if not (ok_in and ok_out):
-                    raise _non_finite("w_in" if not ok_in else "w_out")
-            if in_place:
-                w_in.copy_(new_in)
-                w_out.copy_(new_out)
-                result = (w_in, w_out)
-            else:
+            try:
+                self.w_in.copy_(w_in)
+                self.w_out.copy_(w_out)
+                self.lam.fill_(lam)
+                self.graph.replay()
+                new_in, new_out, finite = self.out
+                if check_finite:
+                    ok_in, ok_out = finite.tolist()  # the one host sync
+                    if not (ok_in and ok_out):
+                        raise _non_finite("w_in" if not ok_in else "w_out")
+                if in_place:
+                    w_in.copy_(new_in)
+                    w_out.copy_(new_out)
+                    return w_in, w_out
                 fmt = torch.contiguous_format
-                result = (new_in.clone(memory_format=fmt), new_out.clone(memory_format=fmt))
-            self.done.record(stream)
-        return result
+                return new_in.clone(memory_format=fmt), new_out.clone(memory_format=fmt)
+            finally:  # a call on another stream waits until this one is done with the buffers
+                self.done.record(stream)
 
 
 _GRAPHS: OrderedDict[tuple, _GraphedSort | None] = OrderedDict()
@@ -664,7 +665,9 @@ def _cuda_graph(w_in: Tensor, w_out: Tensor) -> _GraphedSort | None:
             graph = None
         _GRAPHS[key] = graph
         while len(_GRAPHS) > _GRAPHS_MAX:
-            _GRAPHS.popitem(last=False)
+            _, old = _GRAPHS.popitem(last=False)
+            if old is not None:  # its memory returns to the allocator: let its last call end
+                old.done.synchronize()
         return graph
 
 
