@@ -294,6 +294,19 @@ def test_nearly_equal_candidates_near_d_zero_are_ranked_by_their_points(method: 
     assert np.array_equal(new_in.numpy(), y)  # w = y
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sort_with_lam_as_a_float64_tensor_equals_the_float(dtype: torch.dtype) -> None:
+    # The CUDA graph feeds lam as a float64 device scalar: it must round as the Python float
+    # does, so that graph replays equal eager calls to the bit.
+    rng = np.random.default_rng(11)
+    for _ in range(500):
+        x, y, lam = _random_case(rng)
+        xt, yt = torch.tensor(x, dtype=dtype), torch.tensor(y, dtype=dtype)
+        want = F._prox_rows(xt, yt, lam)
+        got = F._prox_rows(xt, yt, torch.tensor(lam, dtype=torch.float64))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (x, y, lam)
+
+
 def test_kernel_first_calls_from_several_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # The first call compiles (or loads) every signature and then forbids compiling; a second
     # thread arriving meanwhile must wait for that, not compile after it ("compilation
