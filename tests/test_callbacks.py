@@ -6,6 +6,7 @@ import copy
 import csv
 import itertools
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,6 +20,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import FSDPStrategy
 from torch import Tensor, nn
+from torch.multiprocessing.spawn import ProcessExitedException
 from torch.utils.data import DataLoader, TensorDataset
 
 from pathnorm_lightning import (
@@ -578,17 +580,32 @@ class _DumpWeights(pl.Callback):
         values = {k: v.item() for k, v in cb.metric_values().items()}
         torch.save({"state": state, "metrics": values}, self.out / f"rank{trainer.global_rank}.pt")
 
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        (self.out / f"rank{trainer.global_rank}.done").touch()  # Lightning's work is over
+
 
 @pytest.mark.slow
-def test_ddp_two_cpu_processes_keep_identical_weights(tmp_path: Path) -> None:
+def test_ddp_two_cpu_processes_keep_identical_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.manual_seed(0)
+    monkeypatch.setenv("PYTHONFAULTHANDLER", "1")  # the workers print their stacks if they abort
     tr = trainer(
         max_epochs=2,
         devices=2,
         strategy="ddp_spawn",
         callbacks=[PathNormProx(lam=0.2), _DumpWeights(tmp_path)],
     )
-    tr.fit(MLP(), loader(make_data(n=64)))
+    try:
+        tr.fit(MLP(), loader(make_data(n=64)))
+    except ProcessExitedException as err:
+        # Seen twice in about 20 full runs, never alone: a worker aborts ("terminate called
+        # without an active exception") while its interpreter shuts down, after the fit and
+        # Lightning's teardown have finished. Tolerated only then; the weights are checked below.
+        if not all((tmp_path / f"rank{r}.done").exists() for r in (0, 1)):
+            raise
+        warnings.warn(f"a DDP worker aborted at exit, after its fit: {err}", stacklevel=1)
+    assert all((tmp_path / f"rank{r}.done").exists() for r in (0, 1))
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
     for key, value in r0["state"].items():
