@@ -34,6 +34,7 @@ from typing_extensions import override
 
 from pathnorm_lightning.functional import (
     NonFiniteWeightsError,
+    _finite_flag,
     project_rows_l1_ball_,
     prox_l1_,
     prox_path_norm_,
@@ -450,14 +451,6 @@ def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
 
 
 _MAX_PENDING = 64  # CUDA finiteness flags in flight before a step waits for the oldest
-
-
-def _finite_flag(weights: Sequence[Tensor]) -> Tensor | None:
-    """On-device 0-d bool: whether every entry is finite (None for no entries), in one pass:
-    min/max propagate NaN and expose +-inf (about 7x cheaper on CPU than ``isfinite(w).all()``,
-    which allocates a mask)."""
-    ends = [e.reshape(1) for w in weights if w.numel() for e in torch.aminmax(w.detach())]
-    return torch.isfinite(torch.cat(ends)).all() if ends else None
 
 
 def _all_finite(weights: Sequence[Tensor]) -> bool:

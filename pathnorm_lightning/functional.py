@@ -36,6 +36,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Sequence
 from types import ModuleType
 from typing import Literal
 
@@ -86,9 +87,18 @@ def _check_matrix(w: Tensor, name: str, check_finite: bool) -> None:
         _check_finite(w, name)
 
 
+def _finite_flag(weights: Sequence[Tensor]) -> Tensor | None:
+    """On-device 0-d bool: whether every entry is finite (None for no entries), in one pass:
+    min/max propagate NaN and expose +-inf (about 7x cheaper on CPU than ``isfinite(w).all()``,
+    which allocates a mask)."""
+    ends = [e.reshape(1) for w in weights if w.numel() for e in torch.aminmax(w.detach())]
+    return torch.isfinite(torch.cat(ends)).all() if ends else None
+
+
 def _check_finite(w: Tensor, name: str) -> None:
-    """Raise on NaN/inf in one pass and one host sync: min/max propagate NaN and expose inf."""
-    if w.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(w))).all()):
+    """Raise on NaN/inf, with one host sync."""
+    flag = _finite_flag([w])
+    if flag is not None and not bool(flag):
         raise _non_finite(name)
 
 
@@ -528,18 +538,18 @@ def _prox(
             raise ValueError(f"method must be 'auto', 'kernel', 'band' or 'sort', got {method!r}")
         if method == "auto":
             method = _auto_method(w_in, w_out)
+    # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points
+    # remain and the prox no longer depends on lam. Capping keeps lam^2 finite.
+    lam = min(lam, 2.0)
     graph = None if trivial or method != "sort" else _cuda_graph(w_in, w_out)
     if graph is not None:  # it checks finiteness too, with one sync for both matrices
-        return graph(w_in, w_out, min(lam, 2.0), check_finite, in_place)
+        return graph(w_in, w_out, lam, check_finite, in_place)
     # The kernel checks finiteness in its first pass over the weights, for free.
     if check_finite and (trivial or method != "kernel"):
         _check_finite(w_in, "w_in")
         _check_finite(w_out, "w_out")
     if trivial:
         return (w_in, w_out) if in_place else (w_in.detach().clone(), w_out.detach().clone())
-    # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points
-    # remain and the prox no longer depends on lam. Capping keeps lam^2 finite.
-    lam = min(lam, 2.0)
     if method == "kernel":
         return _prox_kernel(w_in, w_out, lam, check_finite, in_place)
     cd = _compute_dtype(w_in.dtype)
