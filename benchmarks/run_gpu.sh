@@ -4,6 +4,8 @@
 #
 #     bash benchmarks/run_gpu.sh [DATA_DIR]
 #
+# (jsonschema too: install it, e.g. `python3 -m pip install --no-index --target DIR wheels/*.whl`
+# and put DIR on PYTHONPATH, where the machine has no package index.)
 # DATA_DIR holds mnist/*.gz for the Lightning epoch (default ../shared/data; synthetic data of
 # MNIST's shape when absent). Logs go to $OUT (default ./gpu_out).
 set -u
