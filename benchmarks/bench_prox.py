@@ -9,6 +9,7 @@ replayed as a CUDA graph, also with its finiteness check and without the graph),
 exhaustive reference (timed on a few units and scaled to n, marked ``~``).
 
     python benchmarks/bench_prox.py [--device cuda] [--markdown]
+    python benchmarks/bench_prox.py --thread-sweep 1,2,4,8,16   # CPU prox by thread count
 """
 
 from __future__ import annotations
@@ -139,6 +140,27 @@ def growth(device: torch.device, lam: float) -> None:
             prev = t
 
 
+def thread_sweep(threads: list[int], shapes: list[tuple[int, int, int]], lam: float) -> None:
+    """CPU prox time per torch thread count (the kernel splits a layer of at least
+    ``_PARALLEL_MIN_SIZE`` weights over them): where more threads stop paying on this machine."""
+    cpu = torch.device("cpu")
+    print(f"# prox_path_norm on CPU (ms) by torch thread count, float32, lam={lam}")
+    print("| shape | weights | " + " | ".join(f"{t} thr" for t in threads) + " | fastest |")
+    print("|---|---|" + "---|" * (len(threads) + 1))
+    for m, n, p in shapes:
+        w_in, w_out = trained_like(m, n, p, cpu)
+        ms = []
+        for t in threads:
+            torch.set_num_threads(t)
+            t_prox = timeit(
+                lambda a=w_in, b=w_out: prox_path_norm(a, b, lam, check_finite=False), cpu
+            )
+            ms.append(t_prox * 1e3)
+        best = threads[ms.index(min(ms))]
+        cells = " | ".join(f"{v:.3f}" for v in ms)
+        print(f"| {m}-{n}-{p} | {m * n + n * p} | {cells} | {best} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -148,7 +170,18 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     ap.add_argument("--growth", action="store_true", help="also time doublings of n, m and p")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument(
+        "--thread-sweep",
+        default=None,
+        help="only time the CPU prox of --shapes at these torch thread counts, e.g. 1,2,4,8,16",
+    )
     args = ap.parse_args()
+    if args.thread_sweep:
+        sweep_shapes = [(784, 50, 10), (784, 100, 10), *SHAPES, (4096, 4096, 10)]
+        if args.shapes:
+            sweep_shapes = [tuple(int(v) for v in s.split("-")) for s in args.shapes.split(",")]  # type: ignore[misc]
+        thread_sweep([int(t) for t in args.thread_sweep.split(",")], sweep_shapes, args.lam)
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
