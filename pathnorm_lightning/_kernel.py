@@ -236,7 +236,8 @@ def _thresholds(
             return i
 
         # tau_lo = lam a_lo with C_x(a_lo) = min(G(||x||_1), G(0)) (see the tensor version).
-        g_best = min(0.5 * (ysq - r_sq), 0.5 * xsq)
+        # (ysq - r_sq cancels for a tiny tau_hi: raised by the rounding of both float64 sums.)
+        g_best = min(0.5 * (ysq - r_sq) + (m + 2) * 2.0**-52 * ysq, 0.5 * xsq)
         if g_best >= 0.5 * xsq:
             theta_g = xs[0]
         else:

@@ -334,7 +334,11 @@ def _prox_rows_band(
     s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
     q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     # Upper bound on the minimum: G at a = ||x||_1 (1 + margin) (E_y is increasing), or G(0).
-    g_best = torch.minimum(0.5 * (ysq - r_sq), 0.5 * xsq)
+    # ysq - r_sq cancels when tau_hi is tiny against |y|: raised by the rounding of both sums
+    # (each within (m + 1) eps of its value), so that the bound stays above the minimum.
+    m = y.shape[1]
+    eps = torch.finfo(dt).eps
+    g_best = torch.minimum(0.5 * (ysq - r_sq) + (m + 2) * eps * ysq, 0.5 * xsq)
     # C_x(a_lo) = g_best: on the piece where k entries of |x| exceed theta,
     # C_x = 1/2 (k theta^2 + tail_k) and a = X_k - k theta.
     kk = torch.arange(1, p + 1, device=dev, dtype=dt)
@@ -345,6 +349,12 @@ def _prox_rows_band(
     theta_g = torch.where(g_best >= 0.5 * xsq, xs[:, :1], theta_g)
     a_lo = (ax - theta_g).clamp_min(0).sum(1, keepdim=True)
     tau_lo = lam * a_lo * (1 - margin)
+    # The second lower bound of pathnorm_tf's band method: ||w||_1 <= ||y||_1 <= B =
+    # sqrt(m) ||y||_2 (widened by its rounding), so ||v||_1 >= sum (|x| - lam B)_+.
+    big_b = (m * ysq * (1 + (m + 2) * eps)).sqrt() * (1 + 2 * eps)
+    a_cs = (ax - lam * big_b).clamp_min(0).sum(1, keepdim=True)
+    a_cs -= (p + 2) * eps * (x1 + p * lam * big_b)
+    tau_lo = torch.maximum(tau_lo, lam * a_cs * (1 - margin))
     band_mask = torch.sub(ay, tau_lo, out=f_band).clamp_min_(0).sign_().sub_(in_hi)
     band, count = _band_sorted(ay, band_mask, longs)
 

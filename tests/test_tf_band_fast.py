@@ -257,3 +257,72 @@ def test_short_cumsums_under_xla_equal_cumsum(dtype: tf.DType, cols: int) -> Non
     assert np.all(np.abs(got - want) <= bound)
     eager = functional._cumsum_cols(a).numpy()
     np.testing.assert_array_equal(eager, tf.cumsum(a, axis=1).numpy())
+
+
+def band_bounds(k_in: Any, k_out: Any, lam: float, dtype: tf.DType) -> tuple[Any, Any]:
+    """``(tau_lo, tau_hi)`` per unit (n,) as ``_band_setup`` computes them (Dense layout)."""
+    b = functional._band_setup(
+        tf.constant(k_out, dtype), tf.constant(k_in, dtype), 1, lam, lam * lam
+    )
+    return b.tau_lo.numpy()[:, 0].astype(np.float64), b.tau_hi.numpy()[:, 0].astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("kind", ["glorot", "equal", "zeros"])
+def test_band_bounds_hold_for_the_exact_minimiser(dtype: tf.DType, kind: str) -> None:
+    """Every non-trivial minimiser's threshold on the long side, ``t = lam ||v||_1``, lies in
+    ``[tau_lo, tau_hi]``, so no entry at or below ``tau_lo`` is kept and every entry above
+    ``tau_hi`` is. Aimed at the ``sqrt(m) ||y||_2`` bound: equal magnitudes make it an
+    equality (``||y||_1 = sqrt(m) ||y||_2``) and a tiny ``lam`` puts the threshold right next
+    to it (there ``tau_lo`` is within 2e-11 of ``t``; a bound 10% too tight fails this test)."""
+    rng = np.random.default_rng(["glorot", "equal", "zeros"].index(kind))
+    m, n, p = 61, 40, 3
+    checked = 0
+    for _ in range(25):
+        k_in = rng.standard_normal((m, n)) * np.sqrt(2 / (m + n))
+        k_out = rng.standard_normal((n, p)) * np.sqrt(2 / (n + p))
+        lam = float(10 ** rng.uniform(-6, -0.5))
+        if kind == "equal":
+            k_in = np.sign(k_in) * rng.choice([0.01, 0.1, 1.0])
+            lam = float(10 ** rng.uniform(-7, -2))
+        elif kind == "zeros":
+            k_in[rng.random(k_in.shape) < 0.7] = 0.0
+        k_in = k_in.astype(dtype.as_numpy_dtype).astype(np.float64)
+        k_out = k_out.astype(dtype.as_numpy_dtype).astype(np.float64)
+        v, w = ref.prox_path_norm(k_out, k_in.T, lam)
+        tau_lo, tau_hi = band_bounds(k_in, k_out, lam, dtype)
+        ay = np.abs(k_in.T)
+        for i in range(n):
+            if not (v[i].any() and w[i].any()):
+                continue  # a trivial point: handled as its own candidate
+            checked += 1
+            t = lam * np.abs(v[i]).sum()
+            assert tau_lo[i] <= t * (1 + 1e-12) and t <= tau_hi[i] * (1 + 1e-12), (i, lam)
+            kept = w[i] != 0
+            assert not np.any(kept & (ay[i] <= tau_lo[i])) and np.all(kept[ay[i] > tau_hi[i]])
+        got_in, got_out = (
+            t.numpy().astype(np.float64)
+            for t in prox_path_norm(
+                k_in.astype(dtype.as_numpy_dtype), k_out.astype(dtype.as_numpy_dtype), lam
+            )
+        )
+        obj = ref.path_norm_objective(got_out, got_in.T, k_out, k_in.T, lam)
+        best = ref.path_norm_objective(v, w, k_out, k_in.T, lam)
+        tol = 1e-12 if dtype == tf.float64 else 1e-5
+        assert obj <= best + tol * max(1.0, abs(best))
+    assert checked > 300
+
+
+def test_band_is_narrow_for_a_small_prox_step() -> None:
+    """With the prox step of training (lam = 1e-5 on Glorot-scale weights of 784-200-10), the
+    lower bound is within 1% of ``tau_hi`` (the ``sqrt(m) ||y||_2`` bound; the bound from the
+    objective alone is about 10% below it), so at most a few entries fall in the band."""
+    rng = np.random.default_rng(0)
+    k_in = (rng.standard_normal((784, 200)) * 0.05).astype(np.float32)
+    k_in[rng.random(k_in.shape) < 0.03] = 3e-6  # entries just below tau_hi (about 4e-6)
+    k_out = (rng.standard_normal((200, 10)) * 0.1).astype(np.float32)
+    tau_lo, tau_hi = band_bounds(k_in, k_out, 1e-5, tf.float32)
+    assert np.median(tau_lo / tau_hi) > 0.99
+    assert np.all(tau_lo <= tau_hi)
+    band = ((np.abs(k_in.T) > tau_lo[:, None]) & (np.abs(k_in.T) <= tau_hi[:, None])).sum()
+    assert band <= 2
