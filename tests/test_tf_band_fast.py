@@ -326,3 +326,20 @@ def test_band_is_narrow_for_a_small_prox_step() -> None:
     assert np.all(tau_lo <= tau_hi)
     band = ((np.abs(k_in.T) > tau_lo[:, None]) & (np.abs(k_in.T) <= tau_hi[:, None])).sum()
     assert band <= 2
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("k", [1, 2, 12, 40])
+def test_argmin_under_xla_is_the_first_least_index(dtype: tf.DType, k: int) -> None:
+    # Under XLA two plain reductions replace tf.argmin; eagerly tf.argmin itself.
+    rng = np.random.default_rng(k)
+    h = rng.choice([-1.0, 0.0, 0.5, rng.standard_normal()], size=(50, k))  # many ties
+    h[:10] = rng.standard_normal((10, k))
+    h[10, :] = np.inf
+    want = np.argmin(h, axis=1)[:, None]  # numpy: the first least index too
+    for jit in (False, True):
+        got = tf.function(functional._argmin_rows, jit_compile=jit)(tf.constant(h, dtype))
+        np.testing.assert_array_equal(got.numpy(), want)
+    nan_row = tf.constant(np.full((1, k), np.nan), dtype)
+    got = tf.function(functional._argmin_rows, jit_compile=True)(nan_row)
+    assert got.numpy()[0, 0] == k - 1  # in range, as XLA's argmin of a NaN row
