@@ -108,7 +108,9 @@ class AfterOptimizerStep(Callback):
 
     _log_prefix = "pathnorm"
     # Whether :meth:`apply` itself raises NonFiniteWeightsError on NaN/inf weights (else the
-    # base class checks them before calling it).
+    # base class checks them before calling it). Such an ``apply`` checks when
+    # ``self.check_in_apply`` is set: the base class sets it before each call (off on CUDA,
+    # where it has queued the check itself).
     apply_checks_finite = False
 
     def __init__(
@@ -139,6 +141,7 @@ class AfterOptimizerStep(Callback):
         self.log_metrics = log_metrics
         self.prog_bar = prog_bar
         self.check_finite = check_finite
+        self.check_in_apply = check_finite
 
         self.num_steps = 0  # real optimizer steps this callback has acted on (all fits)
         self._handles: list[RemovableHandle] = []
@@ -383,10 +386,13 @@ class AfterOptimizerStep(Callback):
                     f"groups with different learning rates {lrs}; the coupled prox needs a single "
                     "step size lam * lr. Give both layers the same learning rate (one group)."
                 )
+            self.check_in_apply = False
             if self.check_finite:
                 if item.target.weights[0].device.type == "cuda":
                     self._defer_check(item.target)
-                elif not self.apply_checks_finite and not _all_finite(item.target.weights):
+                elif self.apply_checks_finite:
+                    self.check_in_apply = True
+                elif not _all_finite(item.target.weights):
                     raise self._non_finite(item.target)
             try:
                 self.apply(item.target, lrs[0])
@@ -536,9 +542,7 @@ class PathNormProx(AfterOptimizerStep):
     @override
     def apply(self, target: StepTarget, lr: float) -> None:
         w_in, w_out = target.weights
-        # On CUDA the base class has queued the check (no host sync).
-        check = self.check_finite and w_in.device.type != "cuda"
-        prox_path_norm_(w_in, w_out, self.lam * lr, check_finite=check)
+        prox_path_norm_(w_in, w_out, self.lam * lr, check_finite=self.check_in_apply)
 
     @override
     def sparsity_chains(self) -> list[list[Tensor]]:

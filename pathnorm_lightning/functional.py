@@ -313,10 +313,11 @@ def _prox_rows_band(
     on the long side is kept to float arithmetic (comparisons to bool are slow on CPU) and to
     reused scratch tensors. The new ``y`` is written to ``out_y`` when given (may be ``y``).
     """
-    n, p = x.shape
+    (n, p), m = x.shape, y.shape[1]
     dt, dev = x.dtype, x.device
     lam2 = lam * lam
-    margin = 64 * torch.finfo(dt).eps
+    eps = torch.finfo(dt).eps
+    margin = 64 * eps
     (f_ay, f_hi, f_band), longs = _scratch(y, 3, 2)
     ax, ay = x.abs(), torch.abs(y, out=f_ay)
     xs = torch.sort(ax, dim=1, descending=True).values if p > 1 else ax
@@ -336,8 +337,6 @@ def _prox_rows_band(
     # Upper bound on the minimum: G at a = ||x||_1 (1 + margin) (E_y is increasing), or G(0).
     # ysq - r_sq cancels when tau_hi is tiny against |y|: raised by the rounding of both sums
     # (each within (m + 1) eps of its value), so that the bound stays above the minimum.
-    m = y.shape[1]
-    eps = torch.finfo(dt).eps
     g_best = torch.minimum(0.5 * (ysq - r_sq) + (m + 2) * eps * ysq, 0.5 * xsq)
     # C_x(a_lo) = g_best: on the piece where k entries of |x| exceed theta,
     # C_x = 1/2 (k theta^2 + tail_k) and a = X_k - k theta.

@@ -572,7 +572,8 @@ def _band_setup(
     p = int(x.shape[1])
     m = int(y.shape[1 - unit_axis])
     dt = x.dtype
-    margin = 64 * _EPS[dt]
+    eps = _EPS[dt]
+    margin = 64 * eps
     ax = tf.abs(x)
     xs = _sort_rows_desc(ax)
     cx = _cumsum_cols(xs)
@@ -585,7 +586,6 @@ def _band_setup(
     # Upper bound on the minimum, and from it a lower bound a_lo on ||v||_1 (see torch).
     # ysq - r_sq cancels when tau_hi is tiny against |y|: raised by the rounding of both sums
     # (each within (m + 1) eps of its value), so that the bound stays above the minimum.
-    eps = _EPS[dt]
     g_best = tf.minimum(0.5 * (ysq - r_sq) + (m + 2) * eps * ysq, 0.5 * xsq)
     kk = tf.cast(tf.range(1, p + 1), dt)[tf.newaxis, :]
     theta = tf.sqrt(tf.maximum(2 * g_best - (xsq - cx2), 0.0) / kk)
