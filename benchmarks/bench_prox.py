@@ -176,18 +176,17 @@ def main() -> None:
         help="only time the CPU prox of --shapes at these torch thread counts, e.g. 1,2,4,8,16",
     )
     args = ap.parse_args()
+    given = None
+    if args.shapes:
+        given = [tuple(int(v) for v in s.split("-")) for s in args.shapes.split(",")]
     if args.thread_sweep:
-        sweep_shapes = [(784, 50, 10), (784, 100, 10), *SHAPES, (4096, 4096, 10)]
-        if args.shapes:
-            sweep_shapes = [tuple(int(v) for v in s.split("-")) for s in args.shapes.split(",")]  # type: ignore[misc]
-        thread_sweep([int(t) for t in args.thread_sweep.split(",")], sweep_shapes, args.lam)
+        sweep_shapes = given or [(784, 50, 10), (784, 100, 10), *SHAPES, (4096, 4096, 10)]
+        thread_sweep([int(t) for t in args.thread_sweep.split(",")], sweep_shapes, args.lam)  # type: ignore[arg-type]
         return
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    shapes = SHAPES
-    if args.shapes:
-        shapes = [tuple(int(v) for v in s.split("-")) for s in args.shapes.split(",")]  # type: ignore[misc]
+    shapes = given or SHAPES
     rows = [bench_shape(m, n, p, args.lam, device, not args.no_naive) for m, n, p in shapes]
 
     name = (
