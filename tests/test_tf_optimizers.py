@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import collections
 import json
 import subprocess
 import sys
@@ -563,3 +565,35 @@ def test_not_warning_on_plain_use() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         PathNormSGD(0.1, lam=0.1).build(mlp().trainable_variables)
+
+
+# --- the compiled step: no host round trip, nothing per unit ----------------------------------
+
+
+def _compiled_step_ops(n: int) -> collections.Counter[str]:
+    """HLO instruction names of one PathNormSGD update of a 64-n-10 pair, as XLA compiles it."""
+    model = keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(n, activation="relu"), keras.layers.Dense(10)]
+    )
+    opt = PathNormSGD(0.1, lam=1e-3, momentum=0.9)
+    opt.build(model.trainable_variables)
+    grads = [tf.fill(v.shape, tf.constant(1e-3, v.dtype)) for v in model.trainable_variables]
+    step = tf.function(lambda: opt.apply(grads, model.trainable_variables), jit_compile=True)
+    hlo = step.experimental_get_compiler_ir()(stage="hlo")
+    return collections.Counter(re.findall(r"[\s}\]] ?([a-z][\w-]*)\(", hlo))
+
+
+def test_compiled_step_has_no_host_transfer_and_nothing_per_unit() -> None:
+    # The XLA program of one step, whatever the device: no loop, no transfer to or from the
+    # host (send/recv, in/outfeed, host callbacks: the only custom call is XLA's TopK) and a
+    # fixed handful of conditionals (the band tiers). Its shape-dependent choices (one-shot
+    # pair tables or bisection) are made by static sizes: once every table is over its limit
+    # (n p > 2^15), doubling the hidden units leaves the program's instructions unchanged.
+    counts = {n: _compiled_step_ops(n) for n in (200, 4000, 8000)}
+    for n, ops in counts.items():
+        assert ops["while"] == 0, n
+        for op in ("send", "recv", "send-done", "recv-done", "infeed", "outfeed"):
+            assert ops[op] == 0, (n, op)
+        assert ops["custom-call"] <= 1, n  # the band block's TopK
+        assert 1 <= ops["conditional"] <= 16, (n, ops["conditional"])
+    assert counts[4000] == counts[8000]
