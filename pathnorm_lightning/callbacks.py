@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -60,7 +61,14 @@ _SHARDED_STRATEGIES = (
 
 
 def _check_nonneg(value: Any, name: str, owner: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A finite number >= 0 as a plain float: Python, NumPy and 0-d tensor reals are accepted."""
+    is_tensor_real = (
+        isinstance(value, Tensor)
+        and value.ndim == 0
+        and not value.is_complex()
+        and value.dtype != torch.bool
+    )
+    if isinstance(value, bool) or not (isinstance(value, numbers.Real) or is_tensor_real):
         raise TypeError(
             f"{owner}: {name} must be a real number, got {value!r} ({type(value).__name__})"
         )
@@ -98,6 +106,10 @@ class AfterOptimizerStep(Callback):
         log_metrics: log ``pathnorm/sparsity``, ``pathnorm/alive_units``,
             ``pathnorm/path_norm_bound`` and ``pathnorm/product_bound``.
         prog_bar: also show the metrics in the progress bar.
+        log_prefix: the metrics' name prefix (``"pathnorm"``: ``pathnorm/sparsity``, ...). The
+            baselines log under the same names, so runs with different regularizers compare
+            directly; two such callbacks in one ``Trainer`` need different prefixes (checked at
+            fit start).
         check_finite: raise a ``ValueError`` when a regularized weight is NaN/inf after an
             optimizer step. On CPU at that step (free in the compiled prox). On CUDA without
             stalling the GPU: the flag is copied to the host asynchronously and read when it has
@@ -106,7 +118,6 @@ class AfterOptimizerStep(Callback):
             per step. With ``False`` non-finite weights propagate silently.
     """
 
-    _log_prefix = "pathnorm"
     # Whether :meth:`apply` itself raises NonFiniteWeightsError on NaN/inf weights (else the
     # base class checks them before calling it). Such an ``apply`` checks when
     # ``self.check_in_apply`` is set: the base class sets it before each call (off on CUDA,
@@ -119,8 +130,14 @@ class AfterOptimizerStep(Callback):
         log_metrics: bool = True,
         prog_bar: bool = False,
         check_finite: bool = True,
+        log_prefix: str = "pathnorm",
     ) -> None:
         owner = type(self).__name__
+        if not isinstance(log_prefix, str) or not log_prefix or log_prefix.endswith("/"):
+            raise ValueError(
+                f"{owner}: log_prefix must be a non-empty string without a trailing '/', "
+                f"got {log_prefix!r}"
+            )
         if log_every_n_steps is not None and (
             isinstance(log_every_n_steps, bool)
             or not isinstance(log_every_n_steps, int)
@@ -142,11 +159,17 @@ class AfterOptimizerStep(Callback):
         self.prog_bar = prog_bar
         self.check_finite = check_finite
         self.check_in_apply = check_finite
+        self.log_prefix = log_prefix
 
         self.num_steps = 0  # real optimizer steps this callback has acted on (all fits)
         self._handles: list[RemovableHandle] = []
         self._targets: list[StepTarget] = []
         self._plan: dict[int, list[_Planned]] = {}  # id(optimizer) -> its targets
+        self._optimizers: list[torch.optim.Optimizer] = []
+        # Per optimizer, the sizes of its param groups when the plan was made (a fine-tuning
+        # schedule that adds a group, or params, triggers a new plan at its next step).
+        self._layout: dict[int, tuple[int, ...]] = {}
+        self._warned_half_frozen: set[str] = set()
         self._chain: list[nn.Linear] | None = None
         self._last_logged_step = -1
         # CUDA finiteness checks on their way: (step, target, slot of self._flags / _events).
@@ -178,7 +201,19 @@ class AfterOptimizerStep(Callback):
             "log_metrics": self.log_metrics,
             "prog_bar": self.prog_bar,
             "check_finite": self.check_finite,
+            "log_prefix": self.log_prefix,
         }
+
+    @property
+    @override
+    def state_key(self) -> str:
+        # Several instances of one class (e.g. a different lam per pair) keep their own state:
+        # the key names the layers acted on when they are explicit (the default keeps the
+        # class name, as in checkpoints of earlier versions).
+        spec = getattr(self, "pairs", getattr(self, "layers", "auto"))
+        if spec == "auto":
+            return type(self).__qualname__
+        return self._generate_state_key(targets=_normalize(spec))
 
     # --- hooks --------------------------------------------------------------------------
     @override
@@ -196,11 +231,13 @@ class AfterOptimizerStep(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._remove_hooks()  # idempotent: a previous fit that died without cleanup
+        if self.log_metrics:
+            self._check_unique_prefix(trainer)
         self._targets = self.resolve_targets(pl_module)
-        self._plan = self._build_plan(trainer.optimizers)
-        for optimizer in trainer.optimizers:
-            if id(optimizer) in self._plan:
-                self._handles.append(optimizer.register_step_post_hook(self._after_step))
+        self._optimizers = list(trainer.optimizers)
+        self._plan = self._build_plan(self._optimizers)
+        for optimizer in self._optimizers:  # all: a later param group may hold a target
+            self._handles.append(optimizer.register_step_post_hook(self._after_step))
         self._chain = linear_chain(pl_module)
         if self.log_metrics and self._chain is None:
             rank_zero_warn(
@@ -250,6 +287,8 @@ class AfterOptimizerStep(Callback):
             not self.log_metrics or not self._targets or trainer.log_every_n_steps == 0  # type: ignore[attr-defined]
         ):
             return
+        if pl_module.automatic_optimization and trainer.fit_loop._should_accumulate():
+            return  # no step on this batch (as Lightning's own step logging)
         step = trainer.global_step
         if step == self._last_logged_step:
             return
@@ -297,9 +336,9 @@ class AfterOptimizerStep(Callback):
         for chain in self.sparsity_chains():
             self._sparsity.update(chain)
         sparsity = self._sparsity.compute()
-        values[f"{self._log_prefix}/sparsity"] = sparsity["sparsity"]
+        values[f"{self.log_prefix}/sparsity"] = sparsity["sparsity"]
         if not bool(torch.isnan(sparsity["alive_units"])):
-            values[f"{self._log_prefix}/alive_units"] = sparsity["alive_units"]
+            values[f"{self.log_prefix}/alive_units"] = sparsity["alive_units"]
         if self._chain is not None:
             weights = [layer.weight for layer in self._chain]
             for key, metric in (
@@ -310,7 +349,7 @@ class AfterOptimizerStep(Callback):
                     metric = metric.to(device)
                 metric.reset()
                 metric.update(weights)
-                values[f"{self._log_prefix}/{key}"] = metric.compute()
+                values[f"{self.log_prefix}/{key}"] = metric.compute()
         return values
 
     def log_metric_values(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -344,24 +383,46 @@ class AfterOptimizerStep(Callback):
             handle.remove()
         self._handles = []
 
+    def _check_unique_prefix(self, trainer: pl.Trainer) -> None:
+        for other in trainer.callbacks:  # type: ignore[attr-defined]
+            if other is self:
+                return  # the first of a clashing pair raises
+            if (
+                isinstance(other, AfterOptimizerStep)
+                and other.log_metrics
+                and other.log_prefix == self.log_prefix
+            ):
+                raise ValueError(
+                    f"{type(other).__name__} and {type(self).__name__} both log their metrics as "
+                    f"'{self.log_prefix}/...', so each would overwrite the other's values. Give "
+                    f"one a log_prefix of its own (e.g. log_prefix='{self.log_prefix}_2') or "
+                    "log_metrics=False."
+                )
+
     def _build_plan(self, optimizers: Sequence[torch.optim.Optimizer]) -> dict[int, list[_Planned]]:
         owner_of: dict[int, tuple[int, int]] = {}  # id(param) -> (optimizer index, group index)
         for opt_index, optimizer in enumerate(optimizers):
             for group_index, group in enumerate(optimizer.param_groups):
                 for param in group["params"]:
                     owner_of.setdefault(id(param), (opt_index, group_index))
+        self._layout = {id(o): _group_sizes(o) for o in optimizers}
         plan: dict[int, list[_Planned]] = {}
         name = type(self).__name__
         for target in self._targets:
             owners = []
             for weight in target.weights:
                 if id(weight) not in owner_of:
+                    if not weight.requires_grad:
+                        break  # frozen and not optimized (yet: a schedule may add it later)
                     raise ValueError(
                         f"{name}: the weight of {target.name} is not in any optimizer of this fit "
-                        "(frozen, or left out of configure_optimizers), so no optimizer step would "
-                        "trigger its prox. Optimize it or leave it out of the callback's layers/pairs."
+                        "(left out of configure_optimizers), so no optimizer step would trigger "
+                        "its prox. Optimize it, freeze it (requires_grad=False), or leave it out "
+                        "of the callback's layers/pairs."
                     )
                 owners.append(owner_of[id(weight)])
+            if len(owners) < len(target.weights):
+                continue
             opt_indices = {o for o, _ in owners}
             if len(opt_indices) > 1:
                 raise ValueError(
@@ -374,11 +435,16 @@ class AfterOptimizerStep(Callback):
         return plan
 
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if _group_sizes(optimizer) != self._layout.get(id(optimizer)):
+            self._plan = self._build_plan(self._optimizers)  # param groups were added
         planned = self._plan.get(id(optimizer))
         if not planned:
             return
         self._collect_checks()
         for item in planned:
+            if not all(w.requires_grad for w in item.target.weights):
+                self._skip_frozen(item.target)
+                continue
             lrs = [_as_float(optimizer.param_groups[g]["lr"]) for g in item.groups]
             if any(lr != lrs[0] for lr in lrs[1:]):
                 raise ValueError(
@@ -399,6 +465,20 @@ class AfterOptimizerStep(Callback):
             except NonFiniteWeightsError:
                 raise self._non_finite(item.target) from None
         self.num_steps += 1
+
+    def _skip_frozen(self, target: StepTarget) -> None:
+        """A frozen weight stays as it is; a half-frozen pair is skipped, with a warning (its
+        prox would change the frozen layer too)."""
+        if (
+            any(w.requires_grad for w in target.weights)
+            and target.name not in self._warned_half_frozen
+        ):
+            self._warned_half_frozen.add(target.name)
+            rank_zero_warn(
+                f"{type(self).__name__}: {target.name} is half frozen (requires_grad=False on "
+                "one of its layers); the prox couples both layers, so it is skipped until both "
+                "are trainable."
+            )
 
     def _non_finite(self, target: StepTarget, step: int | None = None) -> ValueError:
         when = "the optimizer step" if step is None else f"optimizer step {step}"
@@ -465,6 +545,10 @@ def _all_finite(weights: Sequence[Tensor]) -> bool:
     return flag is None or bool(flag)
 
 
+def _group_sizes(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
+    return tuple(len(group["params"]) for group in optimizer.param_groups)
+
+
 def _as_float(lr: Any) -> float:
     return float(lr.item()) if isinstance(lr, Tensor) else float(lr)
 
@@ -504,7 +588,8 @@ class PathNormProx(AfterOptimizerStep):
         lam: regularization strength lambda (finite, >= 0); the prox step is ``lam * lr``.
         pairs: ``"auto"`` pairs the ``nn.Linear`` layers in module order, (L1, L2), (L3, L4), ...;
             or explicit ``[("encoder.0", "encoder.2"), ...]`` module names.
-        log_every_n_steps, log_metrics, prog_bar, check_finite: see :class:`AfterOptimizerStep`.
+        log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
+            :class:`AfterOptimizerStep`.
     """
 
     def __init__(
@@ -515,8 +600,9 @@ class PathNormProx(AfterOptimizerStep):
         log_metrics: bool = True,
         prog_bar: bool = False,
         check_finite: bool = True,
+        log_prefix: str = "pathnorm",
     ) -> None:
-        super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite)
+        super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix)
         self.lam = _check_nonneg(lam, "lam", "PathNormProx")
         self.pairs = _prefixed("PathNormProx", normalize_pairs, pairs)
         self._layer_pairs: list[tuple[nn.Linear, nn.Linear]] = []
@@ -557,8 +643,9 @@ class _LayerwiseBase(AfterOptimizerStep):
         log_metrics: bool,
         prog_bar: bool,
         check_finite: bool,
+        log_prefix: str,
     ) -> None:
-        super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite)
+        super().__init__(log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix)
         self.layers = _prefixed(type(self).__name__, normalize_layers, layers)
         self._linear_layers: list[nn.Linear] = []
 
@@ -585,7 +672,8 @@ class L1Prox(_LayerwiseBase):
     Args:
         lam: regularization strength (finite, >= 0); the threshold is ``lam * lr``.
         layers: ``"auto"`` (every ``nn.Linear``) or module names.
-        log_every_n_steps, log_metrics, prog_bar, check_finite: see :class:`AfterOptimizerStep`.
+        log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
+            :class:`AfterOptimizerStep`.
     """
 
     def __init__(
@@ -596,8 +684,9 @@ class L1Prox(_LayerwiseBase):
         log_metrics: bool = True,
         prog_bar: bool = False,
         check_finite: bool = True,
+        log_prefix: str = "pathnorm",
     ) -> None:
-        super().__init__(layers, log_every_n_steps, log_metrics, prog_bar, check_finite)
+        super().__init__(layers, log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix)
         self.lam = _check_nonneg(lam, "lam", "L1Prox")
 
     @override
@@ -617,7 +706,8 @@ class LayerwiseLinfProjection(_LayerwiseBase):
     Args:
         radius: the l1 radius of every row (finite, >= 0); independent of the learning rate.
         layers: ``"auto"`` (every ``nn.Linear``) or module names.
-        log_every_n_steps, log_metrics, prog_bar, check_finite: see :class:`AfterOptimizerStep`.
+        log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
+            :class:`AfterOptimizerStep`.
     """
 
     def __init__(
@@ -628,8 +718,9 @@ class LayerwiseLinfProjection(_LayerwiseBase):
         log_metrics: bool = True,
         prog_bar: bool = False,
         check_finite: bool = True,
+        log_prefix: str = "pathnorm",
     ) -> None:
-        super().__init__(layers, log_every_n_steps, log_metrics, prog_bar, check_finite)
+        super().__init__(layers, log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix)
         self.radius = _check_nonneg(radius, "radius", "LayerwiseLinfProjection")
 
     @override

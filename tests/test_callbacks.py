@@ -13,9 +13,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import BaseFinetuning, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import FSDPStrategy
@@ -32,6 +33,7 @@ from pathnorm_lightning import (
     project_rows_l1_ball,
     prox_l1,
     prox_path_norm,
+    prox_path_norm_,
 )
 from pathnorm_lightning.callbacks import StepTarget
 
@@ -522,6 +524,143 @@ def test_non_chain_network_logs_sparsity_but_not_the_bounds() -> None:
     assert torch.equal(model.skip.weight != 0, torch.ones(4, 20, dtype=torch.bool))
 
 
+def test_accumulation_logs_once_per_optimizer_step(tmp_path: Path) -> None:
+    # 2 epochs of 6 batches, 2 per step: 6 optimizer steps; logs due at Lightning's steps 1, 3, 5
+    # (once each, after the stepping batch, as Lightning's own step logs).
+    torch.manual_seed(0)
+    model = MLP()
+    tr = trainer(
+        max_epochs=2,
+        accumulate_grad_batches=2,
+        callbacks=[PathNormProx(lam=0.3)],
+        logger=CSVLogger(tmp_path, name="acc"),
+        log_every_n_steps=2,
+    )
+    tr.fit(model, loader(make_data()))
+    rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).read_text().splitlines()))
+    logged = [r for r in rows if r.get("pathnorm/sparsity")]
+    assert [int(r["step"]) for r in logged] == [1, 3, 5]
+    w_in, w_out = model.net[0].weight.detach(), model.net[2].weight.detach()
+    assert math.isclose(
+        float(logged[-1]["pathnorm/path_norm_bound"]), float(path_norm(w_in, w_out)), rel_tol=1e-6
+    )
+
+
+def _four_layers() -> MLP:
+    return MLP(sizes=(20, 16, 12, 8, 4))
+
+
+def test_two_instances_keep_their_own_pairs_state_and_metrics(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = _four_layers()
+    expected = copy.deepcopy(model)
+    first = PathNormProx(lam=0.3, pairs=[("net.0", "net.2")])
+    second = PathNormProx(lam=0.05, pairs=[("net.4", "net.6")], log_prefix="pathnorm_top")
+    assert first.state_key != second.state_key
+    ckpt = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    tr = trainer(
+        max_epochs=1,
+        callbacks=[first, second, ckpt],
+        logger=CSVLogger(tmp_path, name="two"),
+        enable_checkpointing=True,
+    )
+    tr.fit(model, loader(make_data()))
+    # Proximal SGD with each pair's own lam.
+    optimizer = expected.configure_optimizers()
+    layers = linears(expected)
+    for batch in loader(make_data()):
+        optimizer.zero_grad()
+        expected.loss(batch).backward()
+        optimizer.step()
+        with torch.no_grad():
+            for (i, j), lam in (((0, 1), 0.3), ((2, 3), 0.05)):
+                prox_path_norm_(layers[i].weight, layers[j].weight, lam * expected.lr)
+    assert_same_weights(model, expected)
+    w = [layer.weight.detach() for layer in linears(model)]
+    for prefix, (a, b) in (("pathnorm", (w[0], w[1])), ("pathnorm_top", (w[2], w[3]))):
+        zeros = float(((a == 0).sum() + (b == 0).sum()) / (a.numel() + b.numel()))
+        assert math.isclose(float(tr.callback_metrics[f"{prefix}/sparsity"]), zeros, rel_tol=1e-6)
+    state = torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]
+    assert state[first.state_key]["config"]["lam"] == 0.3
+    assert state[second.state_key]["config"]["lam"] == 0.05
+    resumed = [
+        PathNormProx(lam=0.3, pairs=[("net.0", "net.2")]),
+        PathNormProx(lam=0.05, pairs=[("net.4", "net.6")], log_prefix="pathnorm_top"),
+    ]
+    trainer(max_epochs=2, callbacks=resumed).fit(
+        _four_layers(), loader(make_data()), ckpt_path=tmp_path / "last.ckpt"
+    )
+    assert [cb.num_steps for cb in resumed] == [12, 12]
+
+
+@pytest.mark.parametrize(
+    ("second", "ok"),
+    [
+        (lambda: L1Prox(lam=0.01, layers=["net.4"]), False),
+        (lambda: L1Prox(lam=0.01, layers=["net.4"], log_prefix="l1"), True),
+        (lambda: L1Prox(lam=0.01, layers=["net.4"], log_metrics=False), True),
+    ],
+)
+def test_clashing_metric_names_are_refused(second: Callable[[], Any], ok: bool) -> None:
+    callbacks = [PathNormProx(lam=0.1, pairs=[("net.0", "net.2")]), second()]
+    tr = trainer(max_epochs=1, callbacks=callbacks)
+    if ok:
+        tr.fit(_four_layers(), loader(make_data()))
+        assert callbacks[1].num_steps == 6
+        return
+    with pytest.raises(ValueError, match=r"PathNormProx and L1Prox both log their metrics as "):
+        tr.fit(_four_layers(), loader(make_data()))
+
+
+def test_frozen_layers_stay_as_they_are() -> None:
+    # Frozen layers left in the optimizer (self.parameters()): SGD skips them, so does the prox;
+    # a half-frozen pair is skipped (its prox would move the frozen layer) with a warning.
+    torch.manual_seed(0)
+    model = _four_layers()
+    for name in ("net.0", "net.2", "net.4"):
+        model.get_submodule(name).requires_grad_(False)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cb = PathNormProx(lam=0.3)
+    with pytest.warns(UserWarning, match=r"pair \('net.4', 'net.6'\) is half frozen"):
+        trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(make_data()))
+    for name in ("net.0", "net.2", "net.4"):
+        assert torch.equal(model.get_submodule(name).weight, before[f"{name}.weight"])
+    assert not torch.equal(model.net[6].weight, before["net.6.weight"])  # SGD moved it
+    assert (model.net[6].weight == 0).sum() == 0  # but no prox
+    assert cb.num_steps == 6
+
+
+class _UnfreezeAtEpoch1(BaseFinetuning):
+    def freeze_before_training(self, pl_module: pl.LightningModule) -> None:
+        self.freeze(pl_module.net[:3])
+
+    def finetune_function(
+        self, pl_module: pl.LightningModule, epoch: int, optimizer: torch.optim.Optimizer
+    ) -> None:
+        if epoch == 1:
+            self.unfreeze_and_add_param_group(pl_module.net[:3], optimizer, lr=0.5)
+
+
+def _trainable_only(model: MLP) -> Any:
+    return torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+
+
+def test_finetuning_schedule_adds_the_pair_when_it_is_unfrozen() -> None:
+    torch.manual_seed(0)
+    model = _four_layers()
+    model.make_optimizers = _trainable_only
+    start = model.net[0].weight.detach().clone()
+    cb = Spy(lam=0.3)
+    trainer(max_epochs=2, callbacks=[_UnfreezeAtEpoch1(), cb]).fit(model, loader(make_data()))
+    # Epoch 0: only the top pair (the bottom one is frozen, in no optimizer); epoch 1: both.
+    names = [name for name, _ in cb.calls]
+    top, bottom = "pair ('net.4', 'net.6')", "pair ('net.0', 'net.2')"
+    assert names[:6] == [top] * 6
+    assert names[6:] == [bottom, top] * 6
+    assert not torch.equal(model.net[0].weight, start)
+    assert (model.net[0].weight == 0).sum() > 0
+
+
 # --- checkpoints -----------------------------------------------------------------------
 
 
@@ -639,11 +778,25 @@ def test_ddp_two_cpu_processes_keep_identical_weights(
             r"log_every_n_steps must be a positive int",
         ),
         ({"lam": 0.1, "prog_bar": "yes"}, TypeError, r"prog_bar must be a bool"),
+        ({"lam": torch.tensor([0.1])}, TypeError, r"lam must be a real number, got tensor"),
+        ({"lam": 1j}, TypeError, r"lam must be a real number, got 1j"),
+        ({"lam": np.float32("nan")}, ValueError, r"lam must be a finite number >= 0, got nan"),
+        ({"lam": 0.1, "log_prefix": ""}, ValueError, r"log_prefix must be a non-empty string"),
+        ({"lam": 0.1, "log_prefix": "a/"}, ValueError, r"without a trailing '/', got 'a/'"),
     ],
 )
 def test_path_norm_prox_rejects_bad_arguments(kwargs: dict, error: type, match: str) -> None:
     with pytest.raises(error, match=match):
         PathNormProx(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "lam", [np.float32(0.25), np.float64(0.25), np.int64(0), torch.tensor(0.25), torch.tensor(0)]
+)
+def test_numpy_and_tensor_scalars_are_accepted_as_floats(lam: Any) -> None:
+    for cb in (PathNormProx(lam=lam), L1Prox(lam=lam), LayerwiseLinfProjection(radius=lam)):
+        value = cb.radius if isinstance(cb, LayerwiseLinfProjection) else cb.lam
+        assert type(value) is float and value == float(lam)
 
 
 @pytest.mark.parametrize(
@@ -784,6 +937,7 @@ def test_lightning_cli_configures_the_callback(
             "--trainer.callbacks.pairs=[[net.0, net.2]]",
             "--trainer.callbacks+=pathnorm_lightning.L1Prox",
             "--trainer.callbacks.lam=0.0",
+            "--trainer.callbacks.log_prefix=l1",
         ],
         save_config_kwargs={"overwrite": True},
         seed_everything_default=0,
@@ -792,6 +946,7 @@ def test_lightning_cli_configures_the_callback(
     assert [type(c).__name__ for c in cbs] == ["PathNormProx", "L1Prox"]
     assert cbs[0].lam == 1e-3 and cbs[0].pairs == [("net.0", "net.2")]
     assert cbs[0].num_steps == 6 and cbs[1].num_steps == 6
+    assert cbs[1].log_prefix == "l1"
 
 
 def test_example_yaml_configures_the_callback(monkeypatch: pytest.MonkeyPatch) -> None:
