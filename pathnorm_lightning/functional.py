@@ -119,6 +119,11 @@ def _check_pair(w_in: Tensor, w_out: Tensor, check_finite: bool) -> None:
         )
     if w_in.device != w_out.device:
         raise ValueError(f"w_in is on {w_in.device} but w_out is on {w_out.device}")
+    if w_in.dtype != w_out.dtype:
+        raise ValueError(
+            f"w_in is {w_in.dtype} but w_out is {w_out.dtype}: the prox couples both in one "
+            "precision; cast one to the other's dtype"
+        )
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -354,6 +359,10 @@ def _prox_rows_band(
     a_cs = (ax - lam * big_b).clamp_min(0).sum(1, keepdim=True)
     a_cs -= (p + 2) * eps * (x1 + p * lam * big_b)
     tau_lo = torch.maximum(tau_lo, lam * a_cs * (1 - margin))
+    # tau_lo <= tau_hi holds for finite weights. With non-finite ones (check_finite=False: the
+    # prox is undefined, but must not index out of range) a NaN bound is replaced by tau_hi, so
+    # the band mask stays in {0, 1} (torch.sign(NaN) is 0).
+    tau_lo = torch.fmin(tau_lo, tau_hi)
     band_mask = torch.sub(ay, tau_lo, out=f_band).clamp_min_(0).sign_().sub_(in_hi)
     band, count = _band_sorted(ay, band_mask, longs)
 
@@ -541,10 +550,10 @@ def _prox(
 ) -> tuple[Tensor, Tensor]:
     lam = _check_scalar(lam, "lam")
     _check_pair(w_in, w_out, check_finite=False)
+    if method not in ("auto", "kernel", "band", "sort"):
+        raise ValueError(f"method must be 'auto', 'kernel', 'band' or 'sort', got {method!r}")
     trivial = lam == 0.0 or w_in.numel() == 0 or w_out.numel() == 0
     if not trivial:
-        if method not in ("auto", "kernel", "band", "sort"):
-            raise ValueError(f"method must be 'auto', 'kernel', 'band' or 'sort', got {method!r}")
         if method == "auto":
             method = _auto_method(w_in, w_out)
     # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points

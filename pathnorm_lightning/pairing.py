@@ -74,7 +74,18 @@ def _lookup(model: nn.Module, name: str, what: str) -> nn.Linear:
     return module
 
 
+def _check_materialized(name: str, layer: nn.Linear) -> None:
+    if isinstance(layer.weight, nn.parameter.UninitializedParameter):
+        raise ValueError(
+            f"layer {name!r} is a {type(layer).__name__} whose weight is not materialized yet "
+            "(its in_features are unknown). Run one forward pass on an example batch before "
+            "fit, as torch requires before building the optimizers."
+        )
+
+
 def _check_chain(first_name: str, first: nn.Linear, second_name: str, second: nn.Linear) -> None:
+    _check_materialized(first_name, first)
+    _check_materialized(second_name, second)
     if first.out_features != second.in_features:
         raise ValueError(
             f"pairs: layers {first_name!r} (out_features={first.out_features}) and "
@@ -198,6 +209,8 @@ def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[
                 f"layers='auto' found no nn.Linear layer in {type(model).__name__}; "
                 "only nn.Linear layers are supported."
             )
+        for name, layer in found:
+            _check_materialized(name, layer)
         return found
     seen: set[str] = set()
     result = []
@@ -205,6 +218,7 @@ def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[
         layer = _lookup(model, name, f"layers[{index}]")
         if name in seen:
             raise ValueError(f"layers[{index}]: layer {name!r} is listed twice")
+        _check_materialized(name, layer)
         seen.add(name)
         result.append((name, layer))
     return result

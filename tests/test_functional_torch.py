@@ -423,6 +423,14 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
         r"w_in must have a floating dtype",
     ),
     "numpy": (lambda: prox_path_norm(np.ones((3, 4)), _B, 0.1), r"w_in must be a torch.Tensor"),  # type: ignore[arg-type]
+    "mixed_dtypes": (
+        lambda: prox_path_norm(_A, _B.double(), 0.1),
+        r"w_in is torch.float32 but w_out is torch.float64: .* cast one",
+    ),
+    "bad_method_at_lam_zero": (
+        lambda: prox_path_norm(_A, _B, 0.0, method="fast"),  # type: ignore[arg-type]
+        r"method must be 'auto', 'kernel', 'band' or 'sort', got 'fast'",
+    ),
     "in_place_negative_lam": (
         lambda: prox_path_norm_(_A.clone(), _B.clone(), -1.0),
         r"lam must be",
@@ -447,3 +455,27 @@ def test_bad_input_raises_value_error(name: str) -> None:
 def test_check_finite_can_be_disabled() -> None:
     new_in, _ = prox_path_norm(_NAN, _B, 0.1, check_finite=False)
     assert new_in.shape == _NAN.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("method", ["kernel", "band", "sort"])
+@pytest.mark.parametrize("shape", [(30, 12, 5), (4, 12, 30)], ids=str)  # band: both layouts
+def test_unchecked_non_finite_units_leave_the_others_exact(
+    shape: tuple[int, int, int], method: str, dtype: torch.dtype
+) -> None:
+    # check_finite=False: the prox of a unit with NaN/inf weights is undefined, but it must not
+    # raise, and every other unit gets exactly its own prox (units are independent).
+    m, n, p = shape
+    g = torch.Generator().manual_seed(m + p)
+    w_in = (torch.randn(n, m, generator=g) * 0.2).to(dtype)
+    w_out = (torch.randn(p, n, generator=g) * 0.2).to(dtype)
+    w_in[3, 1] = math.nan  # one NaN in a unit
+    w_out[0, 7] = math.inf
+    w_in[9, :] = -math.inf  # a whole row
+    w_out[:, 10] = math.nan
+    keep = [i for i in range(n) if i not in (3, 7, 9, 10)]
+    for lam in (1e-3, 0.05, 0.3):
+        new_in, new_out = prox_path_norm(w_in, w_out, lam, check_finite=False, method=method)
+        ref_in, ref_out = prox_path_norm(w_in[keep], w_out[:, keep], lam, method=method)
+        assert torch.equal(new_in[keep], ref_in)
+        assert torch.equal(new_out[:, keep], ref_out)

@@ -134,6 +134,12 @@ def test_explicit_pairs_by_module_name() -> None:
             ValueError,
             r"'0' \(out_features=2\) and '1' \(in_features=4\) do not chain",
         ),
+        (
+            nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 2)),
+            "auto",
+            ValueError,
+            r"layer '0' is a LazyLinear whose weight is not materialized yet .* forward pass",
+        ),
     ],
 )
 def test_resolve_pairs_errors(model: nn.Module, pairs: Any, error: type, match: str) -> None:
@@ -174,6 +180,8 @@ def test_resolve_layers_auto_and_explicit() -> None:
             ValueError,
             r"layers='auto' found no nn.Linear layer in Sequential",
         ),
+        (nn.Sequential(nn.LazyLinear(4)), "auto", ValueError, r"'0' is a LazyLinear whose weight"),
+        (nn.Sequential(nn.LazyLinear(4)), ["0"], ValueError, r"'0' is a LazyLinear whose weight"),
     ],
 )
 def test_resolve_layers_errors(model: nn.Module, layers: Any, error: type, match: str) -> None:
