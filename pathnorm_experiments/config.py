@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ __all__ = [
     "METHODS",
     "REGULARIZERS",
     "TrainConfig",
+    "nonnegative_int",
     "write_results",
 ]
 
@@ -75,6 +78,13 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "pgd_steps", "log_every"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name, all_of in (
+            ("pgd_samples", "all test images"),
+            ("eval_train_samples", "all training images"),
+        ):
+            n = getattr(self, name)
+            if n is not None and int(n) < 1:  # a negative n would slice off the last -n images
+                raise ValueError(f"{name} must be >= 1, or None for {all_of}; got {n}")
         if any(int(h) < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be >= 1, got {self.hidden}")
         if self.activation not in ACTIVATIONS:
@@ -101,6 +111,21 @@ class TrainConfig:
         d["hidden"] = list(self.hidden)
         d["eps"] = list(self.eps)
         return d
+
+
+def nonnegative_int(zero_means: str) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= 0, where 0 means ``zero_means``."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0 (0: {zero_means}), got {n}")
+        return n
+
+    return parse
 
 
 @dataclass

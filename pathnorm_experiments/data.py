@@ -350,18 +350,49 @@ def read_truncated_idx_gz(path: str | Path, kind: str = "images") -> tuple[np.nd
     return arr, count
 
 
-def _read_npz(path: Path) -> np.ndarray:
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # what np.load takes for an npz archive
+
+
+def _npz_arrays(path: Path, keys: tuple[str, ...], what: str, fix: str) -> list[np.ndarray]:
+    """The arrays ``keys`` of the npz archive ``path``; a damaged or wrong file raises
+    :class:`DataError` that starts with ``what`` and ends with ``fix`` (how to get a good copy).
+    """
+
+    def corrupt(problem: str) -> DataError:
+        return DataError(
+            f"{what}: cannot read npz ({problem}); the file is corrupt or truncated: {fix}"
+        )
+
+    try:
+        with path.open("rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise corrupt(str(e)) from e
+    if not head:
+        raise corrupt("the file is empty")
+    if head not in _ZIP_MAGIC:  # else np.load would take it for a pickle and suggest loading that
+        raise corrupt(f"not a zip archive (an npz is one): it starts with {head!r}")
     try:
         with np.load(path) as z:
-            if "arr_0" not in z.files:
-                raise DataError(f"{path}: expected one array 'arr_0', found {z.files}")
-            arr = z["arr_0"]
-    except (OSError, ValueError, zlib.error) as e:
-        if isinstance(e, DataError):
-            raise
-        raise DataError(f"{path}: cannot read npz ({e}); the file is corrupt") from e
+            for key in keys:
+                if key not in z.files:
+                    raise DataError(
+                        f"{what}: no array {key!r} in the archive (it holds {z.files}): not the "
+                        f"expected file: {fix}"
+                    )
+            return [z[key] for key in keys]
+    except DataError:
+        raise
+    # Damaged bytes surface from zipfile, zlib and numpy's header parser as many types
+    # (BadZipFile, EOFError, zlib.error, OSError, ValueError, tokenize.TokenError, ...).
+    except Exception as e:
+        raise corrupt(f"{type(e).__name__}: {e}") from e
+
+
+def _read_npz(path: Path, fix: str) -> np.ndarray:
+    (arr,) = _npz_arrays(path, ("arr_0",), str(path), fix)
     if arr.dtype != np.uint8:
-        raise DataError(f"{path}: expected uint8, got {arr.dtype}")
+        raise DataError(f"{path}: expected uint8, got {arr.dtype}: {fix}")
     return arr
 
 
@@ -384,7 +415,10 @@ def _load_file(spec: DatasetSpec, fs: FileSpec, path: Path, verify: bool) -> np.
                 f"corrupt or not the original: {_where_to_get(spec, fs.name)}, or pass "
                 "verify=False (--no-verify) to use a re-packed copy"
             )
-    arr = _read_npz(path) if fs.name.endswith(".npz") else read_idx(path, fs.kind)
+    if fs.name.endswith(".npz"):
+        arr = _read_npz(path, _where_to_get(spec, fs.name))
+    else:
+        arr = read_idx(path, fs.kind)
     want_shape = (fs.count, *IMAGE_SHAPE) if fs.kind == "images" else (fs.count,)
     if arr.shape != want_shape:
         raise DataError(f"{path}: {fs.kind} have shape {arr.shape}, expected {want_shape}")
@@ -476,13 +510,15 @@ def load_dataset(
 def load_embedded(path: str | Path = EMBEDDED_PATH) -> Dataset:
     """The embedded stratified MNIST subset (5,000 train + 1,000 test), shipped with the package."""
     path = Path(path)
+    fix = (
+        "regenerate it with `python -m pathnorm_experiments.data --make-subset --data-dir "
+        "<dir with mnist/>`, or reinstall pathnorm"
+    )
     if not path.is_file():
-        raise DataError(
-            f"embedded subset {path} is missing; regenerate it with "
-            "`python -m pathnorm_experiments.data --make-subset --data-dir <dir with mnist/>`"
-        )
-    with np.load(path) as z:
-        x_tr, y_tr, x_te, y_te = (z[k] for k in ("x_train", "y_train", "x_test", "y_test"))
+        raise DataError(f"embedded subset {path} is missing; {fix}")
+    x_tr, y_tr, x_te, y_te = _npz_arrays(
+        path, ("x_train", "y_train", "x_test", "y_test"), f"embedded subset {path}", fix
+    )
     return Dataset(
         "embedded",
         _to_float(x_tr),

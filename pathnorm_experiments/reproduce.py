@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from pathnorm_experiments.config import DEFAULT_EPS, TrainConfig
+from pathnorm_experiments.config import DEFAULT_EPS, TrainConfig, nonnegative_int
 from pathnorm_experiments.data import DataError, load_dataset
 
-__all__ = ["GRIDS", "main", "make_plots", "make_report", "run_sweep"]
+__all__ = ["GRIDS", "main", "make_plots", "make_report", "run_config", "run_sweep"]
 
 # lam grids per regularizer (subsets of the paper's 41-value grid, chosen to span
 # "no effect" to "too strong" for a 784-200-10 net at lr 0.1)
@@ -68,6 +68,30 @@ def plan(
     return runs
 
 
+def run_config(
+    run: tuple[str, str, str, float, int],
+    *,
+    epochs: int,
+    lr: float,
+    pgd_samples: int | None,
+    log_every: int,
+    eval_train_samples: int | None,
+) -> TrainConfig:
+    """The :class:`TrainConfig` of one planned run (raises ValueError on a bad setting)."""
+    _, reg, method, lam, seed = run
+    return TrainConfig(
+        regularizer=reg,
+        method=method,
+        lam=lam,
+        lr=lr,
+        epochs=epochs,
+        seed=seed,
+        pgd_samples=pgd_samples,
+        log_every=log_every,
+        eval_train_samples=eval_train_samples,
+    )
+
+
 def run_sweep(
     runs: Sequence[tuple[str, str, str, float, int]],
     out: Path,
@@ -75,7 +99,7 @@ def run_sweep(
     epochs: int,
     lr: float,
     data_dir: str | None,
-    pgd_samples: int,
+    pgd_samples: int | None,
     log_every: int,
     eval_train_samples: int | None,
     allow_partial: bool = False,
@@ -90,21 +114,19 @@ def run_sweep(
     cache: dict[str, Any] = {}
     results = []
     t_start = time.perf_counter()
-    for k, (ds, reg, method, lam, seed) in enumerate(runs, 1):
-        path = out / "runs" / f"{run_name(ds, reg, method, lam, seed)}.json"
+    for k, run in enumerate(runs, 1):
+        ds = run[0]
+        path = out / "runs" / f"{run_name(*run)}.json"
         if path.is_file():
             results.append(json.loads(path.read_text()))
             continue
         if ds not in cache:
             cache.clear()
             cache[ds] = load_dataset(ds, data_dir, allow_partial=allow_partial)
-        cfg = TrainConfig(
-            regularizer=reg,
-            method=method,
-            lam=lam,
-            lr=lr,
+        cfg = run_config(
+            run,
             epochs=epochs,
-            seed=seed,
+            lr=lr,
             pgd_samples=pgd_samples,
             log_every=log_every,
             eval_train_samples=eval_train_samples,
@@ -441,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument(
-        "--quick", action="store_true", help="embedded data, small grid, 2 epochs, 1 seed"
+        "--quick", action="store_true", help="embedded data, small grid, 3 epochs, 1 seed"
     )
     p.add_argument(
         "--datasets", nargs="+", default=None, help="full mode default: mnist fashion-mnist kmnist"
@@ -454,7 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lams-l1", type=float, nargs="+", default=None)
     p.add_argument("--lams-path", type=float, nargs="+", default=None)
     p.add_argument("--lams-linf", type=float, nargs="+", default=None)
-    p.add_argument("--pgd-samples", type=int, default=1000, help="test images attacked per run")
+    p.add_argument(
+        "--pgd-samples",
+        type=nonnegative_int("all test images"),
+        default=1000,
+        help="test images attacked per run (0: all)",
+    )
     p.add_argument("--out", default="reproduce_out")
     p.add_argument("--report-only", action="store_true", help="only re-plot from <out>/runs")
     args = p.parse_args(argv)
@@ -467,7 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     datasets = args.datasets or (
         ["embedded"] if args.quick else ["mnist", "fashion-mnist", "kmnist"]
     )
-    epochs = args.epochs or (3 if args.quick else 20)
+    epochs = args.epochs if args.epochs is not None else (3 if args.quick else 20)
+    pgd_samples = args.pgd_samples or None  # 0: all, as in pathnorm-train
+    settings = {
+        "epochs": epochs,
+        "lr": args.lr,
+        "pgd_samples": pgd_samples,
+        "log_every": 10 if args.quick else 50,
+        "eval_train_samples": None,
+    }
     seeds = args.seeds if args.seeds is not None else ([0] if args.quick else list(range(6)))
     out = Path(args.out)
     runs = plan(datasets, grid, seeds)
@@ -475,12 +510,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_only:
         results = [json.loads(f.read_text()) for f in sorted((out / "runs").glob("*.json"))]
     else:
-        try:  # check every dataset before hours of training, not when its turn comes
+        try:  # check every setting and dataset before hours of training, not at its turn
+            for run in runs:
+                run_config(run, **settings)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 for ds in datasets:
                     load_dataset(ds, args.data_dir, allow_partial=args.allow_partial)
-        except DataError as e:
+        except (DataError, ValueError) as e:
             print(f"pathnorm-reproduce: error: {e}", file=sys.stderr)
             return 2
         print(
@@ -490,13 +527,9 @@ def main(argv: list[str] | None = None) -> int:
         results = run_sweep(
             runs,
             out,
-            epochs=epochs,
-            lr=args.lr,
             data_dir=args.data_dir,
-            pgd_samples=args.pgd_samples,
-            log_every=10 if args.quick else 50,
-            eval_train_samples=None,
             allow_partial=args.allow_partial,
+            **settings,
         )
     if not results:
         print("no results to report", file=sys.stderr)
@@ -511,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch size": 100,
         "network": "784-200-10, ELU",
         "lam grids": "; ".join(f"{k}: {', '.join(f'{v:g}' for v in vs)}" for k, vs in grid.items()),
-        "PGD": f"40 steps of eps/20, random start, on the first {args.pgd_samples} test images; eps {', '.join(f'{e:g}' for e in DEFAULT_EPS)}",
+        "PGD": f"40 steps of eps/20, random start, on {'all' if pgd_samples is None else f'the first {pgd_samples}'} test images; eps {', '.join(f'{e:g}' for e in DEFAULT_EPS)}",
         "runs": len(results),
         "wall time of this invocation (s)": f"{time.perf_counter() - t0:.0f}",
     }

@@ -21,6 +21,7 @@ from pathnorm_experiments.config import (
     METHODS,
     REGULARIZERS,
     TrainConfig,
+    nonnegative_int,
     write_results,
 )
 from pathnorm_experiments.data import DATASET_NAMES, DataError, load_dataset
@@ -97,11 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="ce: the paper's PGD on the cross-entropy; ce+margin: also PGD on the CW margin "
         "(an example is robust only if both fail; stronger, twice the time)",
     )
-    p.add_argument("--pgd-samples", type=int, default=1000, help="test images attacked (0: all)")
+    p.add_argument(
+        "--pgd-samples",
+        type=nonnegative_int("all test images"),
+        default=1000,
+        help="test images attacked (0: all)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--threads",
-        type=int,
+        type=nonnegative_int("the framework's default"),
         default=1,
         help="CPU threads (default 1: a 784-200-10 MLP at batch 100 gains little from more, and "
         "on a shared machine extra threads slow it down several-fold; 0: framework default)",

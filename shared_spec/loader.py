@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -262,20 +264,66 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
     return Case(**common, radius=float(inp["radius"]), w=w, expected_w=ew)
 
 
+class _Literal(float):
+    """A float that remembers the JSON text it was parsed from (kept for non-finite ones)."""
+
+    literal: str
+
+
+def _parse_float(text: str) -> float:
+    value = float(text)
+    if math.isfinite(value):
+        return value
+    out = _Literal(value)  # 1e999: json gives inf, which the schema's "number" accepts
+    out.literal = text
+    return out
+
+
+def _first_non_finite(node: Any, path: tuple[Any, ...] = ()) -> tuple[list[Any], str] | None:
+    """(JSON path, description) of the first number that is not a finite float64, else None."""
+    if isinstance(node, float):
+        if not math.isfinite(node):
+            return list(path), getattr(node, "literal", repr(node))
+    elif isinstance(node, int) and not isinstance(node, bool):
+        if abs(node) > sys.float_info.max:  # float(node) would raise OverflowError
+            digits = str(abs(node))
+            return list(
+                path
+            ), f"{'-' if node < 0 else ''}{digits[:10]}... (an integer of {len(digits)} digits)"
+    elif isinstance(node, dict | list):
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, value in items:
+            found = _first_non_finite(value, (*path, key))
+            if found is not None:
+                return found
+    return None
+
+
+def _case_at(doc: Any, path: list[Any]) -> str:
+    """`` case 'name' (cases[i])`` when ``path`` lies inside a case, else ``""``."""
+    if len(path) >= 2 and path[0] == "cases" and isinstance(path[1], int):
+        case = doc["cases"][path[1]]
+        cname = case.get("name", "?") if isinstance(case, dict) else "?"
+        return f" case {cname!r} (cases[{path[1]}])"
+    return ""
+
+
 def parse_document(doc: Any, file: str) -> list[Case]:
     """Validate a parsed vector file against the schema and build its cases."""
+    bad = _first_non_finite(doc)
+    if bad is not None:
+        path, text = bad
+        raise SpecError(
+            f"{file}:{_case_at(doc, path)} at {_json_path(path)}: {text} is not a finite "
+            "float64 number (vectors hold finite numbers only)"
+        )
     errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
     if errors:
         # The deepest error is the most specific one (if/then branches report at depth).
         err = max(errors, key=lambda e: len(e.absolute_path))
         path = list(err.absolute_path)
-        where = ""
-        if len(path) >= 2 and path[0] == "cases" and isinstance(path[1], int):
-            case = doc["cases"][path[1]]
-            cname = case.get("name", "?") if isinstance(case, dict) else "?"
-            where = f" case {cname!r} (cases[{path[1]}])"
         raise SpecError(
-            f"{file}:{where} at {_json_path(path)}: {err.message} "
+            f"{file}:{_case_at(doc, path)} at {_json_path(path)}: {err.message} "
             f"(schema: shared_spec/schema.json, {len(errors)} error(s) in all)"
         )
     cases = [_parse_case(file, i, raw) for i, raw in enumerate(doc["cases"])]
@@ -307,8 +355,9 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
             with or without ``.json`` (``"l1"``, ``"path_norm_prox.json"``); or a path.
 
     Raises:
-        SpecError: the file is missing, not JSON, fails the schema, or has inconsistent
-            shapes; the message names the file, the case and the JSON path.
+        SpecError: the file is missing, not JSON, holds a number that is not a finite float64
+            (``NaN``, or a literal such as ``1e999`` that overflows), fails the schema, or has
+            inconsistent shapes; the message names the file, the case and the JSON path.
     """
     if path_or_name is None:
         return [c for f in vector_files() for c in load_vectors(f)]
@@ -318,7 +367,9 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
         raise SpecError(f"{file}: {token} is not a JSON number (vectors hold finite numbers only)")
 
     try:
-        doc = json.loads(text, parse_constant=reject)
+        # parse_float keeps the text of an overflowing literal (1e999) for parse_document's
+        # message, which also names the case and the JSON path
+        doc = json.loads(text, parse_constant=reject, parse_float=_parse_float)
     except json.JSONDecodeError as e:
         raise SpecError(f"{file}: not valid JSON: {e}") from None
     return parse_document(doc, file)

@@ -248,3 +248,74 @@ def test_make_subset_is_deterministic(tmp_path: Path) -> None:
     out = D.make_subset(SHARED, tmp_path / "s.npz")
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
     assert digest == hashlib.sha256(D.EMBEDDED_PATH.read_bytes()).hexdigest()
+
+
+def _flip_payload_byte(blob: bytes, payload: bytes) -> bytes:
+    """Flip one byte of a stored (uncompressed) npz member: the zip's CRC-32 no longer matches."""
+    at = blob.index(payload) + len(payload) // 2
+    return blob[:at] + bytes([blob[at] ^ 0xFF]) + blob[at + 1 :]
+
+
+NPZ_CORRUPTIONS = {
+    "truncated": (lambda blob, payload: blob[: len(blob) // 2], "File is not a zip file"),
+    "bad-crc": (_flip_payload_byte, "Bad CRC-32"),
+    "not-a-zip": (
+        lambda blob, payload: b"<html>404 Not Found</html>",
+        "not a zip archive (an npz is one): it starts with b'<htm'",
+    ),
+    "empty": (lambda blob, payload: b"", "the file is empty"),
+}
+
+
+def make_kmnist_npz_dir(root: Path, n_train: int = 30, n_test: int = 20) -> dict[str, bytes]:
+    """KMNIST's four .npz files (stored, uncompressed); returns the raw array bytes by file."""
+    rng = np.random.default_rng(2)
+    arrays = {
+        "kmnist-train-imgs.npz": rng.integers(0, 256, (n_train, 28, 28), dtype=np.uint8),
+        "kmnist-train-labels.npz": rng.integers(0, 10, n_train, dtype=np.uint8),
+        "kmnist-test-imgs.npz": rng.integers(0, 256, (n_test, 28, 28), dtype=np.uint8),
+        "kmnist-test-labels.npz": rng.integers(0, 10, n_test, dtype=np.uint8),
+    }
+    (root / "kmnist").mkdir(parents=True, exist_ok=True)
+    for name, arr in arrays.items():
+        np.savez(root / "kmnist" / name, arr)
+    return {name: arr.tobytes() for name, arr in arrays.items()}
+
+
+@pytest.mark.parametrize("corruption", sorted(NPZ_CORRUPTIONS))
+def test_corrupt_npz_names_file_cause_and_source(
+    tmp_path: Path, small_counts: None, corruption: str
+) -> None:
+    # kmnist-train-imgs.npz has no published SHA-256, so only the reader can catch the damage
+    payloads = make_kmnist_npz_dir(tmp_path)
+    assert D.load_dataset("kmnist", tmp_path, verify=False).x_train.shape == (30, 784)
+    mutate, cause = NPZ_CORRUPTIONS[corruption]
+    p = tmp_path / "kmnist" / "kmnist-train-imgs.npz"
+    p.write_bytes(mutate(p.read_bytes(), payloads[p.name]))
+    with pytest.raises(D.DataError) as e:
+        D.load_dataset("kmnist", tmp_path, verify=False)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: cannot read npz"), msg
+    assert cause in msg and "corrupt or truncated" in msg
+    assert "get kmnist-train-imgs.npz from http://codh.rois.ac.jp/kmnist/" in msg
+    assert "<data-dir>/kmnist/" in msg
+
+
+@pytest.mark.parametrize(
+    ("write", "cause"),
+    [
+        (lambda p: p.write_bytes(D.EMBEDDED_PATH.read_bytes()[:5000]), "File is not a zip file"),
+        (lambda p: p.write_bytes(b""), "the file is empty"),
+        (lambda p: np.savez(p, x_train=np.zeros((1, 28, 28), np.uint8)), "no array 'y_train'"),
+    ],
+    ids=["truncated", "empty", "missing-array"],
+)
+def test_corrupt_embedded_subset_says_how_to_rebuild(tmp_path: Path, write, cause: str) -> None:
+    p = tmp_path / "mnist_subset.npz"
+    write(p)
+    with pytest.raises(D.DataError) as e:
+        D.load_embedded(p)
+    msg = str(e.value)
+    assert msg.startswith(f"embedded subset {p}"), msg
+    assert cause in msg
+    assert "python -m pathnorm_experiments.data --make-subset" in msg

@@ -230,6 +230,14 @@ MALFORMED = {
         _set(["cases", 0, "dtype"], "float32"),
         r"at \$\.cases\[0\]\.inputs\.X: a float32 case's input is not exactly representable",
     ),
+    "inf_scalar": (
+        _set(["cases", 2, "tolerance", "rtol"], float("inf")),
+        r"case 'single_output_lam_0\.2' \(cases\[2\]\) at \$\.cases\[2\]\.tolerance\.rtol: inf is not a finite",
+    ),
+    "nan_entry": (
+        _set(["cases", 0, "expected", "V", 2, 1], float("nan")),
+        r"case 'errata_conformance' \(cases\[0\]\) at \$\.cases\[0\]\.expected\.V\[2\]\[1\]: nan is not a finite",
+    ),
 }
 
 
@@ -259,6 +267,48 @@ def test_malformed_file_is_rejected(tmp_path: Path, text: str, pattern: str) -> 
     path.write_text(text)
     with pytest.raises(SpecError, match=pattern.replace(r"bad\.json", r".*bad\.json")):
         load_vectors(path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        (
+            '"lam": 0.1',
+            '"lam": 1e999',
+            r"case 'errata_conformance' \(cases\[0\]\) at \$\.cases\[0\]\.inputs\.lam: 1e999",
+        ),
+        (
+            '"lam": 0.05',
+            '"lam": 2E+400',
+            r"case 'single_output_lam_0\.05' \(cases\[1\]\) at \$\.cases\[1\]\.inputs\.lam: 2E\+400",
+        ),
+        (
+            '"objective": 0.15176712071692877',
+            '"objective": 1.5e308000',
+            r"at \$\.cases\[0\]\.expected\.objective: 1\.5e308000",
+        ),
+        (
+            '"objective": 0.15176712071692877',
+            '"objective": 1' + "0" * 400,
+            r"at \$\.cases\[0\]\.expected\.objective: 1000000000\.\.\. \(an integer of 401 digits\)",
+        ),
+        ('"rtol": 1e-09', '"rtol": 1e309', r"at \$\.cases\[0\]\.tolerance\.rtol: 1e309"),
+    ],
+    ids=["lam", "lam-upper-E", "objective", "objective-huge-int", "tolerance"],
+)
+def test_overflowing_number_literal_is_rejected(
+    tmp_path: Path, old: str, new: str, where: str
+) -> None:
+    # json turns 1e999 into inf, which the schema's "type": "number", "minimum": 0 accepts
+    text = (Path(gen.VECTORS_DIR) / "path_norm_prox.json").read_text()
+    assert old in text
+    path = tmp_path / "bad.json"
+    path.write_text(text.replace(old, new, 1))
+    with pytest.raises(SpecError) as info:
+        load_vectors(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    assert re.search(where + " is not a finite float64 number", message), message
 
 
 # --- generation ------------------------------------------------------------------------------

@@ -4,15 +4,18 @@ a tiny ``pathnorm-reproduce --quick`` run."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from pathnorm_experiments import reproduce, train
+from pathnorm_experiments import data, reproduce, train
+from pathnorm_experiments.config import TrainConfig
 
 TINY = [
     "--epochs", "1", "--n-train", "300", "--n-test", "200", "--pgd-samples", "100",
@@ -123,6 +126,83 @@ def test_errors_exit_2_with_message(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--pgd-samples", "-1"],
+            "argument --pgd-samples: must be >= 0 (0: all test images), got -1",
+        ),
+        (
+            ["--threads", "-3"],
+            "argument --threads: must be >= 0 (0: the framework's default), got -3",
+        ),
+        (["--threads", "two"], "argument --threads: expected an integer, got 'two'"),
+    ],
+)
+def test_negative_counts_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        train.main([*TINY, "--out", str(tmp_path), *args])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "all_of"),
+    [
+        ("pgd_samples", -1, "test"),
+        ("pgd_samples", 0, "test"),
+        ("eval_train_samples", -5, "training"),
+    ],
+)
+def test_config_refuses_sample_counts_below_1(field: str, value: int, all_of: str) -> None:
+    # a negative count sliced x[:-n]: all but the last n images, recorded as n_attacked = -n
+    with pytest.raises(ValueError) as e:
+        TrainConfig(**{field: value})
+    assert str(e.value) == f"{field} must be >= 1, or None for all {all_of} images; got {value}"
+
+
+def test_pgd_samples_zero_attacks_every_test_image(tmp_path: Path) -> None:
+    r = run_main(tmp_path, "--engine", "loop", "--pgd-samples", "0")
+    assert r["n_attacked"] == r["n_test"] == 200 and r["config"]["pgd_samples"] is None
+
+
+@pytest.fixture
+def corrupt_kmnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A data dir whose KMNIST train labels are a truncated npz with no known checksum."""
+    spec = data.DATASETS["kmnist"]
+    labels = tuple(dataclasses.replace(fs, sha256=None) for fs in spec.train_labels)
+    monkeypatch.setitem(data.DATASETS, "kmnist", dataclasses.replace(spec, train_labels=labels))
+    (tmp_path / "kmnist").mkdir()
+    np_file = tmp_path / "kmnist" / "kmnist-train-labels.npz"
+    np.savez(np_file, np.zeros(60000, dtype=np.uint8))
+    np_file.write_bytes(np_file.read_bytes()[:1000])
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", ["train", "reproduce"])
+def test_corrupt_data_file_exits_2_with_message(
+    corrupt_kmnist: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    out = corrupt_kmnist / "out"
+    common = ["--data-dir", str(corrupt_kmnist), "--out", str(out)]
+    if command == "train":
+        rc = train.main([*TINY, "--dataset", "kmnist", *common])
+    else:
+        rc = reproduce.main(["--datasets", "kmnist", *common])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"pathnorm-{command}: error: {corrupt_kmnist}/kmnist/kmnist-train-labels.npz"
+    )
+    assert "BadZipFile: File is not a zip file" in err
+    assert "get kmnist-train-labels.npz from http://codh.rois.ac.jp/kmnist/" in err
+    assert not out.exists()
+
+
 def test_bad_hidden_spec(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         train.main(["--hidden", "a,b"])
@@ -146,6 +226,52 @@ def test_reproduce_checks_data_before_training(
     assert reproduce.main(args) == 2
     assert "train-labels-idx1-ubyte.gz not found" in capsys.readouterr().err
     assert not (tmp_path / "o" / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--pgd-samples", "-5"],
+            "argument --pgd-samples: must be >= 0 (0: all test images), got -5",
+        ),
+        (["--epochs", "0"], "epochs must be >= 1, got 0"),
+        (["--epochs", "-2"], "epochs must be >= 1, got -2"),
+        (["--lr", "-0.1"], "lr must be a finite number > 0, got -0.1"),
+        (["--lams-path", "1e-3", "-0.001"], "lam must be a finite number >= 0, got -0.001"),
+    ],
+)
+def test_reproduce_refuses_bad_arguments_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    out = tmp_path / "o"
+    small = [
+        "--lams-l1",
+        "3e-3",
+        "--lams-path",
+        "1e-3",
+        "--lams-linf",
+        "0.5",
+        "--pgd-samples",
+        "50",
+    ]
+    argv = ["--quick", "--out", str(out), *small, *args]
+    try:
+        rc = reproduce.main(argv)
+    except SystemExit as e:  # argparse's own refusal
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and "pathnorm-reproduce: error:" in err
+    assert not out.exists()
+
+
+def test_reproduce_help_states_the_quick_settings(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        reproduce.main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "embedded data, small grid, 3 epochs, 1 seed" in help_text
+    assert "quick: 3, full: 20 (the paper)" in help_text
 
 
 def test_reproduce_quick_tiny(tmp_path: Path) -> None:
