@@ -18,11 +18,17 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import override
 
 from pathnorm_experiments.config import History, TrainConfig
-from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.data import DATASET_NAMES, Dataset, load_dataset
 from pathnorm_experiments.torch_backend import build_model, linear_layers, penalty, record_sparsity
 from pathnorm_lightning import L1Prox, LayerwiseLinfProjection, PathNormProx
 
-__all__ = ["ArrayDataModule", "PaperMLP", "regularizer_callbacks", "train_lightning"]
+__all__ = [
+    "ArrayDataModule",
+    "ImageDataModule",
+    "PaperMLP",
+    "regularizer_callbacks",
+    "train_lightning",
+]
 
 
 class ArrayDataModule(pl.LightningDataModule):
@@ -41,15 +47,23 @@ class ArrayDataModule(pl.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.data = data
+        if n_train is not None and n_train < 1:
+            raise ValueError(f"n_train must be >= 1, or None for all, got {n_train}")
+        self.data: Dataset | None = data
         self.batch_size = batch_size
         self.seed = seed
         self.n_train = n_train
 
+    def _arrays(self) -> Dataset:
+        if self.data is None:
+            raise RuntimeError(f"{type(self).__name__}: call setup() before the dataloaders")
+        return self.data
+
     @override
     def train_dataloader(self) -> DataLoader:
-        x = torch.from_numpy(self.data.x_train[: self.n_train])
-        y = torch.from_numpy(self.data.y_train[: self.n_train])
+        data = self._arrays()
+        x = torch.from_numpy(data.x_train[: self.n_train])
+        y = torch.from_numpy(data.y_train[: self.n_train])
         g = torch.Generator().manual_seed(self.seed)
         return DataLoader(
             TensorDataset(x, y), batch_size=self.batch_size, shuffle=True, generator=g
@@ -57,8 +71,55 @@ class ArrayDataModule(pl.LightningDataModule):
 
     @override
     def test_dataloader(self) -> DataLoader:
-        ds = TensorDataset(torch.from_numpy(self.data.x_test), torch.from_numpy(self.data.y_test))
+        data = self._arrays()
+        ds = TensorDataset(torch.from_numpy(data.x_test), torch.from_numpy(data.y_test))
         return DataLoader(ds, batch_size=1000)
+
+
+class ImageDataModule(ArrayDataModule):
+    """MNIST, Fashion-MNIST, KMNIST or the embedded MNIST subset, read in ``setup`` from their
+    standard files (checked; nothing is downloaded), pixels in [0, 1], images flattened to 784.
+
+    Every argument is a plain typed value, so LightningCLI configures it
+    (``--data pathnorm_experiments.lightning_module.ImageDataModule --data.dataset mnist``).
+
+    Args:
+        dataset: ``"embedded"`` (shipped with the package), ``"mnist"``, ``"fashion-mnist"``
+            or ``"kmnist"``.
+        data_dir: directory holding ``<dataset>/<file>``; ``None``: ``$PATHNORM_DATA_DIR``, else
+            the default (see :func:`pathnorm_experiments.data.default_data_dir`).
+        batch_size, seed, n_train: as for :class:`ArrayDataModule`.
+        allow_partial: accept KMNIST's truncated training-image file (with a warning).
+        verify: check the SHA-256 of the files whose original checksum is known.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "embedded",
+        data_dir: str | None = None,
+        batch_size: int = 100,
+        seed: int = 0,
+        n_train: int | None = None,
+        allow_partial: bool = False,
+        verify: bool = True,
+    ) -> None:
+        if dataset not in DATASET_NAMES:
+            raise ValueError(
+                f"unknown dataset {dataset!r}; choose one of {', '.join(DATASET_NAMES)}"
+            )
+        super().__init__(None, batch_size, seed, n_train)  # type: ignore[arg-type]
+        self.save_hyperparameters()
+        self.dataset = dataset
+        self.data_dir = data_dir
+        self.allow_partial = allow_partial
+        self.verify = verify
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.data is None:
+            self.data = load_dataset(
+                self.dataset, self.data_dir, allow_partial=self.allow_partial, verify=self.verify
+            )
 
 
 class PaperMLP(pl.LightningModule):

@@ -956,13 +956,14 @@ def test_example_yaml_configures_the_callback(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.syspath_prepend(str(examples))
     monkeypatch.setattr("sys.argv", ["lightning_cli"])
     from lightning_cli import MLP as ExampleMLP
-    from lightning_cli import EmbeddedMNIST
+    from lightning_cli import ImageDataModule
 
     cli = LightningCLI(
         ExampleMLP,
-        EmbeddedMNIST,
+        ImageDataModule,
         run=False,
         args=["--config", str(examples / "lightning_cli.yaml")],
     )
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, PathNormProx)]
     assert cb.lam == 1e-3 and cb.pairs == [("net.0", "net.2")] and cb.prog_bar
+    assert cli.datamodule.dataset == "embedded" and cli.datamodule.batch_size == 100

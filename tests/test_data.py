@@ -319,3 +319,59 @@ def test_corrupt_embedded_subset_says_how_to_rebuild(tmp_path: Path, write, caus
     assert msg.startswith(f"embedded subset {p}"), msg
     assert cause in msg
     assert "python -m pathnorm_experiments.data --make-subset" in msg
+
+
+# --- the LightningDataModule -------------------------------------------------------------
+
+
+def test_image_data_module_reads_the_embedded_subset() -> None:
+    torch = pytest.importorskip("torch")
+    from pathnorm_experiments.lightning_module import ImageDataModule
+
+    dm = ImageDataModule("embedded", batch_size=100, n_train=300)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert len(batches) == 3
+    x, y = batches[0]
+    assert x.shape == (100, 784) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert float(x.min()) >= 0.0 and float(x.max()) <= 1.0 and float(x.max()) > 0.5
+    embedded = D.load_embedded()
+    seen = torch.cat([b[1] for b in batches]).sort().values
+    assert torch.equal(seen, torch.from_numpy(embedded.y_train[:300]).sort().values)
+    ((x_te, y_te),) = list(dm.test_dataloader())
+    assert x_te.shape == (1000, 784) and torch.equal(y_te, torch.from_numpy(embedded.y_test))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dataset": "cifar10"}, r"unknown dataset 'cifar10'; choose one of embedded, mnist"),
+        ({"batch_size": 0}, r"batch_size must be >= 1, got 0"),
+        ({"n_train": 0}, r"n_train must be >= 1, or None for all, got 0"),
+    ],
+)
+def test_image_data_module_rejects_bad_arguments(kwargs: dict, match: str) -> None:
+    from pathnorm_experiments.lightning_module import ImageDataModule
+
+    with pytest.raises(ValueError, match=match):
+        ImageDataModule(**kwargs)
+
+
+def test_image_data_module_says_which_file_is_missing(tmp_path: Path) -> None:
+    from pathnorm_experiments.lightning_module import ImageDataModule
+
+    dm = ImageDataModule("fashion-mnist", data_dir=str(tmp_path))
+    with pytest.raises(D.DataError, match=r"fashion-mnist.*not found"):
+        dm.setup("fit")
+
+
+@needs_shared
+def test_image_data_module_reads_real_mnist() -> None:
+    from pathnorm_experiments.lightning_module import ImageDataModule
+
+    dm = ImageDataModule("mnist", data_dir=str(SHARED), batch_size=1000)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    assert len(loader.dataset) == 60_000  # type: ignore[arg-type]
+    x, _ = next(iter(loader))
+    assert x.shape == (1000, 784) and float(x.max()) == 1.0
