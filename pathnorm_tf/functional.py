@@ -311,8 +311,15 @@ METHODS = ("auto", "band", "sort")
 def _prox_kernels(
     k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor, method: str = "auto"
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """:func:`prox_path_norm` without input checks (Dense layout, static shapes)."""
-    cd = _compute_dtype(k_in.dtype)
+    """:func:`prox_path_norm` without input checks (Dense layout, static shapes).
+
+    The per-unit work (the short side, the sums over the long side, the candidates) and the
+    final soft-threshold are done in float64, as by torch's compiled kernel, so that the result
+    is the exact prox rounded once to the weights' dtype; the long side is kept (and compared,
+    sliced, max-reduced) in its own precision, where that is exact.
+    """
+    cd = tf.float64
+    ld = _compute_dtype(k_in.dtype)  # the long side's storage
     # For lam >= 1 no support pair is feasible (k l lam^2 >= 1): only the two trivial points
     # remain and the prox no longer depends on lam. Capping keeps lam^2 finite (as torch does).
     if isinstance(lam, float):
@@ -328,18 +335,40 @@ def _prox_kernels(
         lam64 = tf.cast(lam, tf.float64)
         lam_c = tf.cast(lam64, cd)
         lam2_c = tf.cast(lam64 * lam64, cd)
-    k_in_c = tf.cast(tf.stop_gradient(k_in), cd)  # (m, n): hidden unit i is column i
-    k_out_c = tf.cast(tf.stop_gradient(k_out), cd)  # (n, p): hidden unit i is row i
+    k_in_c = tf.cast(tf.stop_gradient(k_in), ld)  # (m, n): hidden unit i is column i
+    k_out_c = tf.cast(tf.stop_gradient(k_out), ld)  # (n, p): hidden unit i is row i
     m, n = int(k_in_c.shape[0]), int(k_in_c.shape[1])
     p = int(k_out_c.shape[1])
     if method == "sort":
-        t_out, t_in = _prox_rows(k_out_c, tf.transpose(k_in_c), lam_c, lam2_c)
+        t_out, t_in = _prox_rows(
+            tf.cast(k_out_c, cd), tf.cast(tf.transpose(k_in_c), cd), lam_c, lam2_c
+        )
     elif p > m:  # the band method sorts the short side: swap roles (the problem is symmetric)
-        t_in, t_out = _prox_band(tf.transpose(k_in_c), k_out_c, 0, lam_c, lam2_c)
+        t_in, t_out = _prox_band(tf.cast(tf.transpose(k_in_c), cd), k_out_c, 0, lam_c, lam2_c)
     else:  # the long side stays in the Dense layout: no transpose of the big kernel
-        t_out, t_in = _prox_band(k_out_c, k_in_c, 1, lam_c, lam2_c)
-    new_in = _soft_threshold_rows(k_in_c, tf.reshape(t_in, [1, n]))
-    return tf.cast(new_in, k_in.dtype), tf.cast(_soft_threshold_rows(k_out_c, t_out), k_out.dtype)
+        t_out, t_in = _prox_band(tf.cast(k_out_c, cd), k_in_c, 1, lam_c, lam2_c)
+    new_in = _soft_threshold_exact(k_in_c, tf.reshape(t_in, [1, n]))
+    new_out = _soft_threshold_exact(k_out_c, t_out)
+    return tf.cast(new_in, k_in.dtype), tf.cast(new_out, k_out.dtype)
+
+
+def _soft_threshold_exact(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
+    """``sign(z) max(|z| - t, 0)`` for ``z`` in float32 or float64 and a float64 threshold
+    ``t`` broadcast against it (``inf``: 0), in ``z``'s dtype, without float64 work per entry.
+
+    ``t = t_hi + t_lo`` with ``t_hi`` = ``t`` rounded to float32 and ``t_lo`` = the rest
+    rounded: ``|z| - t_hi > t_lo`` is exactly ``|z| > t`` (``|z| - t_hi`` is exact where it
+    matters, and ``|t_lo|`` is below half an ulp of ``t_hi``), so the zero pattern is the
+    exact one, and a kept entry is ``(|z| - t_hi) - t_lo``, within an ulp of ``|z| - t``.
+    """
+    if z.dtype == tf.float64:
+        return _soft_threshold_rows(z, t)
+    t_hi = tf.cast(t, z.dtype)
+    t_lo = tf.cast(t - tf.cast(t_hi, t.dtype), z.dtype)  # (NaN for t = inf: nothing is kept)
+    t_hi, t_lo = _materialized(t_hi, t_lo)
+    excess = tf.abs(z) - t_hi
+    keep = excess > t_lo
+    return tf.where(keep, tf.sign(z) * (excess - t_lo), tf.zeros_like(z))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -471,6 +500,19 @@ def _bitonic_sort_desc(a: tf.Tensor) -> tf.Tensor:
     return a[:, :q]
 
 
+def _materialized(*ts: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """``ts`` unchanged (per-unit values), computed once. XLA would otherwise fuse their
+    float64 expressions into every loop over the long side that broadcasts them, and recompute
+    them there once per element (its optimization barrier is expanded away on CPU before
+    fusion). A reduction is not fused into a consumer: the max over the pair ``(t, -t * -1)``
+    is ``t`` (NaN and inf too), written so that XLA does not simplify it away."""
+    if not _tracing_for_xla():
+        return ts
+    return tuple(
+        tf.reduce_max(tf.stack([t, -t], -1) * tf.constant([1.0, -1.0], t.dtype), -1) for t in ts
+    )
+
+
 def _unit(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
     """A per-unit column (n, 1) laid out to broadcast against the long side."""
     return t if unit_axis == 0 else tf.reshape(t, [1, -1])
@@ -530,8 +572,8 @@ def _norm_sq(sum_sq: tf.Tensor) -> tf.Tensor:
 class _Band(NamedTuple):
     """What every band tier needs; per-unit values are columns (n, 1) (``k`` runs along 1)."""
 
-    x: tf.Tensor  # short side (n, p), neutral layout
-    y: tf.Tensor  # long side: (n, m) if unit_axis == 0, (m, n) (Dense kernel) if 1
+    x: tf.Tensor  # short side (n, p), neutral layout, float64
+    y: tf.Tensor  # long side: (n, m) if unit_axis == 0, (m, n) (Dense kernel) if 1; any float
     unit_axis: int
     lam: float | tf.Tensor
     lam2: float | tf.Tensor
@@ -555,9 +597,11 @@ class _Band(NamedTuple):
         return _reduce_units(fn, t, self.unit_axis)
 
     def band_values(self) -> tf.Tensor:
-        """``|y|`` on the band ``tau_lo < |y| <= tau_hi``, 0 elsewhere (``y``-shaped)."""
+        """``|y|`` on the band ``tau_lo < |y| <= tau_hi``, 0 elsewhere (``y``-shaped, y's dtype;
+        compared in the bounds' dtype)."""
         ay = tf.abs(self.y)
-        in_band = (ay > self.unit(self.tau_lo)) & (ay <= self.unit(self.tau_hi))
+        lo, hi = (self.unit(tf.cast(t, ay.dtype)) for t in (self.tau_lo, self.tau_hi))
+        in_band = (ay > lo) & (ay <= hi)  # (both bounds are ld values: exact)
         return tf.where(in_band, ay, tf.zeros_like(ay))
 
 
@@ -571,18 +615,21 @@ def _band_setup(
     """
     p = int(x.shape[1])
     m = int(y.shape[1 - unit_axis])
-    dt = x.dtype
-    eps = _EPS[dt]
+    dt, ld = x.dtype, y.dtype  # per-unit work in dt (float64); the long side in its own ld
+    eps = _EPS[ld]  # (the long side is summed and compared in ld: its rounding rules)
     margin = 64 * eps
     ax = tf.abs(x)
     xs = _sort_rows_desc(ax)
     cx = _cumsum_cols(xs)
     cx2 = _cumsum_cols(xs * xs)
     x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
-    tau_hi = lam * x1 * (1 + margin)
+    # The bounds are rounded to ld once (within their margins) and kept out of the loops over
+    # the long side (see _materialized); every comparison with the long side uses them.
+    (tau_hi_l,) = _materialized(tf.cast(lam * x1 * (1 + margin), ld))
+    tau_hi = tf.cast(tau_hi_l, dt)
     ay = tf.abs(y)
-    r_hi = tf.maximum(ay - _unit(tau_hi, unit_axis), 0.0)
-    ysq, r_sq = (_norm_sq(t) for t in _unit_sums(ay * ay, r_hi * r_hi, unit_axis))
+    r_hi = tf.maximum(ay - _unit(tau_hi_l, unit_axis), 0.0)
+    ysq, r_sq = (tf.cast(_norm_sq(t), dt) for t in _unit_sums(ay * ay, r_hi * r_hi, unit_axis))
     # Upper bound on the minimum, and from it a lower bound a_lo on ||v||_1 (see torch).
     # ysq - r_sq cancels when tau_hi is tiny against |y|: raised by the rounding of both sums
     # (each within (m + 1) eps of its value), so that the bound stays above the minimum.
@@ -605,20 +652,24 @@ def _band_setup(
     a_cs = tf.reduce_sum(tf.maximum(ax - lam * big_b, 0.0), 1, keepdims=True)
     a_cs -= (p + 2) * eps * (x1 + p * lam * big_b)
     tau_lo = tf.maximum(tau_lo, lam * a_cs * (1 - margin))
+    (tau_lo_l,) = _materialized(tf.minimum(tf.cast(tau_lo, ld), tau_hi_l))
+    tau_lo = tf.cast(tau_lo_l, dt)
     # Counts above tau_hi (c_hi) and in the band (count; tau_lo <= tau_hi) from one reduction
     # of (|y| > tau_lo) + K (|y| > tau_hi), K a power of two > m: integers below 2^24 (2^53 in
     # float64) sum exactly in any order. (|y| > t as 0/1 is sign(max(|y| - t, 0)) of torch:
     # a - b > 0 iff a > b.)
-    in_hi = tf.cast(ay > _unit(tau_hi, unit_axis), dt)
-    above_lo = tf.cast(ay > _unit(tau_lo, unit_axis), dt)
+    in_hi = tf.cast(ay > _unit(tau_hi_l, unit_axis), ld)
+    above_lo = tf.cast(ay > _unit(tau_lo_l, unit_axis), ld)
     pack = 2.0 ** math.ceil(math.log2(m + 1))
-    if pack * (m + 1) <= 2.0 ** (53 if dt == tf.float64 else 24):
-        packed, r_sum = _unit_sums(above_lo + pack * in_hi, r_hi, unit_axis)
+    if pack * (m + 1) <= 2.0 ** (53 if ld == tf.float64 else 24):
+        packed, r_sum = (
+            tf.cast(t, dt) for t in _unit_sums(above_lo + pack * in_hi, r_hi, unit_axis)
+        )
         c_hi = tf.floor(packed / pack)
         count = packed - pack * c_hi - c_hi
     else:
-        c_hi, r_sum = _unit_sums(in_hi, r_hi, unit_axis)
-        count = _reduce_units(tf.reduce_sum, above_lo - in_hi, unit_axis)
+        c_hi, r_sum = (tf.cast(t, dt) for t in _unit_sums(in_hi, r_hi, unit_axis))
+        count = tf.cast(_reduce_units(tf.reduce_sum, above_lo - in_hi, unit_axis), dt)
     s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
     q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     return _Band(
@@ -726,6 +777,7 @@ def _narrow_band(b: _Band, kb: int) -> tf.Tensor:
         band = _gather_rows(tf.concat(tops, 1), which)
     else:
         band = tops[0]
+    band = tf.cast(band, dt)
     return tf.where(slot < b.count, band, tf.zeros_like(band))
 
 
@@ -736,7 +788,7 @@ def _wide_band(b: _Band) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     if b.unit_axis == 1:
         vals = tf.transpose(vals)
     kb = min(BAND_BLOCK, int(vals.shape[1]))
-    band = tf.math.top_k(vals, k=kb, sorted=True).values
+    band = tf.cast(tf.math.top_k(vals, k=kb, sorted=True).values, b.x.dtype)
     t_x, t_y = _band_candidates(b, band)
     return t_x, t_y, b.width > kb
 
@@ -760,7 +812,7 @@ def _prox_band(
     b = _band_setup(x, y, unit_axis, lam, lam2)
 
     def neutral_y() -> tf.Tensor:
-        return y if unit_axis == 0 else tf.transpose(y)
+        return tf.cast(y if unit_axis == 0 else tf.transpose(y), x.dtype)
 
     def wide() -> tuple[tf.Tensor, tf.Tensor]:
         t_x, t_y, too_wide = _wide_band(b)

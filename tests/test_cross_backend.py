@@ -82,6 +82,36 @@ def test_prox_agrees(
         np.testing.assert_array_equal(got == 0, want == 0)
 
 
+# Realistic float32 layers (Glorot-uniform, as Keras and the paper's net initialise them), where
+# float32 arithmetic in the per-unit work would differ from torch's compiled kernel by up to
+# 1e-3 (and flip zeros): both must give the exact prox rounded to float32, up to an ulp.
+REAL_SHAPES = [(784, 200, 10), (200, 50, 1), (64, 40, 100), (10, 30, 300)]
+
+
+@pytest.mark.parametrize("shape", REAL_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_float32_glorot_layers_agree(shape: tuple[int, int, int]) -> None:
+    m, n, p = shape
+    rng = np.random.default_rng(m * 1000 + p)
+    s_in, s_out = np.sqrt(6 / (m + n)), np.sqrt(6 / (n + p))
+    w_in = rng.uniform(-s_in, s_in, (n, m)).astype(np.float32)
+    w_out = rng.uniform(-s_out, s_out, (p, n)).astype(np.float32)
+    xla = tf.function(
+        lambda a, b, lam: pntf.prox_path_norm(a, b, lam, check_finite=False), jit_compile=True
+    )
+    k_in, k_out = tf.constant(w_in.T), tf.constant(w_out.T)
+    for lam in (1e-4, 1e-3, 1e-2, 0.1):
+        t_in, t_out = (t.numpy() for t in _torch_prox(w_in, w_out, lam, "kernel"))
+        results = {
+            "band": pntf.prox_path_norm(k_in, k_out, lam),
+            "sort": pntf.prox_path_norm(k_in, k_out, lam, method="sort"),
+            "xla": xla(k_in, k_out, tf.constant(lam, tf.float64)),
+        }
+        for name, (a, b) in results.items():
+            for got, want in ((a.numpy().T, t_in), (b.numpy().T, t_out)):
+                assert _rel_err(got, want) <= 1e-6, (name, lam)
+                np.testing.assert_array_equal(got == 0, want == 0, err_msg=f"{name} {lam}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_bounds_and_baselines_agree(dtype: str) -> None:
     rng = np.random.default_rng(11)
