@@ -35,6 +35,7 @@ l1 norm of a *column* (one output unit's incoming weights): use
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -69,6 +70,18 @@ def _is_symbolic(t: Any) -> bool:
     return isinstance(t, tf.Tensor) and not hasattr(t, "numpy")
 
 
+def _warn_if_xla(what: str) -> None:
+    """XLA compiles TensorFlow's assertions away: say so when a graph check is added there."""
+    if _tracing_for_xla():
+        warnings.warn(
+            f"pathnorm_tf: {what} is not checked under XLA (jit_compile=True), which drops "
+            "TensorFlow assertions; compile without XLA to get the error, or check the values "
+            "outside the compiled function.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 def _check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
     """A Python float (validated now) or a 0-d float tensor (validated now or at run time)."""
     if isinstance(value, (str, bytes, bool)) or value is None:
@@ -81,6 +94,7 @@ def _check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
         if not (t.dtype.is_floating or t.dtype.is_integer):
             raise ValueError(f"{name} must be a real number, got dtype {t.dtype.name}")
         if _is_symbolic(t):
+            _warn_if_xla(f"a tensor {name} (finite, >= 0)")
             tf.debugging.assert_all_finite(
                 tf.cast(t, tf.float64), f"{name} must be a finite number >= 0"
             )
@@ -116,6 +130,7 @@ def _as_matrix(w: Any, name: str, check_finite: bool) -> tf.Tensor:
             "(check the learning rate and the loss for divergence)"
         )
         if _is_symbolic(t):
+            _warn_if_xla(f"that {name} is finite (check_finite=True)")
             t = tf.debugging.assert_all_finite(t, msg)
         elif not bool(tf.reduce_all(tf.math.is_finite(t))):
             raise ValueError(msg)

@@ -21,13 +21,15 @@ Requires the TensorFlow backend of Keras.
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from pathnorm_tf import pairing
-from pathnorm_tf.functional import _prox_kernels, _soft_threshold
+from pathnorm_tf.functional import _prox_kernels, _soft_threshold, _warn_if_xla
 from pathnorm_tf.functional import project_linf_operator_norm as _project_linf
 
 __all__ = ["PathNormSGD", "ProxOptimizer"]
@@ -47,6 +49,12 @@ def _check_backend(cls_name: str) -> None:
 def _check_strength(value: Any, name: str, owner: str) -> float:
     if value is None:
         raise ValueError(f"{owner} needs {name} (a finite number >= 0), e.g. {name}=1e-4")
+    if isinstance(value, (tf.Tensor, tf.Variable)) and value.shape == ():  # a 0-d tensor
+        if not (value.dtype.is_floating or value.dtype.is_integer):
+            raise ValueError(f"{name} must be a real number, got {value!r}")
+        value = float(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        value = float(value)  # NumPy reals too
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a real number, got {value!r}")
     value = float(value)
@@ -187,6 +195,7 @@ class _KernelRegularizer:
     def _read(self, var: Any, name: str) -> tf.Tensor:
         value = tf.convert_to_tensor(var)
         if self._check_finite:
+            _warn_if_xla(f"check_finite=True: that {name} is finite")
             value = tf.debugging.assert_all_finite(
                 value, f"{name} contains NaN or inf before the prox (training diverged?)"
             )
@@ -321,6 +330,12 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
         if isinstance(inner_optimizer, (PathNormSGD, ProxOptimizer)):
             raise ValueError(
                 "inner_optimizer already applies a prox; wrap a plain optimizer (e.g. SGD, Adam)"
+            )
+        if getattr(inner_optimizer, "use_ema", False):
+            raise ValueError(
+                "inner_optimizer has use_ema=True: its average would be taken before the prox "
+                "(of weights that were never proxed, so with none of its zeros). Turn use_ema "
+                "off, or use PathNormSGD(..., use_ema=True), which proxes before averaging."
             )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer

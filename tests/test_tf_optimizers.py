@@ -307,6 +307,9 @@ def test_ambiguous_name() -> None:
         ({"lam": 0.1, "pairs": [("a", 3)]}, TypeError, "expected a layer name"),
         ({"lam": 0.1, "pairs": [("a", "")]}, ValueError, "must not be empty"),
         ({"lam": 0.1, "check_finite": 1}, ValueError, "check_finite must be a bool"),
+        ({"lam": np.bool_(True)}, ValueError, "lam must be a real number"),
+        ({"lam": tf.constant([0.1])}, ValueError, "lam must be a real number"),
+        ({"lam": np.float32("nan")}, ValueError, "lam must be a finite number >= 0"),
     ],
 )
 def test_constructor_errors(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
@@ -317,6 +320,28 @@ def test_constructor_errors(kwargs: dict[str, Any], error: type[Exception], matc
 def test_layer_object_that_is_not_dense() -> None:
     with pytest.raises(ValueError, match="is a Conv1D, not a Dense layer"):
         PathNormSGD(0.1, lam=0.1, pairs=[(keras.layers.Conv1D(2, 2, name="c"), "d")])
+
+
+@pytest.mark.parametrize(
+    "lam", [np.float32(0.25), np.float64(0.25), np.int64(0), tf.constant(0.25), tf.constant(0)]
+)
+def test_numpy_and_tensor_scalars_are_accepted_as_floats(lam: Any) -> None:
+    for opt in (PathNormSGD(0.1, lam=lam), ProxOptimizer(keras.optimizers.Adam(), lam=lam)):
+        assert type(opt.lam) is float and opt.lam == float(lam)
+        assert opt.get_config()["lam"] == float(lam)
+
+
+def test_check_finite_under_xla_warns_that_it_is_not_enforced() -> None:
+    model = mlp()
+    opt = PathNormSGD(0.1, lam=0.1, check_finite=True)
+    opt.build(model.trainable_variables)
+    grads = [tf.zeros_like(v) for v in model.trainable_variables]
+    step = tf.function(lambda g: opt.apply(g, model.trainable_variables), jit_compile=True)
+    with pytest.warns(UserWarning, match=r"check_finite=True: that kernel_in is finite is not"):
+        step(grads)
+    xla_prox = tf.function(lambda a, b, lam: prox_path_norm(a, b, lam), jit_compile=True)
+    with pytest.warns(UserWarning, match=r"a tensor lam \(finite, >= 0\) is not checked under"):
+        xla_prox(tf.ones([3, 2]), tf.ones([2, 1]), tf.constant(0.1))
 
 
 def test_check_finite_raises_in_the_graph() -> None:
@@ -466,6 +491,12 @@ def test_baseline_on_chosen_layers_only() -> None:
             "inner optimizer",
         ),
         ((PathNormSGD(0.1, lam=0.1),), {"lam": 0.1}, ValueError, "already applies a prox"),
+        (
+            (keras.optimizers.SGD(0.1, use_ema=True),),
+            {"lam": 0.1},
+            ValueError,
+            "use_ema=True: its average would be taken before the prox",
+        ),
     ],
 )
 def test_wrapper_errors(
