@@ -610,6 +610,8 @@ def test_clashing_metric_names_are_refused(second: Callable[[], Any], ok: bool) 
         return
     with pytest.raises(ValueError, match=r"PathNormProx and L1Prox both log their metrics as "):
         tr.fit(_four_layers(), loader(make_data()))
+    assert callbacks[0]._handles == []  # the first had hooked in; on_exception removed them
+    assert all(len(o._optimizer_step_post_hooks) == 0 for o in tr.optimizers)
 
 
 def test_frozen_layers_stay_as_they_are() -> None:
