@@ -20,16 +20,13 @@ Requires the TensorFlow backend of Keras.
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from pathnorm_tf import pairing
-from pathnorm_tf.functional import _prox_kernels, _soft_threshold, _warn_if_xla
+from pathnorm_tf.functional import _check_scalar, _prox_kernels, _soft_threshold, _warn_if_xla
 from pathnorm_tf.functional import project_linf_operator_norm as _project_linf
 
 __all__ = ["PathNormSGD", "ProxOptimizer"]
@@ -49,18 +46,10 @@ def _check_backend(cls_name: str) -> None:
 def _check_strength(value: Any, name: str, owner: str) -> float:
     if value is None:
         raise ValueError(f"{owner} needs {name} (a finite number >= 0), e.g. {name}=1e-4")
-    if isinstance(value, (tf.Tensor, tf.Variable)) and value.shape == ():  # a 0-d tensor
-        if not (value.dtype.is_floating or value.dtype.is_integer):
-            raise ValueError(f"{name} must be a real number, got {value!r}")
-        value = float(value)
-    elif isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
-        value = float(value)  # NumPy reals too
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if getattr(value, "shape", ()) != ():  # (prox_path_norm also takes a 1-element tensor)
         raise ValueError(f"{name} must be a real number, got {value!r}")
-    value = float(value)
-    if math.isnan(value) or math.isinf(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
+    # Python, NumPy and 0-d tensor reals, checked as prox_path_norm checks its lam.
+    return float(_check_scalar(value, name))
 
 
 def _tf_variable(v: Any) -> Any:
