@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -35,6 +34,7 @@ from typing_extensions import override
 
 from pathnorm_lightning.functional import (
     NonFiniteWeightsError,
+    _check_scalar,
     _finite_flag,
     project_rows_l1_ball_,
     prox_l1_,
@@ -72,10 +72,7 @@ def _check_nonneg(value: Any, name: str, owner: str) -> float:
         raise TypeError(
             f"{owner}: {name} must be a real number, got {value!r} ({type(value).__name__})"
         )
-    value = float(value)
-    if math.isnan(value) or math.isinf(value) or value < 0:
-        raise ValueError(f"{owner}: {name} must be a finite number >= 0, got {value!r}")
-    return value
+    return _prefixed(owner, lambda v: _check_scalar(v, name), value)
 
 
 @dataclass
