@@ -380,7 +380,8 @@ def _soft_threshold_exact(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
         return _soft_threshold_rows(z, t)
     t_hi = tf.cast(t, z.dtype)
     t_lo = tf.cast(t - tf.cast(t_hi, t.dtype), z.dtype)  # (NaN for t = inf: nothing is kept)
-    t_hi, t_lo = _materialized(t_hi, t_lo)
+    if z.shape.num_elements() >= 32 * t.shape.num_elements():  # (the long side, not the short)
+        t_hi, t_lo = _materialized(t_hi, t_lo)
     excess = tf.abs(z) - t_hi
     keep = excess > t_lo
     return tf.where(keep, tf.sign(z) * (excess - t_lo), tf.zeros_like(z))
@@ -400,7 +401,7 @@ BAND_BLOCK = 32
 # reductions over the long side instead of a top_k (which XLA on CPU runs as a slow partial
 # sort of every row); each extra entry costs two reductions. Tiers, tried in order (in
 # training the widest band mostly holds 1 or 2 entries; lam = 1e-3 on Glorot kernels: ~15).
-_FAST_TIERS = (0, 1, 2, 4, 8, 16)
+_FAST_TIERS = (1, 2, 4, 8, 16)
 # Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
 _BAND_FULL_LIMIT = 1 << 15
 # Reductions over the long side first combine this many slices elementwise (see _reduce_units).
@@ -408,6 +409,7 @@ _SPLITS = 8
 # Rows of the short side at most this long are sorted by ranking (pairwise comparisons).
 _RANK_SORT_MAX = 16
 _EPS = {tf.float32: 2.0**-23, tf.float64: 2.0**-52}
+_BITS = {tf.float32: tf.int32, tf.float64: tf.int64}
 
 
 def _soft_threshold_rows(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
@@ -417,6 +419,37 @@ def _soft_threshold_rows(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
 
 def _gather_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
     return tf.gather(t, idx, axis=1, batch_dims=1)
+
+
+def _pick_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
+    """``t[i, idx[i, j]]`` for ``t`` (n, q) and ``idx`` (n, r) in ``[0, q)``. Under XLA, for
+    ``q <= _UNROLL_PICK``, a chain of selects: elementwise, so fused into its consumers (XLA on
+    CPU runs each gather, and the index array it builds for it, as thunks of their own)."""
+    q = int(t.shape[1])
+    if not _tracing_for_xla() or q > _UNROLL_PICK:
+        return _gather_rows(t, idx)
+    out = tf.broadcast_to(t[:, :1], tf.shape(idx))
+    for c in range(1, q):
+        out = tf.where(tf.equal(idx, c), t[:, c : c + 1], out)
+    return out
+
+
+def _at_least(h: tf.Tensor, *ts: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    """Each of ``ts`` (n, q) at the first index of the least ``h`` (n, q) per row, as columns
+    (n, 1): ``_gather_rows(t, _argmin_rows(h))``; a row whose least value is NaN gives the
+    last index. Under XLA, for ``q <= _UNROLL_PICK``, one reduction (the least value) and a
+    fused chain of selects from the last index to the first."""
+    q = int(h.shape[1])
+    if not _tracing_for_xla() or q > _UNROLL_PICK:
+        best = _argmin_rows(h)
+        return tuple(_gather_rows(t, best) for t in ts)
+    (h,) = _materialized(h)
+    least = tf.reduce_min(h, axis=1, keepdims=True)
+    out = [t[:, q - 1 :] for t in ts]
+    for c in range(q - 2, -1, -1):
+        at = tf.equal(h[:, c : c + 1], least)
+        out = [tf.where(at, t[:, c : c + 1], o) for t, o in zip(ts, out, strict=True)]
+    return tuple(out)
 
 
 def _argmin_rows(h: tf.Tensor) -> tf.Tensor:
@@ -459,6 +492,8 @@ def _cumsum_cols(a: tf.Tensor) -> tf.Tensor:
 
 
 _UNROLL_CUMSUM = 32
+# Under XLA, rows of at most this many columns are indexed by a chain of selects, not a gather.
+_UNROLL_PICK = 16
 
 
 def _sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
@@ -519,13 +554,17 @@ def _materialized(*ts: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """``ts`` unchanged (per-unit values), computed once. XLA would otherwise fuse their
     float64 expressions into every loop over the long side that broadcasts them, and recompute
     them there once per element (its optimization barrier is expanded away on CPU before
-    fusion). A reduction is not fused into a consumer: the max over the pair ``(t, -t * -1)``
-    is ``t`` (NaN and inf too), written so that XLA does not simplify it away."""
+    fusion). A reduction is not fused into a consumer: the max of ``t``'s bit pattern, as an
+    integer, and the lowest integer is that bit pattern (NaN, inf and -0 too; a float max
+    would not keep NaN on XLA's CPU backend)."""
     if not _tracing_for_xla():
         return ts
-    return tuple(
-        tf.reduce_max(tf.stack([t, -t], -1) * tf.constant([1.0, -1.0], t.dtype), -1) for t in ts
-    )
+    out = []
+    for t in ts:
+        bits = tf.bitcast(t, _BITS[t.dtype])
+        lowest = tf.fill(tf.shape(bits), _BITS[t.dtype].min)
+        out.append(tf.bitcast(tf.reduce_max(tf.stack([bits, lowest], -1), -1), t.dtype))
+    return tuple(out)
 
 
 def _unit(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
@@ -604,6 +643,7 @@ class _Band(NamedTuple):
     q_hi: tf.Tensor
     count: tf.Tensor  # band entries per unit (float)
     width: tf.Tensor  # 0-d: the largest count
+    band_sum: tf.Tensor  # sum of the band entries: the band where count <= 1
 
     def unit(self, t: tf.Tensor) -> tf.Tensor:
         return _unit(t, self.unit_axis)
@@ -673,8 +713,15 @@ def _band_setup(
     # of (|y| > tau_lo) + K (|y| > tau_hi), K a power of two > m: integers below 2^24 (2^53 in
     # float64) sum exactly in any order. (|y| > t as 0/1 is sign(max(|y| - t, 0)) of torch:
     # a - b > 0 iff a > b.)
-    in_hi = tf.cast(ay > _unit(tau_hi_l, unit_axis), ld)
-    above_lo = tf.cast(ay > _unit(tau_lo_l, unit_axis), ld)
+    is_hi = ay > _unit(tau_hi_l, unit_axis)
+    is_lo = ay > _unit(tau_lo_l, unit_axis)
+    in_hi, above_lo = tf.cast(is_hi, ld), tf.cast(is_lo, ld)
+    # The sum of the band entries: the band itself wherever it holds at most one entry (a sum
+    # of one value and zeros is exact in any order), which in training is almost every step.
+    band_sum = tf.cast(
+        _reduce_units(tf.reduce_sum, tf.where(is_lo & ~is_hi, ay, tf.zeros_like(ay)), unit_axis),
+        dt,
+    )
     pack = 2.0 ** math.ceil(math.log2(m + 1))
     if pack * (m + 1) <= 2.0 ** (53 if ld == tf.float64 else 24):
         packed, r_sum = (
@@ -689,7 +736,7 @@ def _band_setup(
     q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     return _Band(
         x, y, unit_axis, lam, lam2, xs, cx, cx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_hi,
-        count, tf.reduce_max(count),
+        count, tf.reduce_max(count), band_sum,
     )  # fmt: skip
 
 
@@ -725,9 +772,9 @@ def _band_candidates(b: _Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         )
         l_in = tf.where(j_w <= count, l_w, inf)
         feas &= l_in[:, None, :] < tf.reshape(l_max, [1, p, 1])
-        j_star = tf.reduce_max(tf.cast(feas, dt) * (j_w + 1)[:, None, :], 2) - 1
+        j_star = tf.cast(tf.reduce_max(tf.cast(feas, dt) * (j_w + 1)[:, None, :], 2) - 1, tf.int32)
         # (the clip only matters for NaN weights, which must not index out of range)
-        return tf.clip_by_value(tf.cast(j_star, tf.int32), 0, kb), j_star >= 0
+        return tf.clip_by_value(j_star, 0, kb), j_star >= 0
 
     def bisect() -> tuple[tf.Tensor, tf.Tensor]:
         def feasible(ji: tf.Tensor) -> tf.Tensor:
@@ -754,9 +801,9 @@ def _band_candidates(b: _Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     else:
         jj, valid = bisect()
 
-    lf = _gather_rows(l_all, jj)
-    ly = _gather_rows(ly_all, jj)
-    ly2 = b.q_hi + _gather_rows(tf.concat([zero, _cumsum_cols(band * band)], 1), jj)
+    lf = _pick_rows(l_all, jj)
+    ly = _pick_rows(ly_all, jj)
+    ly2 = b.q_hi + _pick_rows(tf.concat([zero, _cumsum_cols(band * band)], 1), jj)
     d = 1.0 - kk * lf * lam2
     a = tf.maximum((cx - kk * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
     bb = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
@@ -767,8 +814,7 @@ def _band_candidates(b: _Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     infs = tf.fill(tf.shape(zero), inf)
     t_v = tf.concat([infs, lam * bb, zero], 1)
     t_w = tf.concat([zero, tf.where(lf == 0, inf, lam * a), infs], 1)
-    best = _argmin_rows(h)
-    return _gather_rows(t_v, best), _gather_rows(t_w, best)
+    return _at_least(h, t_v, t_w)
 
 
 def _narrow_band(b: _Band, kb: int) -> tf.Tensor:
@@ -836,8 +882,8 @@ def _prox_band(
     tiers = sorted({min(t, BAND_BLOCK, int(y.shape[1 - unit_axis])) for t in _FAST_TIERS})
 
     def narrow(kb: int) -> tuple[tf.Tensor, tf.Tensor]:
-        if kb == 0:  # no band anywhere: only j = 0
-            return _band_candidates(b, tf.zeros_like(b.count))
+        if kb == 1:  # at most one entry per unit: its sum (0 where none); no pass over y
+            return _band_candidates(b, b.band_sum)
         return _band_candidates(b, _narrow_band(b, kb))
 
     def tier(i: int) -> tuple[tf.Tensor, tf.Tensor]:

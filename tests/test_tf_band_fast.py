@@ -135,7 +135,7 @@ def test_cases_cover_every_band_path() -> None:
                 w = band_width(*make_case(shape, kind, seed))
                 for lo, hi in BUCKETS:
                     hit[(lo, hi)] += lo <= w <= hi
-    assert functional._FAST_TIERS == (0, 1, 2, 4, 8, 16) and functional.BAND_BLOCK == 32
+    assert functional._FAST_TIERS == (1, 2, 4, 8, 16) and functional.BAND_BLOCK == 32
     assert all(count >= 3 for count in hit.values()), hit
 
 
@@ -343,3 +343,41 @@ def test_argmin_under_xla_is_the_first_least_index(dtype: tf.DType, k: int) -> N
     nan_row = tf.constant(np.full((1, k), np.nan), dtype)
     got = tf.function(functional._argmin_rows, jit_compile=True)(nan_row)
     assert got.numpy()[0, 0] == k - 1  # in range, as XLA's argmin of a NaN row
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("q", [1, 2, 12, 16, 40])
+def test_selects_under_xla_equal_gathers(dtype: tf.DType, q: int) -> None:
+    # _pick_rows / _at_least: chains of selects under XLA (q <= 16), gathers otherwise; the
+    # same entries, the first least index on ties and the last one for a row of NaNs.
+    rng = np.random.default_rng(q)
+    h = rng.choice([-1.0, 0.0, 0.5, rng.standard_normal()], size=(60, q))  # many ties
+    h[:10] = rng.standard_normal((10, q))
+    h[10, :] = np.inf
+    h[11, :] = np.nan
+    h[12, :] = -np.inf
+    t1 = rng.standard_normal((60, q))
+    t2 = np.where(rng.random((60, q)) < 0.2, np.inf, rng.standard_normal((60, q)))
+    idx = rng.integers(0, q, size=(60, 7)).astype(np.int32)
+    best = np.argmin(np.where(np.isnan(h), np.inf, h), axis=1)
+    best[11] = q - 1
+    for jit in (False, True):
+        pick = tf.function(functional._pick_rows, jit_compile=jit)
+        got = pick(tf.constant(t1, dtype), tf.constant(idx)).numpy()
+        np.testing.assert_array_equal(got, np.take_along_axis(t1.astype(got.dtype), idx, 1))
+        at = tf.function(functional._at_least, jit_compile=jit)
+        args = (tf.constant(h, dtype), tf.constant(t1, dtype), tf.constant(t2, dtype))
+        g1, g2 = (t.numpy()[:, 0] for t in at(*args))
+        rows = np.arange(60) if jit else np.arange(60) != 11  # (eagerly: tf.argmin's NaN rule)
+        np.testing.assert_array_equal(g1[rows], t1.astype(g1.dtype)[np.arange(60), best][rows])
+        np.testing.assert_array_equal(g2[rows], t2.astype(g2.dtype)[np.arange(60), best][rows])
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+def test_materialized_is_bit_exact_under_xla(dtype: tf.DType) -> None:
+    # The barrier against XLA's recomputation must be an identity: NaN, infs and -0 included.
+    t = np.array([[np.nan, -np.inf, np.inf, -0.0, 0.0, 1e-300, -2.5, 3e38]])
+    f = tf.function(lambda a: functional._materialized(a * 2, a)[0], jit_compile=True)
+    got = f(tf.constant(t, dtype)).numpy()
+    want = (t.astype(dtype.as_numpy_dtype) * 2).astype(got.dtype)
+    np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{got.itemsize}"))
