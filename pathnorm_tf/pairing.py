@@ -1,9 +1,25 @@
 """Which Dense kernels the optimizers regularize, resolved from the variables they train.
 
-A Keras optimizer only sees variables (in ``build``), never the model. Every Keras 3
-variable has a ``.path`` such as ``"sequential/dense_1/kernel"``: the layer's path, then the
-variable name. A *Dense kernel* here is a trained 2-D variable named ``kernel``; a layer is
-named by its ``layer.name`` (``"dense_1"``), or by a longer suffix of its path
+A Keras optimizer only sees variables (``model.fit`` calls ``optimizer.build(model.
+trainable_variables)``, then ``apply_gradients(zip(grads, variables))``), never the model,
+and a Keras 3 variable keeps no reference to the layer that owns it. What it has is a
+``.path`` such as ``"sequential/dense_1/kernel"``: the layer's path, then the variable name.
+
+A *Dense kernel* here is a trained 2-D variable named ``kernel`` that is not in a recurrent
+cell. A recurrent cell is a layer path that also holds a ``recurrent_kernel``: the Keras
+convention, so ``SimpleRNN``, ``LSTM``, ``GRU`` (``"sequential/lstm/lstm_cell/kernel"``),
+``keras.layers.RNN`` around their cells or ``StackedRNNCells``, ``Bidirectional`` wrappers and
+``ConvLSTM*`` are never taken for Dense layers. ``"auto"`` skips them, and refuses a pair whose
+two Dense layers have a recurrent layer between them (they do not form a shallow network);
+naming one raises an error saying it is recurrent. Layers whose 2-D weight is not called
+``kernel`` (``Embedding``) or not 2-D (``Conv*``) are not Dense kernels either. A layer that is
+not a Dense layer but holds a 2-D ``kernel`` (an ``EinsumDense`` such as ``"ab,bc->ac"``, a
+custom layer) cannot be told apart from one by its variables, so it counts as Dense: the prox
+then assumes ``y = x @ kernel``. Pair such layers only if that is what they compute (name the
+pairs explicitly otherwise); passing the layer object itself is refused unless it is a
+``keras.layers.Dense``.
+
+A layer is named by its ``layer.name`` (``"dense_1"``), or by a longer suffix of its path
 (``"sequential/dense_1"``) when the name alone is ambiguous. Layer objects are accepted too
 and stored by name (so optimizer configs stay serializable).
 
@@ -15,9 +31,10 @@ chain; an unpaired last kernel is reported with a warning. Explicit ``pairs`` na
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["normalize_layers", "normalize_pairs", "resolve_layers", "resolve_pairs"]
 
@@ -81,22 +98,64 @@ def _layer_of(variable: Any) -> tuple[str, str]:
     return layer, name
 
 
-def _kernels(variables: Sequence[Any]) -> list[tuple[int, str]]:
-    """(index, layer path) of every 2-D variable named ``kernel``, in variable order."""
-    out = []
-    for i, v in enumerate(variables):
-        layer, name = _layer_of(v)
-        if name == "kernel" and len(v.shape) == 2:
-            out.append((i, layer))
-    return out
+# The cells Keras' recurrent layers create (named by Keras, then made unique: "lstm_cell_3").
+_CELL_KINDS = {
+    "simple_rnn_cell": "a SimpleRNN",
+    "lstm_cell": "an LSTM",
+    "gru_cell": "a GRU",
+    "conv_lstm_cell": "a ConvLSTM",
+}
+
+
+class _Scan(NamedTuple):
+    dense: list[tuple[int, str]]  # (index, layer path) of each Dense kernel, in variable order
+    recurrent: list[tuple[int, str]]  # (index, cell path) of each recurrent cell's kernel
+
+
+def _scan(variables: Sequence[Any]) -> _Scan:
+    """Sort the variables named ``kernel`` into Dense kernels and recurrent-cell kernels."""
+    paths = [_layer_of(v) for v in variables]
+    cells = {layer for layer, name in paths if name == "recurrent_kernel"}
+    dense, recurrent = [], []
+    for i, (layer, name) in enumerate(paths):
+        if name != "kernel":
+            continue
+        if layer in cells:
+            recurrent.append((i, layer))
+        elif len(variables[i].shape) == 2:
+            dense.append((i, layer))
+    return _Scan(dense, recurrent)
 
 
 def _matches(layer_path: str, name: str) -> bool:
     return layer_path == name or layer_path.endswith("/" + name)
 
 
+def _within(layer_path: str, name: str) -> bool:
+    """Whether the layer ``name`` (a path suffix) is ``layer_path`` or contains it."""
+    return f"/{name}/" in f"/{layer_path}/"
+
+
+def _cell_kind(cell_path: str) -> str | None:
+    base = re.sub(r"_\d+$", "", cell_path.rpartition("/")[2])
+    return _CELL_KINDS.get(base)
+
+
+def _recurrent_error(what: str, name: str, cells: list[str], known: list[str]) -> ValueError:
+    kinds = {_cell_kind(cell) for cell in cells}
+    kind = next(iter(kinds)) if len(kinds) == 1 else None
+    layer = f"{kind} (recurrent) layer" if kind else "a recurrent layer"
+    holds = f"its cell {cells[0]!r} holds" if len(cells) == 1 else f"its cells {cells} hold"
+    return ValueError(
+        f"{what}: {name!r} is {layer}, not Dense: {holds} a kernel and a recurrent_kernel, "
+        f"and only Dense kernels can be regularized. Name Dense layers only; the ones this "
+        f"optimizer trains are {known}."
+    )
+
+
 def _find(variables: Sequence[Any], name: str, what: str) -> int:
-    kernels = _kernels(variables)
+    scan = _scan(variables)
+    kernels = scan.dense
     hits = [i for i, layer in kernels if _matches(layer, name)]
     if len(hits) == 1:
         return hits[0]
@@ -105,6 +164,10 @@ def _find(variables: Sequence[Any], name: str, what: str) -> int:
         raise ValueError(
             f"{what}: layer name {name!r} is ambiguous (matches {paths}); use a longer path"
         )
+    known = [layer for _, layer in kernels]
+    cells = [cell for _, cell in scan.recurrent if _within(cell, name)]
+    if cells and not any(_within(layer, name) for layer in known):
+        raise _recurrent_error(what, name, cells, known)
     other = [str(getattr(v, "path", v.name)) for v in variables if _matches(_layer_of(v)[0], name)]
     if other:
         shapes = [tuple(v.shape) for v in variables if _matches(_layer_of(v)[0], name)]
@@ -113,11 +176,21 @@ def _find(variables: Sequence[Any], name: str, what: str) -> int:
             f"{list(zip(other, shapes, strict=True))}); only Dense kernels (2-D, named 'kernel') can be "
             "regularized"
         )
-    known = [layer for _, layer in kernels]
     raise ValueError(
         f"{what}: no trained Dense layer named {name!r}; the Dense layers this optimizer trains "
         f"are {known}. Use layer.name (or a path suffix); frozen layers cannot be regularized."
     )
+
+
+def _skipped(scan: _Scan) -> str:
+    if not scan.recurrent:
+        return ""
+    return f"; recurrent layers are not Dense (skipped: {[cell for _, cell in scan.recurrent]})"
+
+
+def _recurrent_between(scan: _Scan, i: int, j: int) -> str | None:
+    """The path of a recurrent cell whose kernel lies between variables ``i`` and ``j``."""
+    return next((cell for r, cell in scan.recurrent if min(i, j) < r < max(i, j)), None)
 
 
 def _check_chain(variables: Sequence[Any], i: int, j: int, a: str, b: str, what: str) -> None:
@@ -134,15 +207,23 @@ def _check_chain(variables: Sequence[Any], i: int, j: int, a: str, b: str, what:
 def resolve_pairs(variables: Sequence[Any], pairs: PairsSpec) -> tuple[tuple[int, int], ...]:
     """Indices ``(i_in, i_out)`` into ``variables`` of the kernel pairs to regularize."""
     if pairs == "auto":
-        kernels = _kernels(variables)
+        scan = _scan(variables)
+        kernels = scan.dense
         if len(kernels) < 2:
             raise ValueError(
                 'pairs="auto" found fewer than two trained Dense kernels '
-                f"({[layer for _, layer in kernels]}); the path-norm prox needs a "
-                "Dense -> Dense pair"
+                f"({[layer for _, layer in kernels]}{_skipped(scan)}); the path-norm prox "
+                "needs a Dense -> Dense pair"
             )
         out = []
         for (i, a), (j, b) in zip(kernels[0::2], kernels[1::2], strict=False):
+            cell = _recurrent_between(scan, i, j)
+            if cell is not None:
+                raise ValueError(
+                    f'pairs="auto": Dense layers {a!r} -> {b!r} are not consecutive: the '
+                    f"recurrent layer {cell!r} lies between them, so they are no shallow "
+                    "network. Pass pairs=[...] to choose the Dense pairs explicitly"
+                )
             _check_chain(variables, i, j, a, b, 'pairs="auto"')
             out.append((i, j))
         if len(kernels) % 2:
@@ -174,10 +255,12 @@ def resolve_pairs(variables: Sequence[Any], pairs: PairsSpec) -> tuple[tuple[int
 def resolve_layers(variables: Sequence[Any], layers: LayersSpec) -> tuple[int, ...]:
     """Indices into ``variables`` of the Dense kernels to regularize (baselines)."""
     if layers == "auto":
-        kernels = _kernels(variables)
-        if not kernels:
-            raise ValueError('layers="auto" found no trained Dense kernel to regularize')
-        return tuple(i for i, _ in kernels)
+        scan = _scan(variables)
+        if not scan.dense:
+            raise ValueError(
+                f'layers="auto" found no trained Dense kernel to regularize{_skipped(scan)}'
+            )
+        return tuple(i for i, _ in scan.dense)
     out: list[int] = []
     for name in layers:
         i = _find(variables, name, "layers")

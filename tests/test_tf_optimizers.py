@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pathnorm_tf import PathNormSGD, ProxOptimizer, prox_path_norm
+from pathnorm_tf import PathNormSGD, ProxOptimizer, path_norm, prox_path_norm
 from pathnorm_tf.functional import project_linf_operator_norm, prox_l1
 from shared_spec import reference as ref
 
@@ -292,6 +292,187 @@ def test_ambiguous_name() -> None:
     assert len(names) == 2
     with pytest.raises(ValueError, match="'h' is ambiguous"):
         _build(PathNormSGD(0.1, lam=0.01, pairs=[("h", "h")]), outer)
+
+
+# --- recurrent and other non-Dense layers with a `kernel` variable ----------------------------
+
+SEQ_LEN, SEQ_FEATURES = 3, 4
+
+
+def _recurrent(kind: str, units: int = 5) -> keras.layers.Layer:
+    layers = keras.layers
+    make = {
+        "SimpleRNN": lambda: layers.SimpleRNN(units, name="rnn"),
+        "LSTM": lambda: layers.LSTM(units, name="rnn"),
+        "GRU": lambda: layers.GRU(units, name="rnn"),
+        "Bidirectional": lambda: layers.Bidirectional(layers.LSTM(units // 2 + 1), name="rnn"),
+        "RNN(GRUCell)": lambda: layers.RNN(layers.GRUCell(units), name="rnn"),
+        "StackedCells": lambda: layers.RNN(
+            [layers.SimpleRNNCell(units), layers.LSTMCell(units)], name="rnn"
+        ),
+    }
+    return make[kind]()
+
+
+def rnn_mlp(kind: str, seed: int = 0) -> keras.Model:
+    """``recurrent -> Dense d1 -> Dense d2``: the one Dense pair is (d1, d2)."""
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential(
+        [
+            keras.Input((SEQ_LEN, SEQ_FEATURES)),
+            _recurrent(kind),
+            keras.layers.Dense(5, activation="elu", name="d1"),
+            keras.layers.Dense(CLASSES, name="d2"),
+        ],
+        name="net",
+    )
+
+
+def rnn_kernels(model: keras.Model) -> list[np.ndarray]:
+    return [v.numpy() for v in model.layers[0].trainable_variables if "kernel" in v.name]
+
+
+RECURRENT_KINDS = ["SimpleRNN", "LSTM", "GRU", "Bidirectional", "RNN(GRUCell)", "StackedCells"]
+
+
+@pytest.mark.parametrize("kind", RECURRENT_KINDS)
+@pytest.mark.parametrize("wrapped", [False, True], ids=["PathNormSGD", "ProxOptimizer"])
+def test_auto_pairs_skip_recurrent_layers(kind: str, wrapped: bool) -> None:
+    model = rnn_mlp(kind)
+    opt = ProxOptimizer(keras.optimizers.Adam(), lam=0.1) if wrapped else PathNormSGD(lam=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "has no partner" warning: d1 and d2 pair up
+        opt.build(model.trainable_variables)
+    assert opt.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+@pytest.mark.parametrize("kind", ["SimpleRNN", "LSTM", "GRU"])
+def test_fit_proxes_the_dense_pair_and_never_the_recurrent_kernels(
+    kind: str, jit_compile: bool
+) -> None:
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((8, SEQ_LEN, SEQ_FEATURES)), rng.integers(0, CLASSES, 8)
+    model = rnn_mlp(kind)
+    before = rnn_kernels(model)
+    # lam * lr = 5: every hidden unit of the Dense pair loses its column or its row (the
+    # pair's path-norm becomes 0) in the first step.
+    opt = PathNormSGD(0.5, lam=10.0)
+    model.compile(opt, loss_fn(), jit_compile=jit_compile)
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert opt.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
+    d1, d2 = model.get_layer("d1").kernel.numpy(), model.get_layer("d2").kernel.numpy()
+    assert float(path_norm(d1, d2)) == 0
+    assert np.all(np.all(d1 == 0, axis=0) | np.all(d2 == 0, axis=1))
+    after = rnn_kernels(model)
+    assert len(after) == 2  # kernel and recurrent_kernel
+    for old, new in zip(before, after, strict=True):
+        assert not np.array_equal(old, new)  # trained by SGD (the first step's gradient) ...
+        assert np.count_nonzero(new) == new.size  # ... but never proxed: no exact zeros
+
+
+def test_recurrent_model_saves_and_reloads_with_the_same_pairs(tmp_path: Path) -> None:
+    rng = np.random.default_rng(2)
+    x, y = rng.standard_normal((8, SEQ_LEN, SEQ_FEATURES)), rng.integers(0, CLASSES, 8)
+    model = rnn_mlp("LSTM")
+    model.compile(PathNormSGD(0.5, lam=10.0), loss_fn())
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    model.save(tmp_path / "m.keras")
+    resumed = keras.models.load_model(tmp_path / "m.keras")
+    # (A reloaded model's variable paths lose the model's name: "d1/kernel".)
+    assert resumed.optimizer.regularized_pairs == [("d1/kernel", "d2/kernel")]
+    resumed.fit(x, y, batch_size=4, epochs=1, verbose=0)
+    assert all(np.count_nonzero(k) == k.size for k in rnn_kernels(resumed))
+
+
+def _dense_rnn_dense() -> keras.Model:
+    return keras.Sequential(
+        [
+            keras.Input((SEQ_LEN, SEQ_FEATURES)),
+            keras.layers.Dense(5, name="d0"),
+            keras.layers.SimpleRNN(5, name="rnn"),
+            keras.layers.Dense(CLASSES, name="d1"),
+        ],
+        name="net",
+    )
+
+
+def test_auto_refuses_a_pair_across_a_recurrent_layer() -> None:
+    # d0 (4, 5) and d1 (5, 3) chain by shape, but the RNN between them is no hidden layer.
+    model = _dense_rnn_dense()
+    with pytest.raises(
+        ValueError,
+        match=r"pairs=\"auto\": Dense layers 'net/d0' -> 'net/d1' are not consecutive: the "
+        r"recurrent layer 'net/rnn/simple_rnn_cell' lies between them.*pairs=\[\.\.\.\]",
+    ):
+        _build(PathNormSGD(0.1, lam=0.01), model)
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[("d0", "d1")])  # named explicitly: the user's choice
+    opt.build(model.trainable_variables)
+    assert opt.regularized_pairs == [("net/d0/kernel", "net/d1/kernel")]
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "match"),
+    [
+        ("SimpleRNN", "rnn", r"'rnn' is a SimpleRNN \(recurrent\) layer, not Dense"),
+        ("LSTM", "rnn", r"'rnn' is an LSTM \(recurrent\) layer, not Dense"),
+        ("GRU", "net/rnn", r"'net/rnn' is a GRU \(recurrent\) layer, not Dense"),
+        ("Bidirectional", "rnn", r"'rnn' is an LSTM \(recurrent\) layer, not Dense: its cells"),
+        ("StackedCells", "rnn", r"'rnn' is a recurrent layer, not Dense: its cells"),
+    ],
+)
+def test_naming_a_recurrent_layer_is_a_clear_error(kind: str, name: str, match: str) -> None:
+    model = rnn_mlp(kind)
+    full = match + r".*only Dense kernels can be regularized.*\['net/d1', 'net/d2'\]"
+    with pytest.raises(ValueError, match=r"pairs: " + full):
+        _build(PathNormSGD(0.1, lam=0.01, pairs=[(name, "d1")]), model)
+    opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=[name])
+    with pytest.raises(ValueError, match=r"layers: " + full):
+        opt.build(model.trainable_variables)
+
+
+def test_unknown_name_lists_only_dense_layers() -> None:
+    model = rnn_mlp("LSTM")
+    with pytest.raises(
+        ValueError, match=r"the Dense layers this optimizer trains are \['net/d1', 'net/d2'\]\."
+    ):
+        _build(PathNormSGD(0.1, lam=0.01, pairs=[("d0", "d1")]), model)
+    single = keras.Sequential(
+        [keras.Input((SEQ_LEN, SEQ_FEATURES)), keras.layers.LSTM(4), keras.layers.Dense(3)]
+    )
+    with pytest.raises(ValueError, match=r"fewer than two trained Dense kernels .*recurrent"):
+        _build(PathNormSGD(0.1, lam=0.01), single)
+
+
+def test_baselines_skip_recurrent_layers() -> None:
+    model = rnn_mlp("GRU")
+    opt = ProxOptimizer(keras.optimizers.SGD(0.5), regularizer="l1", lam=10.0)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((4, SEQ_LEN, SEQ_FEATURES)), rng.integers(0, CLASSES, 4)
+    with tf.GradientTape() as tape:
+        loss = loss_fn()(y, model(x))
+    opt.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+    assert opt.regularized_kernels == ["net/d1/kernel", "net/d2/kernel"]
+    assert all(np.count_nonzero(k) == k.size for k in rnn_kernels(model))
+    assert np.all(model.get_layer("d1").kernel.numpy() == 0)
+
+
+def test_einsum_dense_with_a_2d_kernel_counts_as_dense() -> None:
+    # The optimizer sees variables only: a 2-D EinsumDense kernel cannot be told from a Dense
+    # one by name or shape, so it is paired (documented; for "ab,bc->ac" it *is* a Dense layer).
+    model = keras.Sequential(
+        [
+            keras.Input((X_DIM,)),
+            keras.layers.EinsumDense("ab,bc->ac", output_shape=5, name="e"),
+            keras.layers.Dense(CLASSES, name="d"),
+        ],
+        name="net",
+    )
+    opt = PathNormSGD(0.1, lam=0.01)
+    opt.build(model.trainable_variables)
+    assert opt.regularized_pairs == [("net/e/kernel", "net/d/kernel")]
+    with pytest.raises(ValueError, match="layer 'e' is a EinsumDense, not a Dense layer"):
+        PathNormSGD(0.1, lam=0.01, pairs=[(model.layers[0], "d")])
 
 
 @pytest.mark.parametrize(
