@@ -10,8 +10,15 @@ Keys (the same names and definitions as ``pathnorm_lightning``'s logged metrics)
 * ``pathnorm/product_bound``: ``sum|K_L| * prod_{l<L} max_j ||K_l[:, j]||_1``, the layer-wise
   bound (never below the path-norm bound).
 
-The two bounds are reported when all Dense layers of the model chain (a feed-forward MLP).
-Values are Python floats computed in float64 from the current weights.
+The regularized kernels are those of the model's optimizer when it is a
+:class:`~pathnorm_tf.PathNormSGD` or :class:`~pathnorm_tf.ProxOptimizer` (also inside a
+``LossScaleOptimizer``): its pairs, or for the l1/l_inf baselines its kernels (alive units
+over runs of adjacent ones whose dimensions chain). With another optimizer, or explicit
+``pairs``, the pairs are resolved over the model's *trainable* variables exactly as the
+optimizer would resolve them (frozen layers and recurrent cells skipped, see
+:mod:`pathnorm_tf.pairing`). The two bounds cover every built Dense layer,
+frozen ones included, and are reported when they all chain (a feed-forward MLP). Values are
+Python floats computed in float64 from the current weights.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import keras
 import tensorflow as tf
 
 from pathnorm_tf import pairing
+from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer
 
 __all__ = ["PathNormMetrics", "metric_values"]
 
@@ -56,23 +64,40 @@ def product_bound(kernels: list[Any]) -> float:
     return float(value)
 
 
+def _regularizing_optimizer(model: keras.Model) -> Any:
+    """The model's PathNormSGD/ProxOptimizer (unwrapping a LossScaleOptimizer), or None."""
+    opt = getattr(model, "optimizer", None)
+    while isinstance(opt, keras.optimizers.LossScaleOptimizer):
+        opt = opt.inner_optimizer
+    return opt if isinstance(opt, (PathNormSGD, ProxOptimizer)) else None
+
+
+def _regularized_chains(model: keras.Model, spec: pairing.PairsSpec) -> list[list[Any]]:
+    opt = _regularizing_optimizer(model)
+    variables = list(model.trainable_variables)
+    if spec == "auto" and opt is not None:
+        return opt.regularized_chains(variables)  # exactly what the optimizer acts on
+    if spec == "auto":
+        found = pairing.dense_kernels(variables)
+        if len(found) < 2:  # nothing to pair: the one kernel's sparsity, if there is one
+            return [[variables[i]] for i in found]
+    return [[variables[i], variables[j]] for i, j in pairing.resolve_pairs(variables, spec)]
+
+
 def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
     """The ``pathnorm/...`` values of ``model`` now (see the module docstring).
 
     Args:
         model: a built Keras model.
-        pairs: the regularized pairs, as for :class:`~pathnorm_tf.PathNormSGD`: ``"auto"``
-            (consecutive Dense layers (1, 2), (3, 4), ...) or ``(first, second)`` layer names.
+        pairs: ``"auto"``: the kernels the model's path-norm optimizer regularizes, or with
+            another optimizer (or none) the pairs ``PathNormSGD(pairs="auto")`` would take;
+            or ``(first, second)`` layer names (trained Dense layers), as for the optimizer.
     """
-    dense = _dense_layers(model)
-    if not dense:
-        raise ValueError("PathNormMetrics: the model has no built Dense layer to report on")
-    kernels = [layer.kernel for layer in dense]
     spec = pairing.normalize_pairs(pairs)
-    if spec == "auto" and len(kernels) < 2:
-        chains = [[kernels[0]]]
-    else:
-        chains = [[kernels[i], kernels[j]] for i, j in pairing.resolve_pairs(kernels, spec)]
+    chains = _regularized_chains(model, spec)
+    kernels = [layer.kernel for layer in _dense_layers(model)]
+    if not kernels and not chains:
+        raise ValueError("PathNormMetrics: the model has no built Dense layer to report on")
     zeros = total = alive = units = 0
     for chain in chains:
         for k in chain:
@@ -85,10 +110,12 @@ def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
             )
             alive += int(tf.reduce_sum(tf.cast(live, tf.int64)))
             units += int(live.shape[0])
-    values = {"pathnorm/sparsity": zeros / max(total, 1)}
+    values = {}
+    if total:
+        values["pathnorm/sparsity"] = zeros / total
     if units:
         values["pathnorm/alive_units"] = alive / units
-    if all(a.shape[1] == b.shape[0] for a, b in itertools.pairwise(kernels)):
+    if kernels and all(a.shape[1] == b.shape[0] for a, b in itertools.pairwise(kernels)):
         values["pathnorm/path_norm_bound"] = path_norm_bound(kernels)
         values["pathnorm/product_bound"] = product_bound(kernels)
     return values
@@ -101,8 +128,9 @@ class PathNormMetrics(keras.callbacks.Callback):
     ``logs`` dict to the callbacks in list order (``History`` always comes last).
 
     Args:
-        pairs: the regularized pairs (``"auto"`` or explicit layer-name tuples), as given to
-            the optimizer; sparsity and alive units are taken over these kernels.
+        pairs: ``"auto"`` (default): sparsity and alive units over what the model's
+            ``PathNormSGD``/``ProxOptimizer`` regularizes (with another optimizer: the pairs
+            ``pairs="auto"`` would take); or explicit ``(first, second)`` layer names.
         every_n_batches: also add the values to the batch ``logs`` every ``n`` batches (they
             then show in the progress bar); ``None`` for epochs only.
     """

@@ -141,6 +141,24 @@ class _KernelRegularizer:
         else:
             self._layer_indices = pairing.resolve_layers(variables, self._layers_spec)
 
+    def regularized_chains(self, variables: list[Any]) -> list[list[Any]]:
+        """The kernels the regularizer acts on, as forward chains (for the metrics).
+
+        The ``(kernel_in, kernel_out)`` pairs, or (baselines) the kernels split into runs of
+        adjacent layers whose dimensions chain. Once built, the optimizer's own variables
+        and targets; before, ``variables`` resolved as ``build`` will resolve them.
+        """
+        tv, pairs, layers = self._trainable_variables, self._pair_indices, self._layer_indices
+        if not getattr(self, "built", False):
+            tv = list(variables)
+            if self._regularizer == "path":
+                pairs = pairing.resolve_pairs(tv, self._pairs_spec)
+            else:
+                layers = pairing.resolve_layers(tv, self._layers_spec)
+        if self._regularizer == "path":
+            return [[tv[i], tv[j]] for i, j in pairs]
+        return [[tv[i] for i in chain] for chain in pairing.kernel_chains(tv, layers)]
+
     def _regularizer_config(self) -> dict[str, Any]:
         pairs = self._pairs_spec
         layers = self._layers_spec

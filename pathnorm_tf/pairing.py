@@ -36,7 +36,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["normalize_layers", "normalize_pairs", "resolve_layers", "resolve_pairs"]
+__all__ = [
+    "dense_kernels",
+    "kernel_chains",
+    "normalize_layers",
+    "normalize_pairs",
+    "resolve_layers",
+    "resolve_pairs",
+]
 
 PairsSpec = str | list[tuple[str, str]]
 LayersSpec = str | list[str]
@@ -125,6 +132,11 @@ def _scan(variables: Sequence[Any]) -> _Scan:
         elif len(variables[i].shape) == 2:
             dense.append((i, layer))
     return _Scan(dense, recurrent)
+
+
+def dense_kernels(variables: Sequence[Any]) -> list[int]:
+    """Indices of the Dense kernels among ``variables``, in variable order."""
+    return [i for i, _ in _scan(variables).dense]
 
 
 def _matches(layer_path: str, name: str) -> bool:
@@ -268,3 +280,26 @@ def resolve_layers(variables: Sequence[Any], layers: LayersSpec) -> tuple[int, .
             raise ValueError(f"layers: layer {name!r} is listed twice")
         out.append(i)
     return tuple(out)
+
+
+def kernel_chains(variables: Sequence[Any], indices: Sequence[int]) -> list[list[int]]:
+    """Split the Dense kernels at ``indices`` into maximal forward chains (for the metrics).
+
+    Taken in variable order, two kernels are in one chain when no other Dense or recurrent
+    kernel lies between them and their dimensions chain.
+    """
+    scan = _scan(variables)
+    position = {i: p for p, (i, _) in enumerate(scan.dense)}
+    chains: list[list[int]] = []
+    for i in sorted(indices):
+        if chains:
+            prev = chains[-1][-1]
+            if (
+                position[i] == position[prev] + 1
+                and _recurrent_between(scan, prev, i) is None
+                and variables[prev].shape[1] == variables[i].shape[0]
+            ):
+                chains[-1].append(i)
+                continue
+        chains.append([i])
+    return chains

@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import csv
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,14 @@ import keras
 import numpy as np
 import pytest
 
-from pathnorm_tf import PathNormMetrics, PathNormSGD, metric_values, path_norm, product_bound
+from pathnorm_tf import (
+    PathNormMetrics,
+    PathNormSGD,
+    ProxOptimizer,
+    metric_values,
+    path_norm,
+    product_bound,
+)
 
 
 def mlp(sizes: tuple[int, ...], seed: int = 0) -> keras.Model:
@@ -184,3 +192,142 @@ def test_model_without_dense_layers() -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Flatten()])
     with pytest.raises(ValueError, match="no built Dense layer"):
         metric_values(model)
+
+
+# --- the metrics report on what the optimizer regularizes --------------------------------------
+
+
+def frozen_first(seed: int = 0) -> keras.Model:
+    """``a -> b -> c`` with ``a`` frozen: the optimizer's one pair is (b, c)."""
+    model = mlp((8, 8, 3), seed)
+    model.layers[0].trainable = False
+    return model
+
+
+def optimizer_of(kind: str) -> Any:
+    if kind == "PathNormSGD":
+        return PathNormSGD(0.5, lam=0.4)
+    if kind == "ProxOptimizer":
+        return ProxOptimizer(keras.optimizers.Adam(0.05), lam=4.0)
+    if kind == "LossScale(PathNormSGD)":
+        return keras.optimizers.LossScaleOptimizer(PathNormSGD(0.5, lam=0.4))
+    return keras.optimizers.SGD(0.5)  # no path-norm optimizer: resolved like one would
+
+
+def fit_once(model: keras.Model, opt: Any, callbacks: list[Any], x_shape: tuple[int, ...]) -> Any:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((16, *x_shape)), rng.integers(0, 3, 16)
+    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=callbacks)
+
+
+def pair_values(k_in: np.ndarray, k_out: np.ndarray) -> tuple[float, float]:
+    zeros = int(np.sum(k_in == 0) + np.sum(k_out == 0))
+    alive = np.any(k_in != 0, axis=0) & np.any(k_out != 0, axis=1)
+    return zeros / (k_in.size + k_out.size), float(alive.mean())
+
+
+OPTIMIZERS = ["PathNormSGD", "ProxOptimizer", "LossScale(PathNormSGD)", "SGD"]
+
+
+@pytest.mark.parametrize("kind", OPTIMIZERS)
+def test_frozen_first_layer_reports_the_optimizers_pair(kind: str) -> None:
+    model = frozen_first()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "no partner" warning at any epoch end
+        history = fit_once(model, optimizer_of(kind), [PathNormMetrics()], (6,))
+        got = metric_values(model)
+    b, c = (model.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
+    sparsity, alive = pair_values(b, c)
+    if kind != "SGD":
+        assert model.optimizer is not None
+        assert sparsity > 0  # the prox zeroed entries of (b, c) ...
+        assert np.count_nonzero(model.get_layer("d1").kernel.numpy()) == 6 * 8  # ... not of a
+    assert got["pathnorm/sparsity"] == pytest.approx(sparsity, rel=1e-12)
+    assert got["pathnorm/alive_units"] == pytest.approx(alive, rel=1e-12)
+    assert history.history["pathnorm/sparsity"][-1] == pytest.approx(sparsity, rel=1e-12)
+    # The bounds still cover the whole Dense chain, the frozen layer included.
+    want = direct([layer.kernel.numpy() for layer in model.layers], [(1, 2)])
+    assert got["pathnorm/path_norm_bound"] == pytest.approx(want["pathnorm/path_norm_bound"])
+    assert got["pathnorm/product_bound"] == pytest.approx(want["pathnorm/product_bound"])
+
+
+def test_explicit_metric_pairs_resolve_over_trained_layers() -> None:
+    model = frozen_first()
+    with pytest.raises(ValueError, match=r"no trained Dense layer named 'd1'.*frozen layers"):
+        metric_values(model, pairs=[("d1", "d2")])
+    got = metric_values(model, pairs=[("d2", "d3")])
+    b, c = (model.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
+    assert got["pathnorm/sparsity"] == pytest.approx(pair_values(b, c)[0], rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["SimpleRNN", "LSTM", "GRU"])
+@pytest.mark.parametrize("optimizer", ["PathNormSGD", "SGD"])
+def test_recurrent_model_reports_the_dense_pair(kind: str, optimizer: str) -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((3, 4)),
+            getattr(keras.layers, kind)(5, name="rnn"),
+            keras.layers.Dense(5, activation="elu", name="d1"),
+            keras.layers.Dense(3, name="d2"),
+        ],
+        name="net",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_once(model, optimizer_of(optimizer), [], (3, 4))
+        got = metric_values(model)
+    if optimizer == "PathNormSGD":
+        assert model.optimizer.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
+    d1, d2 = (model.get_layer(n).kernel.numpy() for n in ("d1", "d2"))
+    sparsity, alive = pair_values(d1, d2)
+    assert got["pathnorm/sparsity"] == pytest.approx(sparsity, rel=1e-12)
+    assert got["pathnorm/alive_units"] == pytest.approx(alive, rel=1e-12)
+    assert (sparsity > 0) == (optimizer == "PathNormSGD")
+
+
+def test_baseline_optimizer_reports_its_kernels() -> None:
+    # l1 on d2 and d3 only: sparsity over those two kernels, alive units of the d2 -> d3 units.
+    model = mlp((8, 8, 3))
+    opt = ProxOptimizer(keras.optimizers.SGD(0.5), regularizer="l1", lam=0.3, layers=["d2", "d3"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_once(model, opt, [], (6,))
+        got = metric_values(model)
+    b, c = (model.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
+    sparsity, alive = pair_values(b, c)
+    assert sparsity > 0
+    assert got["pathnorm/sparsity"] == pytest.approx(sparsity, rel=1e-12)
+    assert got["pathnorm/alive_units"] == pytest.approx(alive, rel=1e-12)
+
+
+def test_baseline_on_layers_that_are_not_adjacent_has_no_hidden_units() -> None:
+    # d1 (6, 8) and d3 (8, 3) chain by shape, but d2 lies between them: no units to count.
+    model = mlp((8, 8, 3))
+    sparsify(model)
+    model.compile(
+        ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=["d3", "d1"]),
+        "mse",
+    )
+    got = metric_values(model)
+    a, c = (model.get_layer(n).kernel.numpy() for n in ("d1", "d3"))
+    assert "pathnorm/alive_units" not in got
+    want = (np.sum(a == 0) + np.sum(c == 0)) / (a.size + c.size)
+    assert got["pathnorm/sparsity"] == pytest.approx(want, rel=1e-12)
+
+
+def test_metrics_before_the_optimizer_is_built_resolve_as_it_will() -> None:
+    model = frozen_first()
+    sparsify(model)  # zeros in every kernel, unit 1 of the frozen d1 dead
+    model.compile(PathNormSGD(0.1, lam=0.1), "mse")
+    assert not model.optimizer.built
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = metric_values(model)
+    b, c = (model.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
+    sparsity, alive = pair_values(b, c)
+    assert got["pathnorm/sparsity"] == pytest.approx(sparsity, rel=1e-12)
+    assert got["pathnorm/alive_units"] == pytest.approx(alive, rel=1e-12)
+    a = model.get_layer("d1").kernel.numpy()
+    assert pair_values(a, b) != (sparsity, alive)  # the frozen pair would read differently
