@@ -401,7 +401,7 @@ BAND_BLOCK = 32
 # reductions over the long side instead of a top_k (which XLA on CPU runs as a slow partial
 # sort of every row); each extra entry costs two reductions. Tiers, tried in order (in
 # training the widest band mostly holds 1 or 2 entries; lam = 1e-3 on Glorot kernels: ~15).
-_FAST_TIERS = (1, 2, 4, 8, 16)
+_FAST_TIERS = (0, 1, 2, 4, 8, 16)
 # Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
 _BAND_FULL_LIMIT = 1 << 15
 # Reductions over the long side first combine this many slices elementwise (see _reduce_units).
@@ -643,7 +643,6 @@ class _Band(NamedTuple):
     q_hi: tf.Tensor
     count: tf.Tensor  # band entries per unit (float)
     width: tf.Tensor  # 0-d: the largest count
-    band_sum: tf.Tensor  # sum of the band entries: the band where count <= 1
 
     def unit(self, t: tf.Tensor) -> tf.Tensor:
         return _unit(t, self.unit_axis)
@@ -713,15 +712,8 @@ def _band_setup(
     # of (|y| > tau_lo) + K (|y| > tau_hi), K a power of two > m: integers below 2^24 (2^53 in
     # float64) sum exactly in any order. (|y| > t as 0/1 is sign(max(|y| - t, 0)) of torch:
     # a - b > 0 iff a > b.)
-    is_hi = ay > _unit(tau_hi_l, unit_axis)
-    is_lo = ay > _unit(tau_lo_l, unit_axis)
-    in_hi, above_lo = tf.cast(is_hi, ld), tf.cast(is_lo, ld)
-    # The sum of the band entries: the band itself wherever it holds at most one entry (a sum
-    # of one value and zeros is exact in any order), which in training is almost every step.
-    band_sum = tf.cast(
-        _reduce_units(tf.reduce_sum, tf.where(is_lo & ~is_hi, ay, tf.zeros_like(ay)), unit_axis),
-        dt,
-    )
+    in_hi = tf.cast(ay > _unit(tau_hi_l, unit_axis), ld)
+    above_lo = tf.cast(ay > _unit(tau_lo_l, unit_axis), ld)
     pack = 2.0 ** math.ceil(math.log2(m + 1))
     if pack * (m + 1) <= 2.0 ** (53 if ld == tf.float64 else 24):
         packed, r_sum = (
@@ -736,7 +728,7 @@ def _band_setup(
     q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     return _Band(
         x, y, unit_axis, lam, lam2, xs, cx, cx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_hi,
-        count, tf.reduce_max(count), band_sum,
+        count, tf.reduce_max(count),
     )  # fmt: skip
 
 
@@ -882,8 +874,8 @@ def _prox_band(
     tiers = sorted({min(t, BAND_BLOCK, int(y.shape[1 - unit_axis])) for t in _FAST_TIERS})
 
     def narrow(kb: int) -> tuple[tf.Tensor, tf.Tensor]:
-        if kb == 1:  # at most one entry per unit: its sum (0 where none); no pass over y
-            return _band_candidates(b, b.band_sum)
+        if kb == 0:  # no band anywhere: only j = 0
+            return _band_candidates(b, tf.zeros_like(b.count))
         return _band_candidates(b, _narrow_band(b, kb))
 
     def tier(i: int) -> tuple[tf.Tensor, tf.Tensor]:
