@@ -20,8 +20,18 @@ pairs explicitly otherwise); passing the layer object itself is refused unless i
 ``keras.layers.Dense``.
 
 A layer is named by its ``layer.name`` (``"dense_1"``), or by a longer suffix of its path
-(``"sequential/dense_1"``) when the name alone is ambiguous. Layer objects are accepted too
-and stored by name (so optimizer configs stay serializable).
+(``"enc/dense_1"``) when the name alone is ambiguous. Layer objects are accepted too and stored
+by name (so optimizer configs stay serializable). Paths are not stable: one holds an outer
+model's name only if the layer was built inside that model (``"net/d1"`` in a ``Sequential``
+given an ``Input`` or a subclassed model, plain ``"d1"`` in a functional one), and after
+``keras.models.load_model`` every path is the bare layer name (``"enc/h"`` and ``"net/h"`` both
+become ``"h"``). Hence the naming rule:
+
+* a name matches the Dense kernels whose layer path ends with it, component by component;
+* while it matches none, its leading component is dropped if it occurs in no trained
+  variable's path (``"net/d1"`` is looked up as ``"d1"`` where no path holds ``"net"``); one
+  that does occur is kept (``"enc/d3"`` matches nothing when ``enc`` has no ``d3``);
+* a name that matches several Dense kernels is an error listing them: nothing is guessed.
 
 ``pairs="auto"`` pairs consecutive Dense kernels in variable order (= layer order):
 (K1, K2), (K3, K4), ... as in the paper's multilayer extension, checking that the dimensions
@@ -99,9 +109,12 @@ def normalize_layers(layers: Any) -> LayersSpec:
     return [_layer_name(layer, "layers") for layer in layers]
 
 
+def _path(variable: Any) -> str:
+    return str(getattr(variable, "path", variable.name))
+
+
 def _layer_of(variable: Any) -> tuple[str, str]:
-    path = str(getattr(variable, "path", variable.name))
-    layer, _, name = path.rpartition("/")
+    layer, _, name = _path(variable).rpartition("/")
     return layer, name
 
 
@@ -165,28 +178,61 @@ def _recurrent_error(what: str, name: str, cells: list[str], known: list[str]) -
     )
 
 
+def _present(variables: Sequence[Any]) -> set[str]:
+    """Every component of the trained variables' layer paths."""
+    return {part for v in variables for part in _layer_of(v)[0].split("/")}
+
+
+def _lookup(kernels: list[tuple[int, str]], name: str, present: set[str]) -> tuple[list[int], str]:
+    """The Dense kernels ``name`` matches, and the suffix of ``name`` that matched.
+
+    Leading components of ``name`` are dropped, one at a time, while nothing matches and the
+    component is in no trained variable's path (an outer model name that Keras left out).
+    """
+    parts = name.split("/")
+    k = 0
+    while True:
+        suffix = "/".join(parts[k:])
+        hits = [i for i, layer in kernels if _matches(layer, suffix)]
+        if hits or k == len(parts) - 1 or parts[k] in present:
+            return hits, suffix
+        k += 1
+
+
+def _kernel_list(variables: Sequence[Any], indices: Sequence[int]) -> str:
+    items = [f"{_path(variables[i])!r} {tuple(variables[i].shape)}" for i in indices]
+    return f"[{', '.join(items)}]"
+
+
 def _find(variables: Sequence[Any], name: str, what: str) -> int:
     scan = _scan(variables)
     kernels = scan.dense
-    hits = [i for i, layer in kernels if _matches(layer, name)]
+    hits, suffix = _lookup(kernels, name, _present(variables))
+    dropped = "" if suffix == name else name[: -len(suffix) - 1]
     if len(hits) == 1:
         return hits[0]
     if len(hits) > 1:
-        paths = [layer for i, layer in kernels if i in hits]
+        why = (
+            f"; {dropped!r} is in no trained variable's path (a reloaded model's paths lose "
+            f"the outer model names), so it was looked up as {suffix!r}"
+            if dropped
+            else ""
+        )
         raise ValueError(
-            f"{what}: layer name {name!r} is ambiguous (matches {paths}); use a longer path"
+            f"{what}: layer name {name!r} is ambiguous: it matches the Dense kernels "
+            f"{_kernel_list(variables, hits)}{why}. Name the layer by a longer suffix of its "
+            "path, or give the layers unique names."
         )
     known = [layer for _, layer in kernels]
-    cells = [cell for _, cell in scan.recurrent if _within(cell, name)]
-    if cells and not any(_within(layer, name) for layer in known):
+    cells = [cell for _, cell in scan.recurrent if _within(cell, suffix)]
+    if cells and not any(_within(layer, suffix) for layer in known):
         raise _recurrent_error(what, name, cells, known)
-    other = [str(getattr(v, "path", v.name)) for v in variables if _matches(_layer_of(v)[0], name)]
-    if other:
-        shapes = [tuple(v.shape) for v in variables if _matches(_layer_of(v)[0], name)]
+    others = [v for v in variables if _matches(_layer_of(v)[0], suffix)]
+    if others:
+        shapes = [(_path(v), tuple(v.shape)) for v in others]
         raise ValueError(
             f"{what}: layer {name!r} is not a Dense layer (its trained variables are "
-            f"{list(zip(other, shapes, strict=True))}); only Dense kernels (2-D, named 'kernel') can be "
-            "regularized"
+            f"{shapes}); only Dense kernels (2-D, named 'kernel') can be regularized"
         )
     raise ValueError(
         f"{what}: no trained Dense layer named {name!r}; the Dense layers this optimizer trains "
@@ -246,19 +292,18 @@ def resolve_pairs(variables: Sequence[Any], pairs: PairsSpec) -> tuple[tuple[int
             )
         return tuple(out)
     assert not isinstance(pairs, str)
-    seen: dict[str, str] = {}
+    seen: dict[int, str] = {}
     out = []
     for a, b in pairs:
         i = _find(variables, a, "pairs")
         j = _find(variables, b, "pairs")
         for name, idx in ((a, i), (b, j)):
-            key = _layer_of(variables[idx])[0]
-            if key in seen:
+            if idx in seen:
                 raise ValueError(
-                    f"pairs: layer {name!r} appears in two pairs ({seen[key]} and {(a, b)}); "
+                    f"pairs: layer {name!r} appears in two pairs ({seen[idx]} and {(a, b)}); "
                     "each layer can belong to one pair only"
                 )
-            seen[key] = str((a, b))
+            seen[idx] = str((a, b))
         _check_chain(variables, i, j, a, b, "pairs")
         out.append((i, j))
     return tuple(out)

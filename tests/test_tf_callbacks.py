@@ -331,3 +331,31 @@ def test_metrics_before_the_optimizer_is_built_resolve_as_it_will() -> None:
     assert got["pathnorm/alive_units"] == pytest.approx(alive, rel=1e-12)
     a = model.get_layer("d1").kernel.numpy()
     assert pair_values(a, b) != (sparsity, alive)  # the frozen pair would read differently
+
+
+# --- explicit names on a reloaded model (its variable paths lose the outer model names) --------
+
+
+def _reloaded(model: keras.Model, opt: Any, path: Path) -> keras.Model:
+    fit_once(model, opt, [], (6,))
+    model.save(path)
+    return keras.models.load_model(path)
+
+
+@pytest.mark.parametrize("optimizer", ["PathNormSGD", "SGD"])
+def test_prefixed_metric_pairs_after_save_and_load(optimizer: str, tmp_path: Path) -> None:
+    model = mlp((8, 8, 3))  # paths net/d1, net/d2, net/d3; reloaded: d1, d2, d3
+    resumed = _reloaded(model, optimizer_of(optimizer), tmp_path / "m.keras")
+    assert resumed.get_layer("d2").kernel.path == "d2/kernel"  # not "net/d2/kernel"
+    rng = np.random.default_rng(1)
+    history = resumed.fit(
+        rng.standard_normal((8, 6)),
+        rng.integers(0, 3, 8),
+        verbose=0,
+        callbacks=[PathNormMetrics(pairs=[("net/d2", "net/d3")])],
+    )
+    b, c = (resumed.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
+    sparsity, alive = pair_values(b, c)
+    assert history.history["pathnorm/sparsity"][-1] == pytest.approx(sparsity, rel=1e-12)
+    assert history.history["pathnorm/alive_units"][-1] == pytest.approx(alive, rel=1e-12)
+    assert (sparsity > 0) == (optimizer == "PathNormSGD")

@@ -585,6 +585,132 @@ def test_save_load_and_continue_is_identical(make_opt: Any, tmp_path: Path) -> N
         np.testing.assert_array_equal(got == 0, want == 0)
 
 
+# --- names that survive save/load ---------------------------------------------------------------
+# Keras puts an outer model's name in a variable path only when the layer was built inside it
+# (a Sequential with an Input: "net/d1/kernel"); a reloaded model's paths are the bare layer
+# names ("d1/kernel"), and same-named layers of nested models end up with the same path.
+
+
+def _dense(units: int, name: str, last: bool = False) -> keras.layers.Dense:
+    return keras.layers.Dense(units, activation=None if last else "elu", name=name)
+
+
+def _sequential_net() -> keras.Model:  # paths net/d1, net/d2, net/d3
+    return keras.Sequential(
+        [keras.Input((X_DIM,)), _dense(5, "d1"), _dense(4, "d2"), _dense(CLASSES, "d3", True)],
+        name="net",
+    )
+
+
+def _functional_net() -> keras.Model:  # paths d1, d2, d3 (never the model's name)
+    inputs = keras.Input((X_DIM,))
+    h = _dense(4, "d2")(_dense(5, "d1")(inputs))
+    return keras.Model(inputs, _dense(CLASSES, "d3", True)(h), name="net")
+
+
+def _nested_net() -> keras.Model:  # a Sequential in a functional model: enc/d1, enc/d2, d3
+    enc = keras.Sequential([keras.Input((X_DIM,)), _dense(5, "d1"), _dense(4, "d2")], name="enc")
+    inputs = keras.Input((X_DIM,))
+    return keras.Model(inputs, _dense(CLASSES, "d3", True)(enc(inputs)), name="net")
+
+
+def _same_names_net() -> keras.Model:  # enc/h, net/h, net/out; reloaded: h, h, out
+    enc = keras.Sequential([keras.Input((X_DIM,)), _dense(5, "h")], name="enc")
+    return keras.Sequential(
+        [keras.Input((X_DIM,)), enc, _dense(4, "h"), _dense(CLASSES, "out", True)], name="net"
+    )
+
+
+# (model, the second and third Dense layers as a user names them in the model as built)
+PREFIXED = {
+    "Sequential": (_sequential_net, "net/d2", "net/d3"),
+    "functional": (_functional_net, "net/d2", "net/d3"),
+    "nested": (_nested_net, "enc/d2", "net/d3"),
+}
+
+
+def _prefixed_optimizer(kind: str, second: str, third: str) -> Any:
+    if kind == "PathNormSGD":
+        return PathNormSGD(0.5, lam=0.3, momentum=0.5, pairs=[(second, third)])
+    return ProxOptimizer(keras.optimizers.Adam(0.05), regularizer="l1", lam=4.0, layers=[second])
+
+
+def _regularized_positions(model: keras.Model) -> list[int]:
+    """Positions in ``model.trainable_variables`` of the kernels its optimizer regularizes."""
+    position = {id(v): i for i, v in enumerate(model.trainable_variables)}
+    chains = model.optimizer.regularized_chains(model.trainable_variables)
+    return [position[id(v)] for chain in chains for v in chain]
+
+
+@pytest.mark.parametrize("kind", ["PathNormSGD", "ProxOptimizer(l1)"])
+@pytest.mark.parametrize("net", list(PREFIXED))
+def test_prefixed_names_survive_save_and_load(net: str, kind: str, tmp_path: Path) -> None:
+    make, second, third = PREFIXED[net]
+    x, y = data()
+    keras.utils.set_random_seed(0)
+    model = make()
+    model.compile(_prefixed_optimizer(kind, second, third), loss_fn())
+    model.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0)
+    targets = [2, 4] if kind == "PathNormSGD" else [2]  # the 2nd (and 3rd) kernel
+    assert _regularized_positions(model) == targets
+    model.save(tmp_path / "m.keras")
+    resumed = keras.models.load_model(tmp_path / "m.keras")
+    assert _regularized_positions(resumed) == targets
+    for m in (model, resumed):
+        m.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0)
+    weights = resumed.get_weights()
+    for got, want in zip(weights, model.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(got == 0, want == 0)
+    # The prox acted on the targets (exact zeros) and on nothing else.
+    kernel_positions = [i for i, v in enumerate(resumed.trainable_variables) if v.name == "kernel"]
+    for i in kernel_positions:
+        assert (np.count_nonzero(weights[i] == 0) > 0) == (i in targets), i
+    # Saved again, the reloaded model keeps its pairs.
+    resumed.save(tmp_path / "m2.keras")
+    assert _regularized_positions(keras.models.load_model(tmp_path / "m2.keras")) == targets
+
+
+def test_names_without_the_prefixes_keras_dropped(tmp_path: Path) -> None:
+    # A fresh optimizer (no record of an earlier build) on a reloaded model: "enc/d2" and
+    # "net/d3" are looked up as "d2" and "d3", since neither "enc" nor "net" is in any path.
+    model = _nested_net()
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.models.load_model(tmp_path / "m.keras")
+    assert [v.path for v in reloaded.trainable_variables if v.name == "kernel"] == [
+        "d1/kernel",
+        "d2/kernel",
+        "d3/kernel",
+    ]
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[("enc/d2", "net/d3")])
+    opt.build(reloaded.trainable_variables)
+    assert opt.regularized_pairs == [("d2/kernel", "d3/kernel")]
+    l1 = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=["net/enc/d1"])
+    l1.build(reloaded.trainable_variables)
+    assert l1.regularized_kernels == ["d1/kernel"]
+
+
+def test_a_prefix_that_names_another_layer_is_not_dropped() -> None:
+    # "enc" is in the model's paths, so "enc/d3" means a d3 inside enc: there is none.
+    model = _nested_net()
+    with pytest.raises(ValueError, match="no trained Dense layer named 'enc/d3'"):
+        PathNormSGD(0.1, lam=0.01, pairs=[("enc/d2", "enc/d3")]).build(model.trainable_variables)
+
+
+def test_same_names_after_reload_are_ambiguous_for_a_new_optimizer(tmp_path: Path) -> None:
+    model = _same_names_net()
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.models.load_model(tmp_path / "m.keras")
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[("net/h", "net/out")])
+    match = r"'net/h' is ambiguous.*\['h/kernel' \(6, 5\), 'h/kernel' \(5, 4\)\]"
+    with pytest.raises(ValueError, match=match):
+        opt.build(reloaded.trainable_variables)
+    # On the model as built the prefixes tell the two apart.
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[("net/h", "net/out")])
+    opt.build(model.trainable_variables)
+    assert opt.regularized_pairs == [("net/h/kernel", "net/out/kernel")]
+
+
 # --- any optimizer: the wrapper and the baselines ---------------------------------------------
 
 
