@@ -13,13 +13,15 @@ Two ways to get it:
 the prox runs once per ``s`` batches, right after the weights move, with the learning rate that
 step used (schedules are honoured). Which kernels are regularized is resolved from the
 variables' paths when the optimizer is built (see :mod:`pathnorm_tf.pairing`); the optimizer
-stores indices, so model variables never become optimizer variables. Under
+stores indices, so model variables never become optimizer variables, and records where explicit
+names resolved in its config, so a reloaded model keeps its pairs. Under
 ``tf.distribute`` the prox runs on every replica's copy of the (already identical) weights.
 Requires the TensorFlow backend of Keras.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import keras
@@ -79,6 +81,7 @@ class _KernelRegularizer:
     _check_finite: bool
     _pair_indices: tuple[tuple[int, int], ...]
     _layer_indices: tuple[int, ...]
+    _record: pairing.Record | None
     _trainable_variables: list[Any]
 
     def _init_regularizer(
@@ -118,6 +121,7 @@ class _KernelRegularizer:
         self._check_finite = check_finite
         self._pair_indices = ()
         self._layer_indices = ()
+        self._record = None
 
     @property
     def lam(self) -> float | None:
@@ -135,11 +139,19 @@ class _KernelRegularizer:
         """Paths of the kernels the baseline acts on (after ``build``)."""
         return [self._trainable_variables[i].path for i in self._layer_indices]
 
-    def _resolve_targets(self, variables: list[Any]) -> None:
+    def _resolve(self, variables: list[Any]) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """The pairs and (baselines) layers in ``variables``, using the record if it applies."""
         if self._regularizer == "path":
-            self._pair_indices = pairing.resolve_pairs(variables, self._pairs_spec)
-        else:
-            self._layer_indices = pairing.resolve_layers(variables, self._layers_spec)
+            return pairing.resolve_pairs(variables, self._pairs_spec, self._record), ()
+        return (), pairing.resolve_layers(variables, self._layers_spec, self._record)
+
+    def _resolve_targets(self, variables: list[Any]) -> None:
+        self._pair_indices, self._layer_indices = self._resolve(variables)
+        path = self._regularizer == "path"
+        spec = self._pairs_spec if path else self._layers_spec
+        if not isinstance(spec, str):  # names: record where they resolved, for the config
+            found = self._pair_indices if path else self._layer_indices
+            self._record = pairing.record_of(variables, spec, found)
 
     def regularized_chains(self, variables: list[Any]) -> list[list[Any]]:
         """The kernels the regularizer acts on, as forward chains (for the metrics).
@@ -151,10 +163,7 @@ class _KernelRegularizer:
         tv, pairs, layers = self._trainable_variables, self._pair_indices, self._layer_indices
         if not getattr(self, "built", False):
             tv = list(variables)
-            if self._regularizer == "path":
-                pairs = pairing.resolve_pairs(tv, self._pairs_spec)
-            else:
-                layers = pairing.resolve_layers(tv, self._layers_spec)
+            pairs, layers = self._resolve(tv)
         if self._regularizer == "path":
             return [[tv[i], tv[j]] for i, j in pairs]
         return [[tv[i] for i in chain] for chain in pairing.kernel_chains(tv, layers)]
@@ -167,7 +176,11 @@ class _KernelRegularizer:
             "pairs": pairs if isinstance(pairs, str) else [list(p) for p in pairs],
             "check_finite": self._check_finite,
             **({"layers": layers} if self._regularizer != "path" else {}),
+            **({"resolved": copy.deepcopy(self._record)} if self._record is not None else {}),
         }
+
+    def _set_record(self, record: Any) -> None:
+        self._record = pairing.check_record(record)
 
     # -- the update: after the step, on each replica's copy ----------------------------------
 
@@ -289,6 +302,14 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
         config = super().get_config()
         config.update(self._regularizer_config())
         return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> PathNormSGD:
+        config = dict(config)
+        record = config.pop("resolved", None)
+        optimizer = super().from_config(config, custom_objects=custom_objects)
+        optimizer._set_record(record)
+        return optimizer
 
 
 @keras.saving.register_keras_serializable(package="pathnorm")
@@ -413,4 +434,7 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
         inner = keras.saving.deserialize_keras_object(
             config.pop("inner_optimizer"), custom_objects=custom_objects
         )
-        return cls(inner, **config)
+        record = config.pop("resolved", None)
+        optimizer = cls(inner, **config)
+        optimizer._set_record(record)
+        return optimizer

@@ -33,6 +33,14 @@ become ``"h"``). Hence the naming rule:
   that does occur is kept (``"enc/d3"`` matches nothing when ``enc`` has no ``d3``);
 * a name that matches several Dense kernels is an error listing them: nothing is guessed.
 
+Explicit names are also *recorded* once resolved (:func:`record_of`, the optimizer's
+``"resolved"`` config entry): the names, the layer name and shape of every trained Dense kernel
+in variable order, and the positions of the named ones. For the same names and variables with
+the same Dense kernels in the same order (the same model reloaded: Keras restores optimizer
+variables by that order too), the record picks the kernels, so a reloaded model keeps its pairs
+even where its paths no longer tell the layers apart. Otherwise the names are resolved by the
+rule above.
+
 ``pairs="auto"`` pairs consecutive Dense kernels in variable order (= layer order):
 (K1, K2), (K3, K4), ... as in the paper's multilayer extension, checking that the dimensions
 chain; an unpaired last kernel is reported with a warning. Explicit ``pairs`` name
@@ -47,10 +55,12 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
+    "check_record",
     "dense_kernels",
     "kernel_chains",
     "normalize_layers",
     "normalize_pairs",
+    "record_of",
     "resolve_layers",
     "resolve_pairs",
 ]
@@ -262,8 +272,96 @@ def _check_chain(variables: Sequence[Any], i: int, j: int, a: str, b: str, what:
         )
 
 
-def resolve_pairs(variables: Sequence[Any], pairs: PairsSpec) -> tuple[tuple[int, int], ...]:
-    """Indices ``(i_in, i_out)`` into ``variables`` of the kernel pairs to regularize."""
+# -- the record of a resolution, for a config that must resolve the same way after reload -------
+
+Record = dict[str, Any]
+
+
+def _signature(variables: Sequence[Any], scan: _Scan) -> list[list[Any]]:
+    return [
+        [layer.rpartition("/")[2], [int(d) for d in variables[i].shape]] for i, layer in scan.dense
+    ]
+
+
+def _flat(items: Sequence[Any]) -> list[Any]:
+    """Pairs flattened (``[(a, b), (c, d)] -> [a, b, c, d]``); a list of layers as is."""
+    return [x for item in items for x in (item if isinstance(item, tuple) else (item,))]
+
+
+def record_of(variables: Sequence[Any], spec: Sequence[Any], resolved: Sequence[Any]) -> Record:
+    """Which Dense kernels the explicit ``spec`` resolved to, in a form that survives reload.
+
+    ``spec``: explicit pairs or layers; ``resolved``: what :func:`resolve_pairs` or
+    :func:`resolve_layers` returned for it. The record is ``{"names": [...], "kernels":
+    [[layer name, shape], ...], "targets": [position, ...]}``: the names (pairs flattened),
+    every trained Dense kernel in variable order (a reloaded model has the same ones in the
+    same order, the order Keras restores optimizer variables by), and the position in that list
+    of each name's kernel. JSON-serializable.
+    """
+    scan = _scan(variables)
+    position = {i: p for p, (i, _) in enumerate(scan.dense)}
+    return {
+        "names": _flat(spec),
+        "kernels": _signature(variables, scan),
+        "targets": [position[i] for i in _flat(resolved)],
+    }
+
+
+def _is_shape(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(d, int) and not isinstance(d, bool) for d in value
+    )
+
+
+def check_record(value: Any) -> Record | None:
+    """``value`` if it is ``None`` or a well-formed :func:`record_of` (as read from a config)."""
+    if value is None:
+        return None
+    fields = value if isinstance(value, dict) and len(value) == 3 else {}
+    names, kernels, targets = (fields.get(k) for k in ("names", "kernels", "targets"))
+    if (
+        not isinstance(names, list)
+        or not isinstance(kernels, list)
+        or not isinstance(targets, list)
+        or len(names) != len(targets)
+        or not all(isinstance(n, str) for n in names)
+        or not all(
+            isinstance(k, list) and len(k) == 2 and isinstance(k[0], str) and _is_shape(k[1])
+            for k in kernels
+        )
+        or not all(
+            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < len(kernels)
+            for t in targets
+        )
+    ):
+        raise ValueError(
+            "resolved: expected what get_config writes after build, {'names': [name, ...], "
+            "'kernels': [[layer name, shape], ...], 'targets': [position per name, ...]}, "
+            f"got {value!r}; delete the entry to resolve the layer names afresh"
+        )
+    return value
+
+
+def _from_record(
+    variables: Sequence[Any], names: list[str], record: Record | None
+) -> list[int] | None:
+    """Indices for ``names`` from ``record`` if it is theirs and fits ``variables``, else None."""
+    if record is None or record["names"] != names:
+        return None
+    scan = _scan(variables)
+    if record["kernels"] != _signature(variables, scan):
+        return None
+    return [scan.dense[p][0] for p in record["targets"]]
+
+
+def resolve_pairs(
+    variables: Sequence[Any], pairs: PairsSpec, record: Record | None = None
+) -> tuple[tuple[int, int], ...]:
+    """Indices ``(i_in, i_out)`` into ``variables`` of the kernel pairs to regularize.
+
+    ``record``: what :func:`record_of` wrote when these names were resolved before; used instead
+    of the names when ``variables`` hold the same Dense kernels (names and shapes, in order).
+    """
     if pairs == "auto":
         scan = _scan(variables)
         kernels = scan.dense
@@ -292,11 +390,12 @@ def resolve_pairs(variables: Sequence[Any], pairs: PairsSpec) -> tuple[tuple[int
             )
         return tuple(out)
     assert not isinstance(pairs, str)
+    found = _from_record(variables, _flat(pairs), record)
     seen: dict[int, str] = {}
     out = []
-    for a, b in pairs:
-        i = _find(variables, a, "pairs")
-        j = _find(variables, b, "pairs")
+    for k, (a, b) in enumerate(pairs):
+        i = found[2 * k] if found is not None else _find(variables, a, "pairs")
+        j = found[2 * k + 1] if found is not None else _find(variables, b, "pairs")
         for name, idx in ((a, i), (b, j)):
             if idx in seen:
                 raise ValueError(
@@ -309,8 +408,13 @@ def resolve_pairs(variables: Sequence[Any], pairs: PairsSpec) -> tuple[tuple[int
     return tuple(out)
 
 
-def resolve_layers(variables: Sequence[Any], layers: LayersSpec) -> tuple[int, ...]:
-    """Indices into ``variables`` of the Dense kernels to regularize (baselines)."""
+def resolve_layers(
+    variables: Sequence[Any], layers: LayersSpec, record: Record | None = None
+) -> tuple[int, ...]:
+    """Indices into ``variables`` of the Dense kernels to regularize (baselines).
+
+    ``record``: see :func:`resolve_pairs`.
+    """
     if layers == "auto":
         scan = _scan(variables)
         if not scan.dense:
@@ -318,9 +422,10 @@ def resolve_layers(variables: Sequence[Any], layers: LayersSpec) -> tuple[int, .
                 f'layers="auto" found no trained Dense kernel to regularize{_skipped(scan)}'
             )
         return tuple(i for i, _ in scan.dense)
+    found = _from_record(variables, _flat(layers), record)
     out: list[int] = []
-    for name in layers:
-        i = _find(variables, name, "layers")
+    for k, name in enumerate(layers):
+        i = found[k] if found is not None else _find(variables, name, "layers")
         if i in out:
             raise ValueError(f"layers: layer {name!r} is listed twice")
         out.append(i)

@@ -626,6 +626,7 @@ PREFIXED = {
     "Sequential": (_sequential_net, "net/d2", "net/d3"),
     "functional": (_functional_net, "net/d2", "net/d3"),
     "nested": (_nested_net, "enc/d2", "net/d3"),
+    "same-names": (_same_names_net, "net/h", "net/out"),
 }
 
 
@@ -709,6 +710,63 @@ def test_same_names_after_reload_are_ambiguous_for_a_new_optimizer(tmp_path: Pat
     opt = PathNormSGD(0.1, lam=0.01, pairs=[("net/h", "net/out")])
     opt.build(model.trainable_variables)
     assert opt.regularized_pairs == [("net/h/kernel", "net/out/kernel")]
+
+
+def _renamed_net() -> keras.Model:  # d2 and d3 first, then a layer the record never saw
+    return keras.Sequential(
+        [keras.Input((X_DIM,)), _dense(4, "d2"), _dense(CLASSES, "d3"), _dense(3, "d9", True)]
+    )
+
+
+def test_the_record_applies_to_the_same_layers_only() -> None:
+    # The config of a built optimizer records (d2, d3) as Dense kernels 1 and 2 of a model whose
+    # Dense layers are d1, d2, d3; on a model with other Dense layers the names are resolved.
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[("net/d2", "net/d3")])
+    opt.build(_sequential_net().trainable_variables)
+    config = keras.saving.serialize_keras_object(opt)
+    json.dumps(config)
+    clone = keras.saving.deserialize_keras_object(config)
+    assert clone.get_config() == {**opt.get_config(), "name": clone.name}
+    other = _renamed_net()
+    clone.build(other.trainable_variables)
+    assert clone.regularized_pairs == [(other.layers[0].kernel.path, other.layers[1].kernel.path)]
+
+
+def test_a_record_for_other_names_is_not_used(tmp_path: Path) -> None:
+    # A config whose pairs were edited after the record was written: the names are resolved,
+    # and on the reloaded same-names model "enc/h" is ambiguous (the record would pick net/h).
+    model = _same_names_net()
+    opt = PathNormSGD(0.1, lam=0.01, pairs=[("net/h", "net/out")])
+    opt.build(model.trainable_variables)
+    model.save(tmp_path / "m.keras")
+    reloaded = keras.models.load_model(tmp_path / "m.keras")
+    edited = PathNormSGD.from_config({**opt.get_config(), "pairs": [["enc/h", "net/out"]]})
+    with pytest.raises(ValueError, match=r"'enc/h' is ambiguous"):
+        edited.build(reloaded.trainable_variables)
+    kept = PathNormSGD.from_config(opt.get_config())
+    kept.build(reloaded.trainable_variables)
+    assert kept.regularized_chains([])[0][0] is reloaded.trainable_variables[2]
+
+
+@pytest.mark.parametrize(
+    "resolved",
+    [
+        [0, 1],
+        {"kernels": [["d1", [6, 5]]], "targets": [0]},
+        {"names": ["d1"], "kernels": [["d1", [6, 5]], ["d2", [5, 3]]], "targets": [2]},
+        {"names": ["d1"], "kernels": [["d1", [6, 5.0]]], "targets": [0]},
+        {"names": ["d1", "d2"], "kernels": [["d1", [6, 5]]], "targets": [0]},
+    ],
+)
+@pytest.mark.parametrize("cls", [PathNormSGD, ProxOptimizer])
+def test_a_malformed_record_is_a_clear_error(cls: Any, resolved: Any) -> None:
+    if cls is PathNormSGD:
+        opt = PathNormSGD(0.1, lam=0.01, pairs=[("d1", "d2")])
+    else:
+        opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=["d1"])
+    config = {**keras.saving.serialize_keras_object(opt)["config"], "resolved": resolved}
+    with pytest.raises(ValueError, match="resolved: expected what get_config writes after build"):
+        cls.from_config(config)
 
 
 # --- any optimizer: the wrapper and the baselines ---------------------------------------------
