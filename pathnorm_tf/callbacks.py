@@ -16,9 +16,10 @@ The regularized kernels are those of the model's optimizer when it is a
 over runs of adjacent ones whose dimensions chain). With another optimizer, or explicit
 ``pairs``, the pairs are resolved over the model's *trainable* variables exactly as the
 optimizer would resolve them (frozen layers and recurrent cells skipped, see
-:mod:`pathnorm_tf.pairing`). The two bounds cover every built Dense layer,
-frozen ones included, and are reported when they all chain (a feed-forward MLP). Values are
-Python floats computed in float64 from the current weights.
+:mod:`pathnorm_tf.pairing`); explicit ``pairs`` equal to the optimizer's are its pairs.
+The two bounds cover every built Dense layer, frozen ones included, and are reported when they
+all chain (a feed-forward MLP). Values are Python floats computed in float64 from the current
+weights.
 """
 
 from __future__ import annotations
@@ -75,8 +76,12 @@ def _regularizing_optimizer(model: keras.Model) -> Any:
 def _regularized_chains(model: keras.Model, spec: pairing.PairsSpec) -> list[list[Any]]:
     opt = _regularizing_optimizer(model)
     variables = list(model.trainable_variables)
-    if spec == "auto" and opt is not None:
-        return opt.regularized_chains(variables)  # exactly what the optimizer acts on
+    if opt is not None and (
+        spec == "auto" or (opt._regularizer, opt._pairs_spec) == ("path", spec)
+    ):
+        # Exactly what the optimizer acts on (for its own names: as it resolved them, which
+        # its config records, so also where a reloaded model's paths no longer tell them apart).
+        return opt.regularized_chains(variables)
     if spec == "auto":
         found = pairing.dense_kernels(variables)
         if len(found) < 2:  # nothing to pair: the one kernel's sparsity, if there is one

@@ -359,3 +359,30 @@ def test_prefixed_metric_pairs_after_save_and_load(optimizer: str, tmp_path: Pat
     assert history.history["pathnorm/sparsity"][-1] == pytest.approx(sparsity, rel=1e-12)
     assert history.history["pathnorm/alive_units"][-1] == pytest.approx(alive, rel=1e-12)
     assert (sparsity > 0) == (optimizer == "PathNormSGD")
+
+
+def _same_names() -> keras.Model:  # enc/h, net/h, net/out; reloaded: h, h, out
+    keras.utils.set_random_seed(0)
+    dense = keras.layers.Dense
+    enc = keras.Sequential([keras.Input((6,)), dense(8, name="h")], name="enc")
+    return keras.Sequential(
+        [keras.Input((6,)), enc, dense(8, name="h"), dense(3, name="out")], name="net"
+    )
+
+
+def test_metric_pairs_of_the_optimizer_on_a_reloaded_model_with_same_names(
+    tmp_path: Path,
+) -> None:
+    # After reload both "h" layers have the path "h/kernel": "net/h" alone is ambiguous, but
+    # the metrics take the optimizer's pairs when they are the optimizer's names.
+    pairs = [("net/h", "net/out")]
+    model = _same_names()
+    resumed = _reloaded(model, PathNormSGD(0.5, lam=0.4, pairs=pairs), tmp_path / "m.keras")
+    got = metric_values(resumed, pairs=pairs)
+    h, out = resumed.layers[1].kernel.numpy(), resumed.layers[2].kernel.numpy()
+    sparsity, alive = pair_values(h, out)
+    assert sparsity > 0
+    assert got["pathnorm/sparsity"] == pytest.approx(sparsity, rel=1e-12)
+    assert got["pathnorm/alive_units"] == pytest.approx(alive, rel=1e-12)
+    with pytest.raises(ValueError, match=r"'net/h' is ambiguous"):
+        metric_values(resumed, pairs=[("net/h", "out")])
