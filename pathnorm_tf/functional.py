@@ -426,7 +426,7 @@ def _pick_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
     ``q <= _UNROLL_PICK``, a chain of selects: elementwise, so fused into its consumers (XLA on
     CPU runs each gather, and the index array it builds for it, as thunks of their own)."""
     q = int(t.shape[1])
-    if not _tracing_for_xla() or q > _UNROLL_PICK:
+    if not _tracing_for_xla() or q > _UNROLL_PICK or idx.shape.num_elements() * q > _PICK_LIMIT:
         return _gather_rows(t, idx)
     out = tf.broadcast_to(t[:, :1], tf.shape(idx))
     for c in range(1, q):
@@ -440,7 +440,7 @@ def _at_least(h: tf.Tensor, *ts: tf.Tensor) -> tuple[tf.Tensor, ...]:
     last index. Under XLA, for ``q <= _UNROLL_PICK``, one reduction (the least value) and a
     fused chain of selects from the last index to the first."""
     q = int(h.shape[1])
-    if not _tracing_for_xla() or q > _UNROLL_PICK:
+    if not _tracing_for_xla() or q > _UNROLL_PICK or h.shape.num_elements() * q > _PICK_LIMIT:
         best = _argmin_rows(h)
         return tuple(_gather_rows(t, best) for t in ts)
     (h,) = _materialized(h)
@@ -492,8 +492,11 @@ def _cumsum_cols(a: tf.Tensor) -> tf.Tensor:
 
 
 _UNROLL_CUMSUM = 32
-# Under XLA, rows of at most this many columns are indexed by a chain of selects, not a gather.
+# Under XLA, rows of at most this many columns are indexed by a chain of selects, not a gather,
+# while the chain's work (entries picked times columns) stays below _PICK_LIMIT: XLA copies the
+# chain into each consumer, which on large blocks (512-512-512) costs more than the gather.
 _UNROLL_PICK = 16
+_PICK_LIMIT = 1 << 15
 
 
 def _sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
