@@ -423,8 +423,9 @@ def _gather_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
 
 def _pick_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
     """``t[i, idx[i, j]]`` for ``t`` (n, q) and ``idx`` (n, r) in ``[0, q)``. Under XLA, for
-    ``q <= _UNROLL_PICK``, a chain of selects: elementwise, so fused into its consumers (XLA on
-    CPU runs each gather, and the index array it builds for it, as thunks of their own)."""
+    small blocks (see :data:`_UNROLL_PICK`), a chain of selects: elementwise, so fused into its
+    consumers (XLA on CPU runs each gather, and the index array it builds for it, as thunks of
+    their own); otherwise a gather."""
     q = int(t.shape[1])
     if not _tracing_for_xla() or q > _UNROLL_PICK or idx.shape.num_elements() * q > _PICK_LIMIT:
         return _gather_rows(t, idx)
@@ -437,8 +438,8 @@ def _pick_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
 def _at_least(h: tf.Tensor, *ts: tf.Tensor) -> tuple[tf.Tensor, ...]:
     """Each of ``ts`` (n, q) at the first index of the least ``h`` (n, q) per row, as columns
     (n, 1): ``_gather_rows(t, _argmin_rows(h))``; a row whose least value is NaN gives the
-    last index. Under XLA, for ``q <= _UNROLL_PICK``, one reduction (the least value) and a
-    fused chain of selects from the last index to the first."""
+    last index. Under XLA, for small blocks (see :data:`_UNROLL_PICK`), one reduction (the
+    least value) and a fused chain of selects from the last index to the first."""
     q = int(h.shape[1])
     if not _tracing_for_xla() or q > _UNROLL_PICK or h.shape.num_elements() * q > _PICK_LIMIT:
         best = _argmin_rows(h)
@@ -767,9 +768,9 @@ def _band_candidates(b: _Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
         )
         l_in = tf.where(j_w <= count, l_w, inf)
         feas &= l_in[:, None, :] < tf.reshape(l_max, [1, p, 1])
-        j_star = tf.cast(tf.reduce_max(tf.cast(feas, dt) * (j_w + 1)[:, None, :], 2) - 1, tf.int32)
+        j_star = tf.reduce_max(tf.cast(feas, dt) * (j_w + 1)[:, None, :], 2) - 1
         # (the clip only matters for NaN weights, which must not index out of range)
-        return tf.clip_by_value(j_star, 0, kb), j_star >= 0
+        return tf.clip_by_value(tf.cast(j_star, tf.int32), 0, kb), j_star >= 0
 
     def bisect() -> tuple[tf.Tensor, tf.Tensor]:
         def feasible(ji: tf.Tensor) -> tf.Tensor:
