@@ -421,13 +421,19 @@ def _gather_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
     return tf.gather(t, idx, axis=1, batch_dims=1)
 
 
+def _select_chain(columns: int, entries: int) -> bool:
+    """Whether to index ``columns`` columns for ``entries`` entries by a chain of selects (see
+    :data:`_UNROLL_PICK`) rather than a gather."""
+    return _tracing_for_xla() and columns <= _UNROLL_PICK and entries * columns <= _PICK_LIMIT
+
+
 def _pick_rows(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
     """``t[i, idx[i, j]]`` for ``t`` (n, q) and ``idx`` (n, r) in ``[0, q)``. Under XLA, for
     small blocks (see :data:`_UNROLL_PICK`), a chain of selects: elementwise, so fused into its
     consumers (XLA on CPU runs each gather, and the index array it builds for it, as thunks of
     their own); otherwise a gather."""
     q = int(t.shape[1])
-    if not _tracing_for_xla() or q > _UNROLL_PICK or idx.shape.num_elements() * q > _PICK_LIMIT:
+    if not _select_chain(q, idx.shape.num_elements()):
         return _gather_rows(t, idx)
     out = tf.broadcast_to(t[:, :1], tf.shape(idx))
     for c in range(1, q):
@@ -441,7 +447,7 @@ def _at_least(h: tf.Tensor, *ts: tf.Tensor) -> tuple[tf.Tensor, ...]:
     last index. Under XLA, for small blocks (see :data:`_UNROLL_PICK`), one reduction (the
     least value) and a fused chain of selects from the last index to the first."""
     q = int(h.shape[1])
-    if not _tracing_for_xla() or q > _UNROLL_PICK or h.shape.num_elements() * q > _PICK_LIMIT:
+    if not _select_chain(q, h.shape.num_elements()):
         best = _argmin_rows(h)
         return tuple(_gather_rows(t, best) for t in ts)
     (h,) = _materialized(h)
