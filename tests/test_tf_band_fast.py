@@ -348,7 +348,7 @@ def test_argmin_under_xla_is_the_first_least_index(dtype: tf.DType, k: int) -> N
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
 @pytest.mark.parametrize("q", [1, 2, 12, 16, 40])
 def test_selects_under_xla_equal_gathers(dtype: tf.DType, q: int) -> None:
-    # _pick_rows / _at_least: chains of selects under XLA (q <= 16), gathers otherwise; the
+    # _pick_rows / _at_least: chains of selects under XLA (q <= 16 here), gathers otherwise; the
     # same entries, the first least index on ties and the last one for a row of NaNs.
     rng = np.random.default_rng(q)
     h = rng.choice([-1.0, 0.0, 0.5, rng.standard_normal()], size=(60, q))  # many ties
