@@ -308,8 +308,43 @@ def _case_at(doc: Any, path: list[Any]) -> str:
     return ""
 
 
+# A vector file nests six levels deep ($.cases[i].inputs.X[r][c]); the validators recurse,
+# so a far deeper document would end in RecursionError instead of a message.
+MAX_DEPTH = 32
+
+
+def _too_deep(doc: Any) -> list[Any] | None:
+    """JSON path of the first node nested deeper than :data:`MAX_DEPTH`, else None (iterative)."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(doc, ())]
+    while stack:
+        node, path = stack.pop()
+        if len(path) > MAX_DEPTH:
+            return list(path)
+        if isinstance(node, dict | list):
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((value, (*path, key)) for key, value in items)
+    return None
+
+
 def parse_document(doc: Any, file: str) -> list[Case]:
-    """Validate a parsed vector file against the schema and build its cases."""
+    """Validate a parsed vector file against the schema and build its cases.
+
+    Args:
+        doc: the parsed JSON document.
+        file: the name used in error messages.
+
+    Returns:
+        The cases, in file order.
+
+    Raises:
+        SpecError: the document is malformed (the message names the file, case and JSON path).
+    """
+    deep = _too_deep(doc)
+    if deep is not None:
+        raise SpecError(
+            f"{file}: at {_json_path(deep[: MAX_DEPTH + 1])}: nested more than {MAX_DEPTH} levels "
+            "deep (a vector file nests 6: $.cases[i].inputs.X[row][col])"
+        )
     bad = _first_non_finite(doc)
     if bad is not None:
         path, text = bad
@@ -335,15 +370,26 @@ def parse_document(doc: Any, file: str) -> list[Case]:
     return cases
 
 
+def _decode(file: str, raw: bytes) -> str:
+    """``raw`` as UTF-8 text (JSON's encoding); anything else raises :class:`SpecError`."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"{file}: not UTF-8 text (byte {raw[e.start : e.start + 1]!r} at offset {e.start}: "
+            f"{e.reason}); vector files are UTF-8 JSON"
+        ) from None
+
+
 def _read(path_or_name: str | os.PathLike[str]) -> tuple[str, str]:
     """(display name, text) of a packaged file name or a filesystem path."""
     p = Path(path_or_name)
     if p.is_file():
-        return str(p), p.read_text(encoding="utf-8")
+        return str(p), _decode(str(p), p.read_bytes())
     name = p.name if p.suffix == ".json" else f"{p.name}.json"
     entry = _package_dir() / "vectors" / name
     if len(p.parts) == 1 and entry.is_file():
-        return name, entry.read_text(encoding="utf-8")
+        return name, _decode(name, entry.read_bytes())
     raise SpecError(f"no vector file {str(path_or_name)!r}: give a path or one of {vector_files()}")
 
 
@@ -355,7 +401,7 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
             with or without ``.json`` (``"l1"``, ``"path_norm_prox.json"``); or a path.
 
     Raises:
-        SpecError: the file is missing, not JSON, holds a number that is not a finite float64
+        SpecError: the file is missing, not UTF-8, not JSON, nested too deep, holds a number that is not a finite float64
             (``NaN``, or a literal such as ``1e999`` that overflows), fails the schema, or has
             inconsistent shapes; the message names the file, the case and the JSON path.
     """
@@ -372,6 +418,11 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
         doc = json.loads(text, parse_constant=reject, parse_float=_parse_float)
     except json.JSONDecodeError as e:
         raise SpecError(f"{file}: not valid JSON: {e}") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise SpecError(
+            f"{file}: nested more than {MAX_DEPTH} levels deep (too deep to parse; a vector "
+            "file nests 6: $.cases[i].inputs.X[row][col])"
+        ) from None
     return parse_document(doc, file)
 
 

@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator
 
 from shared_spec import KINDS, Case, SpecError, iter_cases, load_schema, load_vectors
 from shared_spec import generate as gen
+from shared_spec import loader
 from shared_spec import reference as ref
 from shared_spec.loader import parse_document, vector_files
 
@@ -267,6 +268,38 @@ def test_malformed_file_is_rejected(tmp_path: Path, text: str, pattern: str) -> 
     path.write_text(text)
     with pytest.raises(SpecError, match=pattern.replace(r"bad\.json", r".*bad\.json")):
         load_vectors(path)
+
+
+def test_non_utf8_file_is_rejected(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.json"
+    path.write_bytes(
+        '{"format_version": 1, "description": "caf\u00e9", "cases": []}'.encode("latin-1")
+    )
+    with pytest.raises(SpecError) as info:
+        load_vectors(path)
+    assert str(info.value) == (
+        f"{path}: not UTF-8 text (byte b'\\xe9' at offset 41: invalid continuation byte); "
+        "vector files are UTF-8 JSON"
+    )
+
+
+@pytest.mark.parametrize("depth", [40, 900, 100_000])
+def test_deeply_nested_file_is_rejected(tmp_path: Path, depth: int) -> None:
+    # 900 levels parse but overflow the recursive validators; 100,000 overflow json's decoder
+    path = tmp_path / "deep.json"
+    path.write_text('{"format_version": 1, "cases": [' + "[" * depth + "]" * depth + "]}")
+    with pytest.raises(SpecError) as info:
+        load_vectors(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    assert "nested more than 32 levels deep" in message
+    if depth < 1000:
+        assert f"at $.cases{'[0]' * 32}: " in message
+
+
+def test_nesting_of_a_real_file_is_accepted() -> None:
+    assert loader.MAX_DEPTH > 6  # $.cases[i].inputs.X[row][col]: what the packaged files hold
+    assert len(load_vectors("path_norm_prox")) > 0
 
 
 @pytest.mark.parametrize(
