@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from jsonschema import Draft202012Validator
 
-from shared_spec import KINDS, Case, SpecError, iter_cases, load_schema, load_vectors
+from shared_spec import KINDS, Case, SpecError, iter_cases, load_schema, load_vectors, loader
 from shared_spec import generate as gen
-from shared_spec import loader
 from shared_spec import reference as ref
 from shared_spec.loader import parse_document, vector_files
 
