@@ -406,6 +406,33 @@ def _find(
     return None
 
 
+def _check_images(arr: np.ndarray, what: str, fix: str) -> None:
+    """Refuse anything but uint8 images (N, 28, 28) or (N, 784), naming the problem."""
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        bad = int(np.count_nonzero(~np.isfinite(arr)))
+        raise DataError(f"{what}: {bad} pixels are NaN or inf (pixels are uint8 0..255): {fix}")
+    if arr.dtype != np.uint8:
+        raise DataError(f"{what}: pixels must be uint8 (0..255), got {arr.dtype}: {fix}")
+    if arr.ndim not in (2, 3) or arr.shape[1:] not in ((N_PIXELS,), IMAGE_SHAPE):
+        raise DataError(
+            f"{what}: images have shape {arr.shape}, expected (N, 28, 28) or (N, 784): {fix}"
+        )
+
+
+def _check_labels(arr: np.ndarray, what: str, fix: str) -> None:
+    """Refuse labels that are not a 1-D integer array of classes 0..9, naming the first bad one."""
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise DataError(
+            f"{what}: labels must be a 1-D integer array, got {arr.dtype} {arr.shape}: {fix}"
+        )
+    bad = np.flatnonzero((arr < 0) | (arr >= N_CLASSES))
+    if bad.size:
+        raise DataError(
+            f"{what}: labels must be in 0..9, found {int(arr[bad[0]])} at index {int(bad[0])} "
+            f"({bad.size} out of range): {fix}"
+        )
+
+
 def _load_file(spec: DatasetSpec, fs: FileSpec, path: Path, verify: bool) -> np.ndarray:
     if verify and fs.sha256 is not None:
         got = _sha256(path)
@@ -422,8 +449,8 @@ def _load_file(spec: DatasetSpec, fs: FileSpec, path: Path, verify: bool) -> np.
     want_shape = (fs.count, *IMAGE_SHAPE) if fs.kind == "images" else (fs.count,)
     if arr.shape != want_shape:
         raise DataError(f"{path}: {fs.kind} have shape {arr.shape}, expected {want_shape}")
-    if fs.kind == "labels" and arr.size and int(arr.max()) >= N_CLASSES:
-        raise DataError(f"{path}: labels must be in 0..9, found {int(arr.max())}")
+    if fs.kind == "labels":
+        _check_labels(arr, str(path), _where_to_get(spec, fs.name))
     return arr
 
 
@@ -516,9 +543,18 @@ def load_embedded(path: str | Path = EMBEDDED_PATH) -> Dataset:
     )
     if not path.is_file():
         raise DataError(f"embedded subset {path} is missing; {fix}")
+    what = f"embedded subset {path}"
     x_tr, y_tr, x_te, y_te = _npz_arrays(
-        path, ("x_train", "y_train", "x_test", "y_test"), f"embedded subset {path}", fix
+        path, ("x_train", "y_train", "x_test", "y_test"), what, fix
     )
+    for key, images, labels in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        _check_images(images, f"{what}: x_{key}", fix)
+        _check_labels(labels, f"{what}: y_{key}", fix)
+        if labels.shape[0] != images.shape[0]:
+            raise DataError(
+                f"{what}: y_{key} holds {labels.shape[0]} labels for {images.shape[0]} images "
+                f"in x_{key}: {fix}"
+            )
     return Dataset(
         "embedded",
         _to_float(x_tr),

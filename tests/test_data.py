@@ -321,6 +321,53 @@ def test_corrupt_embedded_subset_says_how_to_rebuild(tmp_path: Path, write, caus
     assert "python -m pathnorm_experiments.data --make-subset" in msg
 
 
+def _embedded_arrays() -> dict[str, np.ndarray]:
+    with np.load(D.EMBEDDED_PATH) as z:
+        return {k: z[k][:50] for k in ("x_train", "y_train", "x_test", "y_test")}
+
+
+def _with_nan(a: dict[str, np.ndarray]) -> None:
+    a["x_test"] = a["x_test"].astype(np.float32)
+    a["x_test"][3, 5, 7] = np.nan
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (lambda a: a["y_train"].__setitem__(7, 42), "y_train: labels must be in 0..9, found 42 at index 7 (1 out of range)"),
+        (lambda a: a.__setitem__("y_test", a["y_test"].astype(np.int64) - 1), "y_test: labels must be in 0..9, found -1 at index"),
+        (_with_nan, "x_test: 1 pixels are NaN or inf"),
+        (lambda a: a.__setitem__("x_train", a["x_train"].astype(np.float64)), "x_train: pixels must be uint8 (0..255), got float64"),
+        (lambda a: a.__setitem__("x_train", a["x_train"][:, :27]), "x_train: images have shape (50, 27, 28), expected (N, 28, 28) or (N, 784)"),
+        (lambda a: a.__setitem__("x_test", a["x_test"].reshape(50, 2, 392)), "x_test: images have shape (50, 2, 392)"),
+        (lambda a: a.__setitem__("y_train", a["y_train"][:49]), "y_train holds 49 labels for 50 images in x_train"),
+        (lambda a: a.__setitem__("y_test", a["y_test"].astype(np.float32)), "y_test: labels must be a 1-D integer array, got float32 (50,)"),
+    ],
+    ids=["label-42", "label-negative", "nan-pixel", "float-pixels", "image-27x28", "image-2x392", "count-mismatch", "float-labels"],
+)  # fmt: skip
+def test_embedded_file_gets_the_checks_of_load_dataset(tmp_path: Path, edit, problem: str) -> None:
+    arrays = _embedded_arrays()
+    p = tmp_path / "subset.npz"
+    np.savez(p, **arrays)
+    assert D.load_embedded(p).x_train.shape == (50, 784)  # the unedited copy loads
+    edit(arrays)
+    np.savez(p, **arrays)
+    with pytest.raises(D.DataError) as e:
+        D.load_embedded(p)
+    msg = str(e.value)
+    assert msg.startswith(f"embedded subset {p}: {problem}"), msg
+    assert msg.endswith("or reinstall pathnorm"), msg
+
+
+def test_flat_embedded_images_load_like_square_ones(tmp_path: Path) -> None:
+    arrays = _embedded_arrays()
+    p = tmp_path / "flat.npz"
+    np.savez(p, **{k: v.reshape(50, 784) if k[0] == "x" else v for k, v in arrays.items()})
+    flat, ref = D.load_embedded(p), D.load_embedded(D.EMBEDDED_PATH).subset(50, 50)
+    np.testing.assert_array_equal(flat.x_train, ref.x_train)
+    np.testing.assert_array_equal(flat.y_test, ref.y_test)
+
+
 # --- the LightningDataModule -------------------------------------------------------------
 
 
