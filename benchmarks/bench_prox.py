@@ -2,14 +2,13 @@
 
 For each shape (m-n-p: Linear(m, n) -> ELU -> Linear(n, p)) it times, in float32:
 the prox (``pathnorm_lightning.prox_path_norm``: on CPU the compiled kernel; also the same
-algorithm in torch tensor ops, the fallback without numba; on CUDA the whole-row-sort algorithm
+exact prox in torch tensor ops ("sort"), the fallback without numba; on CUDA the whole-row-sort algorithm
 replayed as a CUDA graph, also with its finiteness check and without the graph), one SGD step of the same network
 (forward + backward + update, batch 100), a full ``torch.sort`` of the rows of |w_in| and of
 |w_out|, the authors'-style per-unit NumPy loop (paper's Algorithms 3 + 4), and the naive
 exhaustive reference (timed on a few units and scaled to n, marked ``~``).
 
     python benchmarks/bench_prox.py [--device cuda] [--markdown]
-    python benchmarks/bench_prox.py --thread-sweep 1,2,4,8,16   # CPU prox by thread count
 """
 
 from __future__ import annotations
@@ -105,9 +104,8 @@ def bench_shape(m: int, n: int, p: int, lam: float, device: torch.device, naive:
     )
     row = {"shape": f"{m}-{n}-{p}", "prox": t_prox, "sgd": t_sgd, "sort": t_sort, **extra}
     if device.type == "cpu":  # what "auto" runs without numba
-        method = "band" if 4 * min(m, p) <= max(m, p) else "sort"
         row["ops"] = timeit(
-            lambda: prox_path_norm(w_in, w_out, lam, check_finite=False, method=method), device
+            lambda: prox_path_norm(w_in, w_out, lam, check_finite=False, method="sort"), device
         )
     if naive:
         a, b = w_in.double().cpu().numpy(), w_out.double().cpu().numpy()
@@ -140,27 +138,6 @@ def growth(device: torch.device, lam: float) -> None:
             prev = t
 
 
-def thread_sweep(threads: list[int], shapes: list[tuple[int, int, int]], lam: float) -> None:
-    """CPU prox time per torch thread count (the kernel splits a layer of at least
-    ``_PARALLEL_MIN_SIZE`` weights over them): where more threads stop paying on this machine."""
-    cpu = torch.device("cpu")
-    print(f"# prox_path_norm on CPU (ms) by torch thread count, float32, lam={lam}")
-    print("| shape | weights | " + " | ".join(f"{t} thr" for t in threads) + " | fastest |")
-    print("|---|---|" + "---|" * (len(threads) + 1))
-    for m, n, p in shapes:
-        w_in, w_out = trained_like(m, n, p, cpu)
-        ms = []
-        for t in threads:
-            torch.set_num_threads(t)
-            t_prox = timeit(
-                lambda a=w_in, b=w_out: prox_path_norm(a, b, lam, check_finite=False), cpu
-            )
-            ms.append(t_prox * 1e3)
-        best = threads[ms.index(min(ms))]
-        cells = " | ".join(f"{v:.3f}" for v in ms)
-        print(f"| {m}-{n}-{p} | {m * n + n * p} | {cells} | {best} |")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--device", default="cpu")
@@ -170,19 +147,10 @@ def main() -> None:
     ap.add_argument("--markdown", action="store_true", help="print a Markdown table")
     ap.add_argument("--growth", action="store_true", help="also time doublings of n, m and p")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    ap.add_argument(
-        "--thread-sweep",
-        default=None,
-        help="only time the CPU prox of --shapes at these torch thread counts, e.g. 1,2,4,8,16",
-    )
     args = ap.parse_args()
     given = None
     if args.shapes:
         given = [tuple(int(v) for v in s.split("-")) for s in args.shapes.split(",")]
-    if args.thread_sweep:
-        sweep_shapes = given or [(784, 50, 10), (784, 100, 10), *SHAPES, (4096, 4096, 10)]
-        thread_sweep([int(t) for t in args.thread_sweep.split(",")], sweep_shapes, args.lam)  # type: ignore[arg-type]
-        return
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

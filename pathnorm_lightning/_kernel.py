@@ -25,25 +25,16 @@ passes over the weights instead of the dispatch of ~130 tensor operations. Per h
 All arithmetic is float64, whatever the weights' dtype. Every unit's thresholds are computed
 (reading only) before any weight is written, so non-finite weights are reported with nothing
 changed, and the prox can write straight into the parameters (in place).
-
-Units are independent: a large layer is split into one chunk of units per thread when torch
-itself runs on several threads (numba's TBB or OpenMP pool; the same code per unit, so the
-same result to the bit). It stays on one thread for small layers, when numba has only its
-slow, non-thread-safe fallback pool, and in a process forked after the pool started.
 """
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 import threading
 from typing import Any
 
 import numba
 import numpy as np
-
-_CONFIG: Any = numba.config  # its settings are set at run time (invisible to type checkers)
 
 # Relative widening of the band bounds (as the tensor version's 64 eps of float32: the band
 # only needs to contain every entry that can change support, a wider band costs nothing).
@@ -379,53 +370,8 @@ def _prox_all(
     return -1
 
 
-@numba.njit(cache=True, nogil=True, parallel=True)
-def _prox_all_parallel(
-    short: np.ndarray,
-    long: np.ndarray,
-    lam: float,
-    check_finite: bool,
-    x_sorted: np.ndarray,
-    threads: int,
-) -> int:  # pragma: no cover - compiled
-    """:func:`_prox_all` with the units split into one contiguous chunk per thread: the same
-    per-unit code, so the same result to the bit; thresholds of every chunk before any write."""
-    n = short.shape[0]
-    chunks = max(min(threads, n), 1)
-    size = (n + chunks - 1) // chunks
-    t_short = np.empty(n)
-    t_long = np.empty(n)
-    bad = np.full(chunks, -1, dtype=np.int64)
-    for c in numba.prange(chunks):
-        start = c * size
-        stop = min(start + size, n)
-        if start < stop:
-            b = _thresholds(
-                short[start:stop],
-                long[start:stop],
-                lam,
-                check_finite,
-                t_short[start:stop],
-                t_long[start:stop],
-                x_sorted[start:stop],  # (0, 0) stays empty: not presorted
-            )
-            if b >= 0:
-                bad[c] = start + b
-    for c in range(chunks):  # chunks ascend: the first hit is the first bad unit
-        if bad[c] >= 0:
-            return bad[c]
-    for c in numba.prange(chunks):
-        start = c * size
-        stop = min(start + size, n)
-        if start < stop:
-            _shrink_rows(short[start:stop], t_short[start:stop])
-            _shrink_rows(long[start:stop], t_long[start:stop])
-    return -1
-
-
 _NOT_SORTED = np.empty((0, 0))
 _compiled = False
-_compiled_parallel = False
 _COMPILE_LOCK = threading.Lock()
 
 
@@ -446,75 +392,24 @@ def _compile() -> None:
             _compiled = True
 
 
-def _compile_parallel() -> None:
-    """:func:`_compile` for the multi-threaded entry."""
-    global _compiled_parallel
-    with _COMPILE_LOCK:
-        if not _compiled_parallel:
-            _compile_signatures(_prox_all_parallel, numba.int64)
-            _compiled_parallel = True
-
-
-def _compile_signatures(entry: Any, *extra: Any) -> None:
+def _compile_signatures(entry: Any) -> None:
     for dt in (numba.float32, numba.float64):
         for short in (dt[:, ::1], dt[::1, :]):  # a contiguous copy, or the view w_out.T
-            entry.compile((short, dt[:, ::1], numba.float64, numba.boolean, _SORTED_TYPE, *extra))
+            entry.compile((short, dt[:, ::1], numba.float64, numba.boolean, _SORTED_TYPE))
     entry.disable_compile()
 
 
 _SORTED_TYPE = numba.float64[:, ::1]
 
-# Below this many weights a layer is done on one thread (waking the others costs more).
-_PARALLEL_MIN_SIZE = 1 << 15
-_parallel_pid: int | None = None  # the process that started numba's thread pool
-
-
-def _parallel_layer() -> bool:
-    """Whether numba can run the parallel entry on a thread-safe pool (TBB or OpenMP). Its
-    fallback pool ("workqueue") wakes its threads too slowly for this, and aborts when two
-    threads use it at once: the serial kernel is used instead."""
-    layer = _CONFIG.THREADING_LAYER
-    if layer == "workqueue":
-        return False
-    names = {"tbb": ("tbbpool",), "omp": ("omppool",)}.get(layer, ("tbbpool", "omppool"))
-    for name in names:
-        try:
-            importlib.import_module(f"numba.np.ufunc.{name}")
-        except ImportError:
-            continue
-        return True
-    return False
-
-
-def _use_parallel(size: int, threads: int) -> int:
-    """How many threads the prox of a layer with ``size`` weights runs on (1: the serial
-    kernel). Never in a process forked after the pool started (GNU OpenMP cannot run there)."""
-    if threads <= 1 or size < _PARALLEL_MIN_SIZE:
-        return 1
-    if _parallel_pid is not None and _parallel_pid != os.getpid():
-        return 1
-    if not _PARALLEL_OK:
-        return 1
-    return min(threads, _CONFIG.NUMBA_NUM_THREADS)
-
-
-def prox_inplace(
-    short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool, threads: int = 1
-) -> int:
+def prox_inplace(short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool) -> int:
     """Exact prox of every unit, in place: rows of ``short`` (n, p) and ``long`` (n, m), p <= m.
 
     One dtype, float32 or float64; ``long`` C-contiguous (its rows are scanned), ``short``
-    C- or F-contiguous (e.g. the transposed view of a weight); ``0 < lam <= 2``. Units are
-    split over up to ``threads`` threads (numba's pool) for large layers; the result does not
-    depend on it. Returns -1, or (with ``check_finite``) the index of the first unit holding a
-    NaN or inf, with nothing written.
+    C- or F-contiguous (e.g. the transposed view of a weight); ``0 < lam <= 2``. Returns -1, or
+    (with ``check_finite``) the index of the first unit holding a NaN or inf, with nothing
+    written.
     """
-    global _parallel_pid
-    use = _use_parallel(long.size + short.size, threads)
-    if use > 1:
-        if not _compiled_parallel:
-            _compile_parallel()
-    elif not _compiled:
+    if not _compiled:
         _compile()
     x_sorted = _NOT_SORTED
     if short.shape[1] > _PRESORT:  # numpy's vectorised sort beats sorting row by row
@@ -523,31 +418,4 @@ def prox_inplace(
         np.negative(x_sorted, out=x_sorted)
         x_sorted.sort(axis=1)
         np.negative(x_sorted, out=x_sorted)
-    if use == 1:
-        return int(_prox_all(short, long, lam, check_finite, x_sorted))
-    _parallel_pid = os.getpid()
-    previous = numba.get_num_threads()  # a per-thread setting of numba: restored after
-    if previous != use:
-        numba.set_num_threads(use)
-    try:
-        return int(_prox_all_parallel(short, long, lam, check_finite, x_sorted, use))
-    finally:
-        if previous != use:
-            numba.set_num_threads(previous)
-        _check_layer()
-
-
-def _check_layer() -> None:
-    """After the first parallel run: numba chose its pool then; if it fell back to workqueue
-    (a TBB or OpenMP library that would not load), go serial from now on."""
-    global _PARALLEL_OK, _check_layer_done
-    if not _check_layer_done:
-        _check_layer_done = True
-        if numba.threading_layer() == "workqueue":
-            _PARALLEL_OK = False
-
-
-_check_layer_done = False
-
-
-_PARALLEL_OK = _parallel_layer()
+    return int(_prox_all(short, long, lam, check_finite, x_sorted))

@@ -21,11 +21,9 @@ evaluate all of them at once, with no Python loop over units or support sizes:
 * ``_prox_rows`` ("sort"): one sort per row, cumulative sums, a fixed-length vectorised
   binary search for ``L(k)`` and an argmin; nothing waits on the device. On CUDA it is replayed
   as a CUDA graph (``_GraphedSort``).
-* ``_prox_rows_band`` ("band"): sorts only the thin band of the long side whose entries can
-  enter or leave the support (see its docstring).
 
 and ``pathnorm_lightning._kernel`` ("kernel", the CPU default when numba is installed) compiles
-the band algorithm unit by unit to machine code: the same mathematics in a few passes over the
+a band variant unit by unit to machine code: the same mathematics in a few passes over the
 weights, without the dispatch of a hundred tensor operations.
 """
 
@@ -129,41 +127,6 @@ def _check_pair(w_in: Tensor, w_out: Tensor, check_finite: bool) -> None:
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
-
-_SCRATCH = threading.local()
-
-
-def _scratch(like: Tensor, n_float: int, n_long: int) -> tuple[list[Tensor], list[Tensor]]:
-    """Reusable scratch tensors shaped like ``like`` (per thread, a few recent shapes).
-
-    A training loop calls the prox with the same shapes at every step; reusing the large
-    temporaries avoids fresh allocations, which glibc serves with new pages (page faults) once
-    it has returned freed memory to the OS. That was more than half of the prox's time.
-    """
-    cache: OrderedDict[tuple, tuple[list[Tensor], list[Tensor]]] | None = getattr(
-        _SCRATCH, "cache", None
-    )
-    if cache is None:
-        cache = _SCRATCH.cache = OrderedDict()
-    key = (tuple(like.shape), like.dtype, like.device, n_float, n_long)
-    bufs = cache.get(key)
-    if bufs is None:
-        bufs = (
-            [torch.empty_like(like) for _ in range(n_float)],
-            [torch.empty(like.shape, dtype=torch.long, device=like.device) for _ in range(n_long)],
-        )
-        if like.numel() > _SCRATCH_MAX_NUMEL:  # big layers: keep no memory between calls
-            return bufs
-        cache[key] = bufs
-        while len(cache) > 4:
-            cache.popitem(last=False)
-    cache.move_to_end(key)
-    return bufs
-
-
-# Layers up to this many weights keep their scratch tensors between calls (at most 4 shapes
-# per thread, 7 numbers of scratch per weight: about 56 MB per shape at this bound in float32).
-_SCRATCH_MAX_NUMEL = 1 << 21
 
 
 def _soft_threshold(
@@ -271,171 +234,6 @@ def _candidate_objective(
     return 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2 - ly2) + lam * nv * nw
 
 
-def _compact(ay: Tensor, band: Tensor, k_max: int, scratch: list[Tensor] | None) -> Tensor:
-    """The band entries of each row, left-aligned in an (r, k_max) block (zero padded)."""
-    band_i = scratch[0].copy_(band) if scratch else band.long()  # integer scans are faster
-    slot = torch.cumsum(band_i, 1, out=scratch[1] if scratch else None).mul_(band_i)
-    # band entries go to 1..count, the rest to column 0, which is dropped
-    return ay.new_zeros(ay.shape[0], k_max + 1).scatter_(1, slot, ay)[:, 1:]
-
-
-def _band_sorted(ay: Tensor, band: Tensor, scratch: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """Entries of ``ay`` (>= 0) where the float mask ``band`` is 1, per row, sorted descending.
-
-    Returns ``(B, count)``: ``B`` of shape (n, K), zero padded, ``K`` the largest count. Only the
-    compacted (n, K) block is sorted. When few rows hold band entries (the usual case in
-    training: a handful of rows, one or two entries each), only those rows are compacted.
-    ``scratch``: two int64 tensors shaped like ``ay``.
-    """
-    n = ay.shape[0]
-    count = band.sum(1, keepdim=True)
-    k_max = int(count.max()) if n else 0  # one host sync: the band width sizes the block
-    if k_max == 0:
-        return ay.new_zeros(n, 0), count
-    rows = torch.nonzero(count[:, 0]).squeeze(1)
-    if 2 * rows.numel() <= n:
-        sub = _compact(ay.index_select(0, rows), band.index_select(0, rows), k_max, None)
-        sub = torch.sort(sub, dim=1, descending=True).values
-        return ay.new_zeros(n, k_max).index_copy_(0, rows, sub), count
-    block = _compact(ay, band, k_max, scratch)
-    return torch.sort(block, dim=1, descending=True).values, count
-
-
-def _prox_rows_band(
-    x: Tensor, y: Tensor, lam: float, out_y: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """Exact prox per row pair without sorting the long side (``y``, m >= p) in full.
-
-    The minimiser is either the trivial point ``(0, y)`` or a stationary point with
-    ``a = ||v||_1`` in ``[a_lo, ||x||_1]``, so its incoming support is ``{j : |y_j| > lam a}``:
-    every entry above ``tau_hi = lam ||x||_1`` is in it, every entry at or below
-    ``tau_lo = lam a_lo`` is out. ``a_lo`` comes from ``G(a) >= C_x(a)``, where
-    ``G(a) = C_x(a) + E_y(lam a)`` is the objective minimised over all points with
-    ``||v||_1 = a`` (``C_x``: half the squared distance from |x| to the simplex of radius a,
-    decreasing; ``E_y >= 0``: the Moreau envelope of ``||.||_1`` at y), and from the upper bound
-    ``min(G(||x||_1), G(0))`` on the minimum. Only the band ``tau_lo < |y| <= tau_hi`` is sorted,
-    then every support pair ``(k, l)`` with ``l`` in the band is a candidate. Elementwise work
-    on the long side is kept to float arithmetic (comparisons to bool are slow on CPU) and to
-    reused scratch tensors. The new ``y`` is written to ``out_y`` when given (may be ``y``).
-    """
-    (n, p), m = x.shape, y.shape[1]
-    dt, dev = x.dtype, x.device
-    lam2 = lam * lam
-    eps = torch.finfo(dt).eps
-    margin = 64 * eps
-    (f_ay, f_hi, f_band), longs = _scratch(y, 3, 2)
-    ax, ay = x.abs(), torch.abs(y, out=f_ay)
-    xs = torch.sort(ax, dim=1, descending=True).values if p > 1 else ax
-    cx = xs.cumsum(1)  # cx[:, k - 1] = sum of the k largest |x|
-    cx2 = (xs * xs).cumsum(1)
-    x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
-    ysq = torch.linalg.vector_norm(ay, dim=1, keepdim=True).square()
-
-    tau_hi = lam * x1 * (1 + margin)
-    r_hi = torch.sub(ay, tau_hi, out=f_hi).clamp_min_(0)
-    r_sum = r_hi.sum(1, keepdim=True)
-    r_sq = torch.linalg.vector_norm(r_hi, dim=1, keepdim=True).square()
-    in_hi = r_hi.sign_()
-    c_hi = in_hi.sum(1, keepdim=True)
-    s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
-    q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
-    # Upper bound on the minimum: G at a = ||x||_1 (1 + margin) (E_y is increasing), or G(0).
-    # ysq - r_sq cancels when tau_hi is tiny against |y|: raised by the rounding of both sums
-    # (each within (m + 1) eps of its value), so that the bound stays above the minimum.
-    g_best = torch.minimum(0.5 * (ysq - r_sq) + (m + 2) * eps * ysq, 0.5 * xsq)
-    # C_x(a_lo) = g_best: on the piece where k entries of |x| exceed theta,
-    # C_x = 1/2 (k theta^2 + tail_k) and a = X_k - k theta.
-    kk = torch.arange(1, p + 1, device=dev, dtype=dt)
-    theta = ((2 * g_best - (xsq - cx2)).clamp_min(0) / kk).sqrt()
-    below = torch.cat([xs[:, 1:], xs.new_zeros(n, 1)], 1)
-    on_piece = (theta <= xs) & (theta >= below)
-    theta_g = (theta * on_piece).amax(1, keepdim=True)
-    theta_g = torch.where(g_best >= 0.5 * xsq, xs[:, :1], theta_g)
-    a_lo = (ax - theta_g).clamp_min(0).sum(1, keepdim=True)
-    tau_lo = lam * a_lo * (1 - margin)
-    # The second lower bound of pathnorm_tf's band method: ||w||_1 <= ||y||_1 <= B =
-    # sqrt(m) ||y||_2 (widened by its rounding), so ||v||_1 >= sum (|x| - lam B)_+.
-    big_b = (m * ysq * (1 + (m + 2) * eps)).sqrt() * (1 + 2 * eps)
-    a_cs = (ax - lam * big_b).clamp_min(0).sum(1, keepdim=True)
-    a_cs -= (p + 2) * eps * (x1 + p * lam * big_b)
-    tau_lo = torch.maximum(tau_lo, lam * a_cs * (1 - margin))
-    # tau_lo <= tau_hi holds for finite weights. With non-finite ones (check_finite=False: the
-    # prox is undefined, but must not index out of range) a NaN bound is replaced by tau_hi, so
-    # the band mask stays in {0, 1} (torch.sign(NaN) is 0).
-    tau_lo = torch.fmin(tau_lo, tau_hi)
-    band_mask = torch.sub(ay, tau_lo, out=f_band).clamp_min_(0).sign_().sub_(in_hi)
-    band, count = _band_sorted(ay, band_mask, longs)
-
-    kb = band.shape[1]
-    zero = x.new_zeros(n, 1)
-    ly_all = s_hi + torch.cat([zero, band.cumsum(1)], 1)  # sum of the (c_hi + j) largest |y|
-    # The (c_hi + j)-th largest |y|. For j = 0 it is > tau_hi; tau_hi stands in for it: a
-    # candidate with b >= 0 has a <= ||x||_1, so its last kept entry passes either way, and a
-    # candidate that passes with the stand-in has w_l > 0, hence b > 0.
-    yl_all = torch.cat([tau_hi, band], 1)
-    j = torch.arange(kb + 1, device=dev, dtype=dt)
-    l_all = c_hi + j  # (n, kb + 1)
-    # Feasibility of (k, l), multiplied through by d = 1 - k l lam^2 > 0:
-    #   v_k >= 0  <=>  x_k + lam^2 l (X_k - k x_k) >= lam Y_l
-    #   w_l >= 0  <=>  y_l + lam^2 k (Y_l - l y_l) >= lam X_k
-    ax_k = cx - kk * xs  # X_k - k x_k >= 0
-    by_l = ly_all - l_all * yl_all  # Y_l - l y_l >= 0
-    lam_x, lam_y = lam * cx, lam * ly_all
-    l_max = 1.0 / (kk * lam2)  # d > 0  <=>  l < 1 / (k lam^2)
-
-    if n * p * (kb + 1) <= _BAND_FULL_LIMIT:
-        # Every pair (k, c_hi + j) at once, shape (n, p, kb + 1); keep the largest feasible j.
-        feas = torch.addcmul(
-            xs.unsqueeze(2), (lam2 * l_all).unsqueeze(1), ax_k.unsqueeze(2)
-        ) >= lam_y.unsqueeze(1)
-        feas &= torch.addcmul(
-            yl_all.unsqueeze(1), (lam2 * kk).view(1, p, 1), by_l.unsqueeze(1)
-        ) >= lam_x.unsqueeze(2)
-        # d > 0, and j within this row's band (l = inf past it)
-        feas &= torch.where(j <= count, l_all, math.inf).unsqueeze(1) < l_max.view(1, p, 1)
-        j_star = (feas.to(dt) * (j + 1)).amax(2) - 1  # -1: not even (k, c_hi) is feasible
-        valid = j_star >= 0
-        jj = j_star.clamp_min(0).long()
-    else:
-        # Wide bands: bisection for the largest feasible j per k (the feasible set is
-        # downward closed in l), as in _prox_rows.
-        def feasible(ji: Tensor) -> Tensor:
-            lj, lyj = l_all.gather(1, ji), lam_y.gather(1, ji)
-            ok = torch.addcmul(xs, lam2 * lj, ax_k) >= lyj
-            ok &= torch.addcmul(yl_all.gather(1, ji), lam2 * kk, by_l.gather(1, ji)) >= lam_x
-            return ok & (lj < l_max)
-
-        jj = torch.zeros(n, p, dtype=torch.long, device=dev)
-        hi_j = (count.long() + 1).expand(n, p).clone()
-        for _ in range(max(1, math.ceil(math.log2(kb + 2)))):
-            mid = (jj + hi_j) >> 1
-            ok = feasible(mid.clamp_max(kb))
-            jj = torch.where(ok, mid, jj)
-            hi_j = torch.where(ok, hi_j, mid)
-        valid = feasible(torch.zeros_like(jj))
-
-    # The candidate of each k: support (k, c_hi + j*), shape (n, p).
-    lf = l_all.gather(1, jj)
-    ly = ly_all.gather(1, jj)
-    ly2 = q_hi + torch.cat([zero, (band * band).cumsum(1)], 1).gather(1, jj)
-    d = 1.0 - kk * lf * lam2
-    a = ((cx - kk * lam * ly) / d).clamp_min(0)  # ||v||_1 of the candidate
-    b = ((ly - lf * lam * cx) / d).clamp_min(0)  # ||w||_1 of the candidate
-    h = _candidate_objective(cx, ly2, cx2, ly, kk, lf, lam * b, lam * a, lam)
-    h = torch.where(valid, h, math.inf)
-    # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w.
-    h = torch.cat([-0.5 * ysq, h, -0.5 * xsq], 1)
-    inf = torch.full_like(zero, math.inf)
-    t_v = torch.cat([inf, lam * b, zero], 1)
-    t_w = torch.cat([zero, torch.where(lf == 0, math.inf, lam * a), inf], 1)
-    best = h.argmin(1, keepdim=True)
-    w = _soft_threshold(y, t_w.gather(1, best), scratch=f_hi, out=out_y)
-    return _soft_threshold(x, t_v.gather(1, best)), (w if out_y is not None else w.clone())
-
-
-# Largest (n * p * band) evaluated in one shot by _prox_rows_band before it bisects instead.
-_BAND_FULL_LIMIT = 1 << 15
-
 
 def prox_path_norm(
     w_in: Tensor,
@@ -443,7 +241,7 @@ def prox_path_norm(
     lam: float | Tensor,
     *,
     check_finite: bool = True,
-    method: Literal["auto", "kernel", "band", "sort"] = "auto",
+    method: Literal["auto", "kernel", "sort"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """Exact prox of ``lam * path_norm``: ``argmin 1/2||A - w_in||^2 + 1/2||B - w_out||^2 + lam P(A, B)``.
 
@@ -454,16 +252,13 @@ def prox_path_norm(
         check_finite: raise :class:`NonFiniteWeightsError` (a ``ValueError``) on NaN/inf
             weights (free with the CPU kernel; elsewhere one device sync, which hot paths on
             accelerators may skip when the weights are known to be finite).
-        method: ``"kernel"``: the band algorithm compiled by numba, a few passes over the
-            weights per call (CPU only; the fastest there by far; the first call of a process
-            loads it from numba's cache, or compiles it in a few seconds on a new machine).
-            ``"band"``: the same algorithm in torch ops, sorting only the band of the long side
-            that can change support (one host sync for the band width). ``"sort"`` sorts whole
-            rows and never syncs (for accelerators; on CUDA it runs as a CUDA graph, captured
-            at the second call with a layer shape and replayed after, unless the environment
-            sets ``PATHNORM_CUDA_GRAPHS=0``). ``"auto"``: ``"kernel"`` on CPU when numba is
-            installed; else ``"band"`` on CPU when the shorter side is at most a quarter of the
-            longer one, else ``"sort"``. All are exact and return the same minimiser.
+        method: ``"kernel"``: compiled by numba, a few passes over the weights per call (CPU
+            only; the first call of a process loads it from numba's cache, or compiles it in a
+            few seconds on a new machine). ``"sort"`` sorts whole rows in tensor ops and never
+            syncs (accelerators, and CPU without numba; on CUDA it runs as a CUDA graph,
+            captured at the second call with a layer shape and replayed after, unless the
+            environment sets ``PATHNORM_CUDA_GRAPHS=0``). ``"auto"``: ``"kernel"`` on CPU when
+            numba is installed, else ``"sort"``. All are exact and return the same minimiser.
 
     Returns:
         ``(w_in_new, w_out_new)``, new tensors of the input dtypes. Half precision inputs are
@@ -489,13 +284,10 @@ def _kernel_module() -> ModuleType | None:
 
 
 def _auto_method(w_in: Tensor, w_out: Tensor) -> str:
-    """``"kernel"`` on CPU with numba; else ``"band"`` on CPU when the shorter side is at most a
-    quarter of the longer one (the band pays off there), else ``"sort"``."""
-    cpu = w_in.device.type == "cpu"
-    if cpu and _kernel_module() is not None:
+    """``"kernel"`` on CPU with numba, else ``"sort"``."""
+    if w_in.device.type == "cpu" and _kernel_module() is not None:
         return "kernel"
-    lopsided = 4 * min(w_in.shape[1], w_out.shape[0]) <= max(w_in.shape[1], w_out.shape[0])
-    return "band" if cpu and lopsided else "sort"
+    return "sort"
 
 
 def _prox_kernel(
@@ -507,7 +299,7 @@ def _prox_kernel(
     if kernel is None:
         raise ValueError(
             'method="kernel" needs numba (pip install numba, or the "torch" extra of '
-            'pathnorm); method="band" and "sort" work without it'
+            'pathnorm); method="sort" works without it'
         )
     if w_in.device.type != "cpu":
         raise ValueError(f'method="kernel" runs on CPU tensors; these are on {w_in.device}')
@@ -521,13 +313,12 @@ def _prox_kernel(
         return torch.empty(w.shape, dtype=cd).copy_(w.detach())
 
     a, b = working(w_in), working(w_out)  # (n, m), (p, n)
-    threads = torch.get_num_threads()  # large layers use as many threads as torch's ops
     with torch.no_grad():
         if p <= m:  # the short side is read and written through the transposed view
-            bad = kernel.prox_inplace(b.numpy().T, a.numpy(), lam, check_finite, threads)
+            bad = kernel.prox_inplace(b.numpy().T, a.numpy(), lam, check_finite)
         else:  # the kernel sorts the first (short) side: swap roles (the problem is symmetric)
             long = torch.empty(n, p, dtype=cd).copy_(b.t())  # rows are scanned: contiguous
-            bad = kernel.prox_inplace(a.numpy(), long.numpy(), lam, check_finite, threads)
+            bad = kernel.prox_inplace(a.numpy(), long.numpy(), lam, check_finite)
             if bad < 0:
                 b.copy_(long.t())
         if bad >= 0:  # unit `bad` holds a NaN or inf; nothing was written
@@ -550,8 +341,8 @@ def _prox(
 ) -> tuple[Tensor, Tensor]:
     lam = _check_scalar(lam, "lam")
     _check_pair(w_in, w_out, check_finite=False)
-    if method not in ("auto", "kernel", "band", "sort"):
-        raise ValueError(f"method must be 'auto', 'kernel', 'band' or 'sort', got {method!r}")
+    if method not in ("auto", "kernel", "sort"):
+        raise ValueError(f"method must be 'auto', 'kernel' or 'sort', got {method!r}")
     trivial = lam == 0.0 or w_in.numel() == 0 or w_out.numel() == 0
     if not trivial:
         if method == "auto":
@@ -574,17 +365,9 @@ def _prox(
     # Rows of x are units: sorting and scanning along strided rows is much slower, so copy.
     x, y = w_out.detach().to(cd).t().contiguous(), w_in.detach().to(cd)
     with torch.no_grad():
-        if method == "sort":
-            v, w = _prox_rows(x, y, lam)
-        elif x.shape[1] <= y.shape[1]:
-            # In place, w_in takes the result directly (no large temporary) when it can.
-            direct = in_place and w_in.dtype == cd and w_in.is_contiguous()
-            v, w = _prox_rows_band(x, y, lam, out_y=w_in.detach() if direct else None)
-        else:  # the band algorithm sorts the short side: swap roles (the problem is symmetric)
-            w, v = _prox_rows_band(y, x, lam)
+        v, w = _prox_rows(x, y, lam)
         if in_place:
-            if w.data_ptr() != w_in.data_ptr():
-                w_in.copy_(w)
+            w_in.copy_(w)
             w_out.copy_(v.t())
             return w_in, w_out
     return w.to(w_in.dtype), v.t().to(w_out.dtype).contiguous()
@@ -705,7 +488,7 @@ def prox_path_norm_(
     lam: float | Tensor,
     *,
     check_finite: bool = True,
-    method: Literal["auto", "kernel", "band", "sort"] = "auto",
+    method: Literal["auto", "kernel", "sort"] = "auto",
 ) -> tuple[Tensor, Tensor]:
     """In-place :func:`prox_path_norm`: overwrites ``w_in`` and ``w_out`` (parameters too)."""
     return _prox(w_in, w_out, lam, check_finite, method, in_place=True)

@@ -144,7 +144,7 @@ def test_exact_near_kl_lam2_equal_one(
 
 # The tests above run the CPU default (the compiled kernel); the tensor-op methods (the default
 # on accelerators, and on CPU without numba) meet the same hypothesis cases here.
-@pytest.mark.parametrize("method", ["band", "sort"])
+@pytest.mark.parametrize("method", ["sort"])
 @settings(HYPO, max_examples=700)
 @given(data=st.data(), pair=layer_pairs(mixed))
 def test_tensor_methods_exact_on_random_layers(
@@ -429,7 +429,7 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
     ),
     "bad_method_at_lam_zero": (
         lambda: prox_path_norm(_A, _B, 0.0, method="fast"),  # type: ignore[arg-type]
-        r"method must be 'auto', 'kernel', 'band' or 'sort', got 'fast'",
+        r"method must be 'auto', 'kernel' or 'sort', got 'fast'",
     ),
     "in_place_negative_lam": (
         lambda: prox_path_norm_(_A.clone(), _B.clone(), -1.0),
@@ -458,8 +458,8 @@ def test_check_finite_can_be_disabled() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("method", ["kernel", "band", "sort"])
-@pytest.mark.parametrize("shape", [(30, 12, 5), (4, 12, 30)], ids=str)  # band: both layouts
+@pytest.mark.parametrize("method", ["kernel", "sort"])
+@pytest.mark.parametrize("shape", [(30, 12, 5), (4, 12, 30)], ids=str)  # both layouts
 def test_unchecked_non_finite_units_leave_the_others_exact(
     shape: tuple[int, int, int], method: str, dtype: torch.dtype
 ) -> None:

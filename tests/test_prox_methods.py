@@ -1,10 +1,9 @@
-"""The torch prox algorithms ("kernel", "band", "sort") against the exhaustive reference.
+"""The torch prox algorithms ("kernel", "sort") against the exhaustive reference.
 
-The band algorithm (compiled: "kernel"; in tensor ops: "band") skips sorting most of the long
-side; these cases aim at its corners: ties at the threshold, many equal magnitudes, lam at the
-k*l*lam^2 = 1 boundary, rows of zeros, huge dynamic range, both evaluation paths of "band" (all
-pairs at once, and bisection), and the kernel's paths (presorted short sides, long rows, the
-narrowed band, in-place and non-contiguous weights).
+The compiled kernel skips sorting most of the long side (a band around the support
+threshold); these cases aim at its corners: ties at the threshold, many equal magnitudes, lam
+at the k*l*lam^2 = 1 boundary, rows of zeros, huge dynamic range, and the kernel's paths
+(presorted short sides, long rows, the narrowed band, in-place and non-contiguous weights).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import pathnorm_lightning.functional as F
 from pathnorm_lightning import NonFiniteWeightsError, prox_path_norm, prox_path_norm_
 from shared_spec import reference
 
-METHODS = ["kernel", "band", "sort"]
+METHODS = ["kernel", "sort"]
 
 
 def _objective(
@@ -54,16 +53,9 @@ def _random_case(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, floa
     return x, y, lam
 
 
-@pytest.mark.parametrize(
-    ("method", "full_limit"),
-    [("kernel", 1 << 15), ("band", 1 << 15), ("band", 0), ("sort", 1 << 15)],
-    ids=["kernel", "band-all-pairs", "band-bisection", "sort"],
-)
-def test_exact_on_random_corner_cases(
-    method: str, full_limit: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(F, "_BAND_FULL_LIMIT", full_limit)
-    rng = np.random.default_rng(20261125 + full_limit)
+@pytest.mark.parametrize("method", METHODS)
+def test_exact_on_random_corner_cases(method: str) -> None:
+    rng = np.random.default_rng(20261125 + (1 << 15))
     cases = 1500
     for _ in range(cases):
         x, y, lam = _random_case(rng)
@@ -114,7 +106,7 @@ def test_exact_with_entries_planted_next_to_the_support_threshold(method: str) -
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shape", [(300, 40, 10), (50, 30, 1), (20, 25, 60), (64, 16, 64)])
 @pytest.mark.parametrize("lam", [1e-4, 1e-2, 0.2])
-def test_band_and_sort_agree_on_larger_layers(
+def test_kernel_and_sort_agree_on_larger_layers(
     dtype: torch.dtype, shape: tuple[int, int, int], lam: float
 ) -> None:
     m, n, p = shape
@@ -129,12 +121,11 @@ def test_band_and_sort_agree_on_larger_layers(
     x, y = w_out.double().numpy().T, w_in.double().numpy()
     hb = _objective(b_in, b_out, x, y, lam)
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    for method in ("kernel", "band"):
-        a_in, a_out = prox_path_norm(w_in, w_out, lam, method=method)  # type: ignore[arg-type]
-        ha = _objective(a_in, a_out, x, y, lam)
-        assert abs(ha - hb) <= tol * max(1.0, abs(hb))
-        torch.testing.assert_close(a_in, b_in, rtol=tol, atol=tol)
-        torch.testing.assert_close(a_out, b_out, rtol=tol, atol=tol)
+    a_in, a_out = prox_path_norm(w_in, w_out, lam, method="kernel")
+    ha = _objective(a_in, a_out, x, y, lam)
+    assert abs(ha - hb) <= tol * max(1.0, abs(hb))
+    torch.testing.assert_close(a_in, b_in, rtol=tol, atol=tol)
+    torch.testing.assert_close(a_out, b_out, rtol=tol, atol=tol)
 
 
 def test_unknown_method_is_rejected() -> None:
@@ -148,7 +139,7 @@ def test_non_numeric_lam_is_rejected(lam: object) -> None:
         prox_path_norm(torch.ones(2, 3), torch.ones(1, 2), lam)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("method", ["kernel", "band"])
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_in_place_writes_the_same_result(method: str, dtype: torch.dtype) -> None:
     # lopsided; float32/64 contiguous weights take the direct in-place write
@@ -173,32 +164,32 @@ def test_results_do_not_share_memory_with_reused_scratch() -> None:
     assert torch.equal(first_in, kept_in) and torch.equal(first_out, kept_out)
 
 
-def test_kernel_is_the_cpu_default_and_band_the_fallback_without_numba(
+def test_kernel_is_the_cpu_default_and_sort_the_fallback_without_numba(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     g = torch.Generator().manual_seed(9)
     w_in, w_out = torch.randn(30, 200, generator=g) * 0.05, torch.randn(3, 30, generator=g)
     kernel = prox_path_norm(w_in, w_out, 0.01, method="kernel")
-    band = prox_path_norm(w_in, w_out, 0.01, method="band")
+    sort = prox_path_norm(w_in, w_out, 0.01, method="sort")
     calls: list[str] = []
-    real_kernel, real_band = F._prox_kernel, F._prox_rows_band
+    real_kernel, real_sort = F._prox_kernel, F._prox_rows
 
     def spy_kernel(*args: Any) -> Any:
         calls.append("kernel")
         return real_kernel(*args)
 
-    def spy_band(*args: Any, **kwargs: Any) -> Any:
-        calls.append("band")
-        return real_band(*args, **kwargs)
+    def spy_sort(*args: Any, **kwargs: Any) -> Any:
+        calls.append("sort")
+        return real_sort(*args, **kwargs)
 
     monkeypatch.setattr(F, "_prox_kernel", spy_kernel)
-    monkeypatch.setattr(F, "_prox_rows_band", spy_band)
+    monkeypatch.setattr(F, "_prox_rows", spy_sort)
     auto = prox_path_norm(w_in, w_out, 0.01)
     assert calls == ["kernel"] and all(torch.equal(a, b) for a, b in zip(auto, kernel, strict=True))
     monkeypatch.setattr(F, "_KERNEL", False)  # as if numba were not installed
     auto = prox_path_norm(w_in, w_out, 0.01)
-    assert calls == ["kernel", "band"]
-    assert all(torch.equal(a, b) for a, b in zip(auto, band, strict=True))
+    assert calls == ["kernel", "sort"]
+    assert all(torch.equal(a, b) for a, b in zip(auto, sort, strict=True))
     with pytest.raises(ValueError, match="needs numba"):
         prox_path_norm(w_in, w_out, 0.01, method="kernel")
 
@@ -316,7 +307,6 @@ def test_kernel_first_calls_from_several_threads_at_once(monkeypatch: pytest.Mon
 
     kernel = pytest.importorskip("pathnorm_lightning._kernel")
     importlib.reload(kernel)
-    monkeypatch.setattr(kernel, "_PARALLEL_MIN_SIZE", 0)
     barrier = threading.Barrier(4)
     errors: list[BaseException] = []
     results: list[tuple[int, np.ndarray]] = []
@@ -327,7 +317,7 @@ def test_kernel_first_calls_from_several_threads_at_once(monkeypatch: pytest.Mon
         long = rng.standard_normal((20, 30)).astype(np.float32)
         barrier.wait()
         try:
-            kernel.prox_inplace(short, long, 1e-2, True, 1 + i % 2)  # both entries
+            kernel.prox_inplace(short, long, 1e-2, True)
             results.append((i, long))
         except BaseException as err:  # reported below
             errors.append(err)
