@@ -1,26 +1,25 @@
-"""Compiled CPU kernel of the exact path-norm prox (numba): the band algorithm, one unit at a time.
+"""Compiled CPU kernel of the exact path-norm prox (numba), one hidden unit at a time.
 
-The same mathematics as :func:`pathnorm_lightning.functional._prox_rows_band` (see its
-docstring), written as loops that numba compiles to machine code, so the prox costs a few
-passes over the weights instead of the dispatch of ~130 tensor operations. Per hidden unit:
+Read :mod:`pathnorm_lightning._sort` first: it is the same mathematics in its shortest exact
+form (candidates ``(k, L(k))`` from one sort per row, cumulative sums and a binary search).
+This kernel finds the same minimiser without sorting the long side ``|y|`` in full: the
+minimiser's incoming support is ``{j : |y_j| > lam a*}`` with ``a* = ||v||_1``, and cheap
+bounds on ``lam a*`` leave only a thin band of entries (usually none) whose membership is
+open. Per hidden unit:
 
 1. sort the short side ``|x|`` (p entries; numpy sorts all rows at once when p > 16), prefix
    sums;
-2. one vectorised pass over the long side ``|y|``: its norms, the count, sum and sum of
-   squares of the entries above ``tau_hi = lam ||x||_1`` (always in the support), and the
-   count of those within 1/16 below it;
-3. bounds on ``t* = lam a*`` of a non-trivial minimiser: the tensor version's ``tau_lo`` and
-   the fixed-point bounds ``lam A(||y||_1) <= t* <= lam A(B(tau_hi))`` (``A``, ``B``: the
-   soft-threshold l1 norms of each side, see ``_thresholds``), whose width is about
-   ``k m lam^2`` relative: entries above the upper bound are in the support, entries at or
-   below the lower one are out;
-4. a second vectorised pass counts the band between them (a few entries at most, usually
-   none) and the entries above it; only a non-empty band is collected and sorted. The pass
-   is skipped when pass 1 found no entry in ``(15/16 tau_hi, tau_hi]`` and both bounds lie
-   above ``15/16 tau_hi`` (then nothing lies in the band or between the two upper bounds);
+2. one vectorised pass over ``|y|``: its norms, the count, sum and sum of squares of the
+   entries above ``tau_hi = lam ||x||_1`` (always in the support), and the count of those
+   within 1/16 below it;
+3. bounds ``tau_lo <= lam a* <= hi`` (:func:`_tau_lo`, and the fixed-point bounds in
+   :func:`_unit`): entries above the upper bound are in the support, entries at or below the
+   lower one are out;
+4. a second vectorised pass counts the band between them and the entries above it; only a
+   non-empty band is collected and sorted. The pass is skipped when pass 1 found no entry in
+   ``(15/16 tau_hi, tau_hi]`` and both bounds lie above ``15/16 tau_hi``;
 5. for every ``k`` the largest feasible ``l`` in the band (bisection), the candidate's
-   objective, and the argmin over ``(0, y)``, the support pairs by ``k``, and ``(x, 0)`` (first
-   minimum wins, as ``argmin`` in the tensor versions).
+   objective, and the first minimum in the tie order of ``_sort`` (:func:`_best`).
 
 All arithmetic is float64, whatever the weights' dtype. Every unit's thresholds are computed
 (reading only) before any weight is written, so non-finite weights are reported with nothing
@@ -35,6 +34,10 @@ from typing import Any
 
 import numba
 import numpy as np
+import torch
+from torch import Tensor
+
+from pathnorm_lightning._common import compute_dtype, non_finite
 
 # Relative widening of the band bounds (as the tensor version's 64 eps of float32: the band
 # only needs to contain every entry that can change support, a wider band costs nothing).
@@ -173,11 +176,199 @@ def _above(
 
 
 @numba.njit(nogil=True)
+def _prefix(xs: np.ndarray, cx: np.ndarray, cx2: np.ndarray) -> None:  # pragma: no cover
+    """Prefix sums of ``xs`` and of its squares."""
+    acc = 0.0
+    acc2 = 0.0
+    for j in range(xs.shape[0]):
+        acc += xs[j]
+        acc2 += xs[j] * xs[j]
+        cx[j] = acc
+        cx2[j] = acc2
+
+
+@numba.njit(nogil=True)
+def _tau_lo(
+    xs: np.ndarray, cx2: np.ndarray, lam: float, m: int, ysq: float, r_sq: float
+) -> float:  # pragma: no cover - compiled
+    """``lam a_lo``: a non-trivial minimiser has ``||v||_1 >= a_lo``, from ``G(a) >= C_x(a)``.
+
+    ``G(a) = C_x(a) + E_y(lam a)`` is the objective minimised over the points with
+    ``||v||_1 = a`` (``C_x``: half the squared distance from ``|x|`` to the simplex of radius
+    ``a``, decreasing; ``E_y >= 0``: the Moreau envelope of ``||.||_1`` at ``y``), and
+    ``min(G(||x||_1), G(0))`` bounds the minimum from above, so ``C_x(a_lo)`` equals that bound.
+    On the piece where ``k`` entries of ``|x|`` exceed ``theta``, ``C_x = 1/2 (k theta^2 +
+    tail_k)`` and ``a = X_k - k theta``.
+    """
+    p = xs.shape[0]
+    xsq = cx2[p - 1]
+    # (ysq - r_sq cancels for a tiny tau_hi: raised by the rounding of both float64 sums.)
+    g_best = min(0.5 * (ysq - r_sq) + (m + 2) * 2.0**-52 * ysq, 0.5 * xsq)
+    if g_best >= 0.5 * xsq:
+        theta_g = xs[0]
+    else:
+        theta_g = 0.0
+        for k in range(1, p + 1):
+            # on piece k, theta^2 = t2 / k; test the piece before taking a root
+            t2 = max(2 * g_best - (xsq - cx2[k - 1]), 0.0)
+            below = xs[k] if k < p else 0.0
+            if t2 <= k * xs[k - 1] * xs[k - 1] and t2 >= k * below * below:
+                theta = math.sqrt(t2 / k)
+                if theta <= xs[k - 1] and theta >= below and theta > theta_g:
+                    theta_g = theta
+    a_lo = 0.0
+    for j in range(p):
+        if xs[j] > theta_g:
+            a_lo += xs[j] - theta_g
+    return lam * a_lo * (1 - _MARGIN)
+
+
+@numba.njit(nogil=True)
+def _unit(
+    xs: np.ndarray,
+    cx: np.ndarray,
+    cx2: np.ndarray,
+    y: np.ndarray,
+    lam: float,
+    short_is_out: bool,
+    band: np.ndarray,
+    cb: np.ndarray,
+    cb2: np.ndarray,
+) -> tuple[float, float, float, bool]:  # pragma: no cover - compiled
+    """Thresholds ``(t_x, t_y)`` of one unit (``xs``: sorted ``|x|`` with its prefix sums, ``y``
+    the long row), ``||y||_1``, and whether ``y`` is finite. ``band``, ``cb``, ``cb2``: scratch
+    of length m + 1."""
+    p = xs.shape[0]
+    m = y.shape[0]
+    x1 = cx[p - 1]
+    # Pass 1 over the long side: everything above tau_hi is in the support.
+    tau_hi = lam * x1 * (1 + _MARGIN)
+    near = tau_hi * _NEAR
+    y1, ysq, c_hi, s_hi, q_hi, r_sq, n_near, finite = _row_stats(y, tau_hi, near)
+    if not finite:
+        return np.nan, np.nan, y1, False
+    tau_lo = _tau_lo(xs, cx2, lam, m, ysq, r_sq)
+    # Fixed-point bounds: a non-trivial minimiser has a* = A(B(lam a*)) with
+    # A(b) = sum (|x| - lam b)_+ and B(t) = sum (|y| - t)_+, both decreasing; from
+    # B(0) = ||y||_1 >= B(t*) >= B(tau_hi): lam A(||y||_1) <= t* <= lam A(B(tau_hi)).
+    # Widened by far more than their float64 rounding.
+    err = _MARGIN * (x1 + p * lam * y1)
+    tau_lo = max(tau_lo, lam * (_shrink_sum(xs, lam * y1) - err))
+    hi = lam * (_shrink_sum(xs, lam * (s_hi - c_hi * tau_hi)) + err)
+    # Pass 2: the band tau_lo < |y| <= tau_hi (usually empty), and what lies above. Not
+    # needed when no entry lies in (near, tau_hi] and both bounds are above `near`: the
+    # entries at or below tau_hi are then at or below tau_lo (out of the support, no band)
+    # and below hi (the same entries lie above a lowered tau_hi): the usual case in training.
+    if n_near == 0 and tau_lo >= near and hi >= near:
+        n_band = 0
+        tau_hi = min(hi, tau_hi)
+    elif hi < tau_hi:
+        tau_hi = hi
+        n_band, c_hi, s_hi, q_hi = _above(y, tau_lo, tau_hi)
+    else:
+        n_band = _above(y, tau_lo, tau_hi)[0]
+    count = 0
+    if n_band > 0:
+        count = _collect_band(y, tau_lo, tau_hi, band)
+    _sort_desc(band, count)
+    cb[0] = 0.0
+    cb2[0] = 0.0
+    for t in range(count):
+        cb[t + 1] = cb[t] + band[t]
+        cb2[t + 1] = cb2[t] + band[t] * band[t]
+    t_x, t_y = _best(xs, cx, cx2, lam, ysq, c_hi, s_hi, q_hi, tau_hi, band, cb, cb2, count,
+                     short_is_out)  # fmt: skip
+    return t_x, t_y, y1, True
+
+
+@numba.njit(nogil=True)
+def _best(
+    xs: np.ndarray,
+    cx: np.ndarray,
+    cx2: np.ndarray,
+    lam: float,
+    ysq: float,
+    c_hi: int,
+    s_hi: float,
+    q_hi: float,
+    tau_hi: float,
+    band: np.ndarray,
+    cb: np.ndarray,
+    cb2: np.ndarray,
+    count: int,
+    short_is_out: bool,
+) -> tuple[float, float]:  # pragma: no cover - compiled
+    """The minimiser's thresholds among the trivial points and ``(k, c_hi + j*(k))``, ``k =
+    1..p``, ``j*`` the largest feasible band index. Tie order: ``(x, 0)``, ``(0, y)``, pairs
+    by increasing outgoing count (see :func:`pathnorm_lightning._sort.thresholds`)."""
+    p = xs.shape[0]
+    lam2 = lam * lam
+    nt_h = np.inf
+    nt_tx = 0.0
+    nt_ty = 0.0
+    for k in range(1, p + 1):
+        xk = xs[k - 1]
+        big_x = cx[k - 1]
+        ax_k = big_x - k * xk  # X_k - k x_k >= 0
+        # Largest j in [0, count] with (k, c_hi + j) feasible (downward closed in l).
+        # Y_l = s_hi + (sum of the first j band entries), y_l = band[j - 1]; tau_hi stands in
+        # for y_l at j = 0 (the true one is larger). The test of w_l >= 0 grows with y_l
+        # (d > 0), so a pair passing with the stand-in is truly feasible, and the minimiser's
+        # pair passes: its lam a* <= tau_hi.
+        lo = -1
+        hi = count + 1
+        while hi - lo > 1:
+            mid = (lo + hi) >> 1
+            big_y = s_hi + cb[mid]
+            yl = tau_hi if mid == 0 else band[mid - 1]
+            lf = float(c_hi + mid)
+            ok = xk + lam2 * lf * ax_k >= lam * big_y
+            ok = ok and yl + lam2 * k * (big_y - lf * yl) >= lam * big_x
+            ok = ok and k * lam2 * lf < 1.0  # d = 1 - k l lam^2 > 0
+            if ok:
+                lo = mid
+            else:
+                hi = mid
+        if lo < 0:
+            continue
+        ly = s_hi + cb[lo]
+        lf = float(c_hi + lo)
+        d = 1.0 - k * lf * lam2
+        t_v = lam * max((ly - lf * lam * big_x) / d, 0.0)  # lam ||w||_1 of the candidate
+        t_w = lam * max((big_x - k * lam * ly) / d, 0.0)  # lam ||v||_1 of the candidate
+        # The objective of the point these thresholds produce (up to 1/2 (|x|^2 + |y|^2)),
+        # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and
+        # the closed form of their objective could misrank nearly equal candidates.
+        nv = max(big_x - k * t_v, 0.0)
+        nw = max(ly - lf * t_w, 0.0)
+        ly2 = q_hi + cb2[lo]
+        h = 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2[k - 1] - ly2) + lam * nv * nw
+        # k counts the outgoing entries when x is the outgoing side: first minimum; else k
+        # counts incoming ones, and the last minimum has the fewest outgoing entries.
+        if h < nt_h or (h == nt_h and not short_is_out):
+            nt_h, nt_tx, nt_ty = h, t_v, (np.inf if lf == 0 else t_w)
+    h_keep_x = -0.5 * cx2[p - 1]
+    h_keep_y = -0.5 * ysq
+    if short_is_out:  # (x, 0) first, then (0, y)
+        best_h, best_tx, best_ty = h_keep_x, 0.0, np.inf
+        if h_keep_y < best_h:
+            best_h, best_tx, best_ty = h_keep_y, np.inf, 0.0
+    else:  # the long side y is the outgoing one: (0_x, y) is the point "(x, 0)" of the rule
+        best_h, best_tx, best_ty = h_keep_y, np.inf, 0.0
+        if h_keep_x < best_h:
+            best_h, best_tx, best_ty = h_keep_x, 0.0, np.inf
+    if nt_h < best_h:
+        return nt_tx, nt_ty
+    return best_tx, best_ty
+
+
+@numba.njit(nogil=True)
 def _thresholds(
     x: np.ndarray,
     y: np.ndarray,
     lam: float,
     check_finite: bool,
+    short_is_out: bool,
     t_x: np.ndarray,
     t_y: np.ndarray,
     x_sorted: np.ndarray,
@@ -185,13 +376,14 @@ def _thresholds(
     """Per unit ``i`` (row of ``x`` (n, p), row of ``y`` (n, m), p <= m) the soft-threshold
     levels of the prox: ``t_x[i]`` for ``x[i]`` and ``t_y[i]`` for ``y[i]`` (``inf``: all zero).
     ``x_sorted``: ``|x|`` in float64, rows sorted descending, or an empty array (then each row
-    is sorted here).
+    is sorted here). A unit whose largest entry lies outside ``[2^-400, 2^400]`` (float64
+    weights only) is solved scaled by a power of two (the prox is scale-equivariant), so that
+    no square overflows or underflows.
 
     Returns -1, or with ``check_finite`` the first unit holding a NaN or inf (and stops).
     """
     n, p = x.shape
     m = y.shape[1]
-    lam2 = lam * lam
     big = 1.7976931348623157e308
     xs = np.empty(p)
     cx = np.empty(p)
@@ -199,6 +391,7 @@ def _thresholds(
     band = np.empty(m + 1)
     cb = np.empty(m + 1)  # cb[j]: sum of the first j band entries
     cb2 = np.empty(m + 1)  # and of their squares
+    scaled = np.empty(m)
     presorted = x_sorted.shape[0] > 0
     for i in range(n):
         for j in range(p):
@@ -209,130 +402,32 @@ def _thresholds(
                     return i
         if not presorted:
             _sort_desc(xs, p)
-        acc = 0.0
-        acc2 = 0.0
-        for j in range(p):
-            acc += xs[j]
-            acc2 += xs[j] * xs[j]
-            cx[j] = acc
-            cx2[j] = acc2
-        x1 = cx[p - 1]
-        xsq = cx2[p - 1]
-
-        # Pass 1 over the long side: everything above tau_hi is in the support.
-        tau_hi = lam * x1 * (1 + _MARGIN)
-        near = tau_hi * _NEAR
-        y1, ysq, c_hi, s_hi, q_hi, r_sq, n_near, finite = _row_stats(y[i], tau_hi, near)
+        _prefix(xs, cx, cx2)
+        tx, ty, y1, finite = _unit(xs, cx, cx2, y[i], lam, short_is_out, band, cb, cb2)
         if check_finite and not finite:
             return i
-
-        # tau_lo = lam a_lo with C_x(a_lo) = min(G(||x||_1), G(0)) (see the tensor version).
-        # (ysq - r_sq cancels for a tiny tau_hi: raised by the rounding of both float64 sums.)
-        g_best = min(0.5 * (ysq - r_sq) + (m + 2) * 2.0**-52 * ysq, 0.5 * xsq)
-        if g_best >= 0.5 * xsq:
-            theta_g = xs[0]
-        else:
-            theta_g = 0.0
-            for k in range(1, p + 1):
-                # on piece k, theta^2 = t2 / k; test the piece before taking a root
-                t2 = max(2 * g_best - (xsq - cx2[k - 1]), 0.0)
-                below = xs[k] if k < p else 0.0
-                if t2 <= k * xs[k - 1] * xs[k - 1] and t2 >= k * below * below:
-                    theta = math.sqrt(t2 / k)
-                    if theta <= xs[k - 1] and theta >= below and theta > theta_g:
-                        theta_g = theta
-        a_lo = 0.0
-        for j in range(p):
-            if xs[j] > theta_g:
-                a_lo += xs[j] - theta_g
-        tau_lo = lam * a_lo * (1 - _MARGIN)
-
-        # Fixed-point bounds: a non-trivial minimiser has a* = A(B(lam a*)) with
-        # A(b) = sum (|x| - lam b)_+ and B(t) = sum (|y| - t)_+, both decreasing; from
-        # B(0) = ||y||_1 >= B(t*) >= B(tau_hi): lam A(||y||_1) <= t* <= lam A(B(tau_hi)).
-        # Widened by far more than their float64 rounding.
-        err = _MARGIN * (x1 + p * lam * y1)
-        tau_lo = max(tau_lo, lam * (_shrink_sum(xs, lam * y1) - err))
-        hi = lam * (_shrink_sum(xs, lam * (s_hi - c_hi * tau_hi)) + err)
-        # Pass 2: the band tau_lo < |y| <= tau_hi (usually empty), and what lies above. Not
-        # needed when no entry lies in (near, tau_hi] and both bounds are above `near`: the
-        # entries at or below tau_hi are then at or below tau_lo (out of the support, no band)
-        # and below hi (the same entries lie above a lowered tau_hi). The usual case in
-        # training with a small prox step, where tau_lo is within a fraction of a percent of
-        # tau_hi.
-        if n_near == 0 and tau_lo >= near and hi >= near:
-            n_band = 0
-            tau_hi = min(hi, tau_hi)
-        elif hi < tau_hi:
-            tau_hi = hi
-            n_band, c_hi, s_hi, q_hi = _above(y[i], tau_lo, tau_hi)
-        else:
-            n_band = _above(y[i], tau_lo, tau_hi)[0]
-        count = 0
-        if n_band > 0:
-            count = _collect_band(y[i], tau_lo, tau_hi, band)
-        _sort_desc(band, count)
-        cb[0] = 0.0
-        cb2[0] = 0.0
-        for t in range(count):
-            cb[t + 1] = cb[t] + band[t]
-            cb2[t + 1] = cb2[t] + band[t] * band[t]
-
-        # Candidates: (0, y) first, then (k, c_hi + j*(k)) for k = 1..p, then (x, 0).
-        best_h = -0.5 * ysq
-        best_tx = np.inf
-        best_ty = 0.0
-        for k in range(1, p + 1):
-            xk = xs[k - 1]
-            big_x = cx[k - 1]
-            ax_k = big_x - k * xk  # X_k - k x_k >= 0
-            lam_x = lam * big_x
-            k_lam2 = k * lam2
-            # Largest j in [0, count] with (k, c_hi + j) feasible; the feasible set is downward
-            # closed in l. Y_l = s_hi + (sum of the first j band entries), y_l = band[j - 1];
-            # tau_hi stands in for y_l at j = 0 (the true one is larger). The test of w_l >= 0
-            # grows with y_l (d > 0), so a pair passing with the stand-in is truly feasible, and
-            # the minimiser's pair passes: its lam a* <= tau_hi.
-            lo = -1
-            hi = count + 1
-            while hi - lo > 1:
-                mid = (lo + hi) >> 1
-                big_y = s_hi + cb[mid]
-                yl = tau_hi if mid == 0 else band[mid - 1]
-                lf = float(c_hi + mid)
-                ok = xk + lam2 * lf * ax_k >= lam * big_y
-                ok = ok and yl + lam2 * k * (big_y - lf * yl) >= lam_x
-                ok = ok and k_lam2 * lf < 1.0  # d = 1 - k l lam^2 > 0
-                if ok:
-                    lo = mid
-                else:
-                    hi = mid
-            if lo < 0:
-                continue
-            ly = s_hi + cb[lo]
-            ly2 = q_hi + cb2[lo]
-            lf = float(c_hi + lo)
-            d = 1.0 - k * lf * lam2
-            a = max((big_x - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
-            b = max((ly - lf * lam * big_x) / d, 0.0)  # ||w||_1 of the candidate
-            t_v = lam * b
-            t_w = lam * a
-            # The objective of the point these thresholds produce (up to 1/2 (|x|^2 + |y|^2)),
-            # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and
-            # the closed form of their objective could misrank nearly equal candidates.
-            nv = max(big_x - k * t_v, 0.0)
-            nw = max(ly - lf * t_w, 0.0)
-            h = 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2[k - 1] - ly2) + lam * nv * nw
-            if h < best_h:
-                best_h = h
-                best_tx = t_v
-                best_ty = np.inf if lf == 0 else t_w
-        if -0.5 * xsq < best_h:
-            best_tx = 0.0
-            best_ty = np.inf
-        t_x[i] = best_tx
-        t_y[i] = best_ty
+        # max(|x|) <= top <= m max(|y|): outside the safe range, scale by the largest entry.
+        top = max(xs[0], y1)
+        if finite and xs[0] <= big and top > 0 and (top > _SAFE_HI or top < _SAFE_LO):
+            top = xs[0]
+            for j in range(m):
+                top = max(top, abs(np.float64(y[i, j])))
+            e = math.frexp(top)[1]
+            for j in range(p):
+                xs[j] = math.ldexp(xs[j], -e)
+            for j in range(m):
+                scaled[j] = math.ldexp(abs(np.float64(y[i, j])), -e)
+            _prefix(xs, cx, cx2)
+            tx, ty, _, _ = _unit(xs, cx, cx2, scaled, lam, short_is_out, band, cb, cb2)
+            tx, ty = math.ldexp(tx, e), math.ldexp(ty, e)
+        t_x[i] = tx
+        t_y[i] = ty
     return -1
+
+
+# Units whose largest entry lies outside this range are solved scaled by a power of two.
+_SAFE_HI = 2.0**400
+_SAFE_LO = 2.0**-400
 
 
 @numba.njit(nogil=True)
@@ -357,12 +452,17 @@ _PRESORT = 16
 
 @numba.njit(cache=True, nogil=True)
 def _prox_all(
-    short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool, x_sorted: np.ndarray
+    short: np.ndarray,
+    long: np.ndarray,
+    lam: float,
+    check_finite: bool,
+    short_is_out: bool,
+    x_sorted: np.ndarray,
 ) -> int:  # pragma: no cover - compiled
     n = short.shape[0]
     t_short = np.empty(n)
     t_long = np.empty(n)
-    bad = _thresholds(short, long, lam, check_finite, t_short, t_long, x_sorted)
+    bad = _thresholds(short, long, lam, check_finite, short_is_out, t_short, t_long, x_sorted)
     if bad >= 0:
         return bad
     _shrink_rows(short, t_short)
@@ -395,19 +495,29 @@ def _compile() -> None:
 def _compile_signatures(entry: Any) -> None:
     for dt in (numba.float32, numba.float64):
         for short in (dt[:, ::1], dt[::1, :]):  # a contiguous copy, or the view w_out.T
-            entry.compile((short, dt[:, ::1], numba.float64, numba.boolean, _SORTED_TYPE))
+            flags = (numba.float64, numba.boolean, numba.boolean)
+            entry.compile((short, dt[:, ::1], *flags, _SORTED_TYPE))
     entry.disable_compile()
 
 
 _SORTED_TYPE = numba.float64[:, ::1]
 
-def prox_inplace(short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool) -> int:
+
+def prox_inplace(
+    short: np.ndarray, long: np.ndarray, lam: float, check_finite: bool, short_is_out: bool
+) -> int:
     """Exact prox of every unit, in place: rows of ``short`` (n, p) and ``long`` (n, m), p <= m.
 
-    One dtype, float32 or float64; ``long`` C-contiguous (its rows are scanned), ``short``
-    C- or F-contiguous (e.g. the transposed view of a weight); ``0 < lam <= 2``. Returns -1, or
-    (with ``check_finite``) the index of the first unit holding a NaN or inf, with nothing
-    written.
+    Args:
+        short: one side of every unit, float32 or float64, C- or F-contiguous (e.g. the
+            transposed view of a weight).
+        long: the other side, the same dtype, C-contiguous (its rows are scanned).
+        lam: the prox step, ``0 < lam <= 2``.
+        check_finite: stop at the first unit holding a NaN or inf, writing nothing.
+        short_is_out: whether ``short`` holds the outgoing weights (it fixes the tie order).
+
+    Returns:
+        -1, or (with ``check_finite``) the index of the first unit holding a NaN or inf.
     """
     if not _compiled:
         _compile()
@@ -418,4 +528,44 @@ def prox_inplace(short: np.ndarray, long: np.ndarray, lam: float, check_finite: 
         np.negative(x_sorted, out=x_sorted)
         x_sorted.sort(axis=1)
         np.negative(x_sorted, out=x_sorted)
-    return int(_prox_all(short, long, lam, check_finite, x_sorted))
+    return int(_prox_all(short, long, lam, check_finite, short_is_out, x_sorted))
+
+
+def prox_tensors(
+    w_in: Tensor, w_out: Tensor, lam: float, check_finite: bool, in_place: bool
+) -> tuple[Tensor, Tensor]:
+    """The kernel on torch CPU weights (``method="kernel"``): on contiguous float32/64 working
+    copies, or straight on a weight that is one (in place; its version counter is bumped, as
+    any in-place torch op does, so autograd sees the change).
+
+    Raises:
+        NonFiniteWeightsError: with ``check_finite``, a NaN or inf weight (nothing written).
+    """
+    cd = compute_dtype(w_in.dtype)
+    n = w_in.shape[0]
+    p, m = w_out.shape[0], w_in.shape[1]
+
+    def working(w: Tensor) -> Tensor:  # C-contiguous, dtype cd: ``w`` itself when possible
+        if in_place and w.dtype == cd and w.is_contiguous():
+            return w.detach()
+        return torch.empty(w.shape, dtype=cd).copy_(w.detach())
+
+    a, b = working(w_in), working(w_out)  # (n, m), (p, n)
+    with torch.no_grad():
+        if p <= m:  # the short side is read and written through the transposed view
+            bad = prox_inplace(b.numpy().T, a.numpy(), lam, check_finite, True)
+        else:  # the kernel sorts the first (short) side: swap roles (the problem is symmetric)
+            long = torch.empty(n, p, dtype=cd).copy_(b.t())  # rows are scanned: contiguous
+            bad = prox_inplace(a.numpy(), long.numpy(), lam, check_finite, False)
+            if bad < 0:
+                b.copy_(long.t())
+        if bad >= 0:  # unit `bad` holds a NaN or inf; nothing was written
+            raise non_finite("w_out" if bool(torch.isfinite(w_in[bad]).all()) else "w_in")
+        if not in_place:
+            return a.to(w_in.dtype), b.to(w_out.dtype)
+        for w, work in ((w_in, a), (w_out, b)):
+            if work.data_ptr() != w.data_ptr():
+                w.copy_(work)
+            else:  # written by numba, behind autograd's back
+                torch.autograd.graph.increment_version(w)
+    return w_in, w_out

@@ -32,10 +32,10 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 from typing_extensions import override
 
+from pathnorm_lightning._common import NonFiniteWeightsError
+from pathnorm_lightning._common import check_scalar as _check_scalar
+from pathnorm_lightning._common import finite_flag as _finite_flag
 from pathnorm_lightning.functional import (
-    NonFiniteWeightsError,
-    _check_scalar,
-    _finite_flag,
     project_rows_l1_ball_,
     prox_l1_,
     prox_path_norm_,

@@ -1,7 +1,7 @@
 """The torch prox, its metrics and PathNormProx on a CUDA device (skipped without one).
 
-On an accelerator ``method="auto"`` is the whole-row-sort algorithm in tensor ops; these tests
-hold it against the exhaustive reference and the CPU kernel, check that
+On CUDA ``method="auto"`` is the Triton kernel where Triton runs, else the whole-row-sort
+algorithm in tensor ops (replayed as a CUDA graph); these tests hold them against the exhaustive reference and the CPU kernel, check that
 the prox makes no host synchronisation, and train through Lightning on the GPU.
 """
 
@@ -18,6 +18,7 @@ from lightning.pytorch.loggers import CSVLogger
 from test_callbacks import MLP, assert_same_weights, loader, make_data, reference_prox_sgd, trainer
 from test_prox_methods import _random_case
 
+import pathnorm_lightning._cuda_graph as G
 import pathnorm_lightning.functional as F
 from pathnorm_lightning import (
     L1Prox,
@@ -30,6 +31,7 @@ from pathnorm_lightning import (
     prox_path_norm,
     prox_path_norm_,
 )
+from pathnorm_lightning._sort import prox_rows
 from pathnorm_lightning.callbacks import _all_finite
 from shared_spec import reference
 
@@ -38,15 +40,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def test_auto_is_the_sort_algorithm_on_cuda() -> None:
+def test_auto_is_triton_or_sort_on_cuda() -> None:
     w_in, w_out = torch.randn(200, 784, device="cuda"), torch.randn(10, 200, device="cuda")
-    assert F._auto_method(w_in, w_out) == "sort"
+    want = "triton" if F._triton_module() is not None else "sort"
+    assert F._resolve_method("auto", w_in, w_out) == want
 
 
 @pytest.mark.parametrize(
     ("method", "graphs"),
-    [("auto", "1"), ("sort", "0")],
-    ids=["graph", "sort"],
+    [("sort", "1"), ("sort", "0"), ("auto", "1")],
+    ids=["graph", "sort", "auto"],
 )
 def test_exact_on_random_corner_cases_on_cuda(
     method: str, graphs: str, monkeypatch: pytest.MonkeyPatch
@@ -102,13 +105,13 @@ def test_prox_makes_no_host_synchronisation_and_check_finite_one() -> None:
     w_in, w_out = _layer(1000, 784, 10, 0)
     want_in, want_out = prox_path_norm(w_in.cpu(), w_out.cpu(), 1e-3)
     for _ in range(2):  # the second call with a shape captures its CUDA graph (one sync)
-        prox_path_norm(w_in, w_out, 1e-3)
-    assert F._cuda_graph(w_in, w_out) is not None
+        prox_path_norm(w_in, w_out, 1e-3, method="sort")
+    assert G.cached_graph(w_in, w_out, prox_rows) is not None
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any device-to-host wait raises
     try:
-        got_in, got_out = prox_path_norm(w_in, w_out, 1e-3, check_finite=False)
-        prox_path_norm_(w_in, w_out, 1e-3, check_finite=False)
+        got_in, got_out = prox_path_norm(w_in, w_out, 1e-3, check_finite=False, method="sort")
+        prox_path_norm_(w_in, w_out, 1e-3, check_finite=False, method="sort")
     finally:
         torch.cuda.set_sync_debug_mode("default")
     for got, want in ((got_in, want_in), (got_out, want_out), (w_in, want_in), (w_out, want_out)):
@@ -116,7 +119,7 @@ def test_prox_makes_no_host_synchronisation_and_check_finite_one() -> None:
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with pytest.warns(UserWarning, match="synchroniz") as record:
-            prox_path_norm(w_in, w_out, 1e-3, check_finite=True)
+            prox_path_norm(w_in, w_out, 1e-3, check_finite=True, method="sort")
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert sum("synchroniz" in str(r.message) for r in record) == 1
@@ -126,24 +129,26 @@ def test_prox_makes_no_host_synchronisation_and_check_finite_one() -> None:
 def test_cuda_graph_replays_equal_the_eager_kernels(
     dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    F._GRAPHS.clear()
+    G._GRAPHS.clear()
     shape = (300, 120, 7)
-    assert F._cuda_graph(*_layer(*shape, 0, dtype)) is None  # the first call runs eagerly
-    assert F._cuda_graph(*_layer(*shape, 0, dtype)) is not None, "capture failed on this GPU"
+    first = G.cached_graph(*_layer(*shape, 0, dtype), prox_rows)
+    assert first is None  # the first call runs eagerly
+    second = G.cached_graph(*_layer(*shape, 0, dtype), prox_rows)
+    assert second is not None, "capture failed on this GPU"
     results = []
     for seed, lam in enumerate([1e-4, 3e-3, 0.05, 0.3, 1e-3]):  # new weights and lam each call
         w_in, w_out = _layer(*shape, seed, dtype)
         w_out = w_out.t().contiguous().t()  # a non-contiguous input goes through too
-        got = prox_path_norm(w_in, w_out, lam)
+        got = prox_path_norm(w_in, w_out, lam, method="sort")
         assert got[0].is_contiguous() and got[1].is_contiguous()
         results.append((w_in, w_out, lam, got))
     monkeypatch.setenv("PATHNORM_CUDA_GRAPHS", "0")
     for w_in, w_out, lam, (got_in, got_out) in results:  # earlier outputs were not overwritten
-        want_in, want_out = prox_path_norm(w_in, w_out, lam)
+        want_in, want_out = prox_path_norm(w_in, w_out, lam, method="sort")
         assert torch.equal(got_in, want_in) and torch.equal(got_out, want_out), lam
         in_place = (w_in.clone(), w_out.clone())
         monkeypatch.setenv("PATHNORM_CUDA_GRAPHS", "1")
-        prox_path_norm_(*in_place, lam)
+        prox_path_norm_(*in_place, lam, method="sort")
         monkeypatch.setenv("PATHNORM_CUDA_GRAPHS", "0")
         assert torch.equal(in_place[0], want_in) and torch.equal(in_place[1], want_out), lam
 
@@ -152,29 +157,29 @@ def test_cuda_graph_replays_equal_the_eager_kernels(
 def test_cuda_graph_reports_non_finite_weights_and_writes_nothing(where: str) -> None:
     w_in, w_out = _layer(64, 50, 5, 1)
     for _ in range(2):
-        prox_path_norm(w_in, w_out, 0.01)  # captured
-    assert F._cuda_graph(w_in, w_out) is not None
+        prox_path_norm(w_in, w_out, 0.01, method="sort")  # captured
+    assert G.cached_graph(w_in, w_out, prox_rows) is not None
     bad = w_in if where == "w_in" else w_out
     bad[3, 2] = float("nan")
     before = (w_in.clone(), w_out.clone())
     with pytest.raises(NonFiniteWeightsError, match=f"{where} contains NaN or inf"):
-        prox_path_norm_(w_in, w_out, 0.01)
+        prox_path_norm_(w_in, w_out, 0.01, method="sort")
     assert torch.equal(w_in.isnan(), before[0].isnan())
     assert torch.equal(w_in.nan_to_num(), before[0].nan_to_num())
     assert torch.equal(w_out.nan_to_num(), before[1].nan_to_num())
 
 
 def test_cuda_graph_cache_keeps_the_most_recent_shapes() -> None:
-    F._GRAPHS.clear()
-    for n in range(1, F._GRAPHS_MAX + 3):
+    G._GRAPHS.clear()
+    for n in range(1, G._GRAPHS_MAX + 3):
         w_in, w_out = _layer(n, 9, 4, n)
         want = prox_path_norm(w_in.cpu(), w_out.cpu(), 0.02)
         for _ in range(2):  # eager, then captured and replayed
-            got = prox_path_norm(w_in, w_out, 0.02)
+            got = prox_path_norm(w_in, w_out, 0.02, method="sort")
             torch.testing.assert_close(got[0].cpu(), want[0], atol=1e-6, rtol=0)
             torch.testing.assert_close(got[1].cpu(), want[1], atol=1e-6, rtol=0)
-    assert len(F._GRAPHS) == F._GRAPHS_MAX
-    assert [k[3][0] for k in F._GRAPHS] == list(range(3, F._GRAPHS_MAX + 3))
+    assert len(G._GRAPHS) == G._GRAPHS_MAX
+    assert [k[4][0] for k in G._GRAPHS] == list(range(3, G._GRAPHS_MAX + 3))
 
 
 def test_lightning_fit_on_the_gpu_matches_the_float64_cpu_reference(tmp_path: Path) -> None:

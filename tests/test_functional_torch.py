@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pathnorm_lightning import (
+    NonFiniteWeightsError,
     path_norm,
     product_bound,
     project_rows_l1_ball,
@@ -409,7 +410,6 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
     "nan_lam": (lambda: prox_path_norm(_A, _B, float("nan")), r"lam must be a finite number >= 0"),
     "inf_lam": (lambda: prox_path_norm(_A, _B, float("inf")), r"lam must be a finite number >= 0"),
     "tensor_lam": (lambda: prox_path_norm(_A, _B, torch.ones(2)), r"lam must be a scalar"),
-    "none_lam": (lambda: prox_path_norm(_A, _B, None), r"lam must be a real number"),  # type: ignore[arg-type]
     "unpaired": (
         lambda: prox_path_norm(_A, torch.ones(2, 4), 0.1),
         r"w_in.shape\[0\] must equal w_out.shape\[1\]",
@@ -429,7 +429,7 @@ BAD: dict[str, tuple[Callable[[], Any], str]] = {
     ),
     "bad_method_at_lam_zero": (
         lambda: prox_path_norm(_A, _B, 0.0, method="fast"),  # type: ignore[arg-type]
-        r"method must be 'auto', 'kernel' or 'sort', got 'fast'",
+        r"method must be one of 'auto', 'kernel', 'sort', 'triton', got 'fast'",
     ),
     "in_place_negative_lam": (
         lambda: prox_path_norm_(_A.clone(), _B.clone(), -1.0),
@@ -450,6 +450,28 @@ def test_bad_input_raises_value_error(name: str) -> None:
     call, message = BAD[name]
     with pytest.raises(ValueError, match=message):
         call()
+
+
+NOT_REAL: dict[str, Callable[[], Any]] = {
+    "none_lam": lambda: prox_path_norm(_A, _B, None),  # type: ignore[arg-type]
+    "str_lam": lambda: prox_path_norm_(_A.clone(), _B.clone(), "0.1"),  # type: ignore[arg-type]
+    "complex_lam": lambda: prox_path_norm(_A, _B, 0.1 + 0j),  # type: ignore[arg-type]
+    "bool_tensor_lam": lambda: prox_path_norm(_A, _B, torch.tensor(True)),
+    "prox_l1_str": lambda: prox_l1(_A, "0.1"),  # type: ignore[arg-type]
+    "ball_none": lambda: project_rows_l1_ball(_A, None),  # type: ignore[arg-type]
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_REAL))
+def test_a_lam_or_radius_that_is_not_a_real_number_raises_type_error(name: str) -> None:
+    with pytest.raises(TypeError, match=r"(lam|radius) must be a real number"):
+        NOT_REAL[name]()
+
+
+def test_non_finite_weights_raise_the_value_error_subclass() -> None:
+    with pytest.raises(NonFiniteWeightsError):
+        prox_path_norm(_NAN, _B, 0.1)
+    assert issubclass(NonFiniteWeightsError, ValueError)
 
 
 def test_check_finite_can_be_disabled() -> None:
