@@ -1,11 +1,23 @@
-"""pathnorm for PyTorch / Lightning: the exact proximal map of the 1-path-norm."""
+"""pathnorm for PyTorch / Lightning: the exact proximal map of the 1-path-norm.
+
+Where things live:
+
+    functional.py   pure tensor functions: prox_path_norm(_), path_norm, bounds, baselines
+    pairing.py      which nn.Linear layers pair up ("auto" or explicit names), with clear errors
+    hook.py         attach(): the prox after every real optimizer step, for any torch loop
+    callbacks.py    PathNormProx, L1Prox, LayerwiseLinfProjection: the hook in a Lightning Trainer
+    metrics.py      torchmetrics Metrics: sparsity, path-norm bound, product bound
+
+The algorithms behind ``functional.py`` are private topic modules: ``_sort.py`` (the shortest
+exact algorithm, in tensor ops: read it first), ``_kernel.py`` (numba, CPU), ``_cuda_graph.py``,
+``_triton.py`` (CUDA) and ``_baselines.py``; ``_common.py`` holds the checks they share.
+"""
 
 from pathnorm_lightning.callbacks import (
     AfterOptimizerStep,
     L1Prox,
     LayerwiseLinfProjection,
     PathNormProx,
-    StepTarget,
 )
 from pathnorm_lightning.functional import (
     NonFiniteWeightsError,
@@ -18,11 +30,13 @@ from pathnorm_lightning.functional import (
     prox_path_norm,
     prox_path_norm_,
 )
+from pathnorm_lightning.hook import FiniteCheck, StepHook, StepTarget, attach
 from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
 from pathnorm_lightning.pairing import LayerPair, resolve_layers, resolve_pairs
 
 __all__ = [
     "AfterOptimizerStep",
+    "FiniteCheck",
     "L1Prox",
     "LayerPair",
     "LayerwiseLinfProjection",
@@ -31,7 +45,9 @@ __all__ = [
     "PathNormProx",
     "ProductBound",
     "Sparsity",
+    "StepHook",
     "StepTarget",
+    "attach",
     "path_norm",
     "product_bound",
     "project_rows_l1_ball",

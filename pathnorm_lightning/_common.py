@@ -31,7 +31,7 @@ def check_scalar(value: Any, name: str) -> float:
     """``value`` as a plain float after checking it is a finite real number >= 0.
 
     Args:
-        value: a Python or NumPy real, or a one-element real tensor.
+        value: a Python or NumPy real, or a 0-d real tensor.
         name: the argument's name, for the error message.
 
     Returns:
@@ -39,11 +39,14 @@ def check_scalar(value: Any, name: str) -> float:
 
     Raises:
         TypeError: not a real number (str, None, bool, complex, a bool or complex tensor).
-        ValueError: NaN, inf, negative, or a tensor of more than one element.
+        ValueError: NaN, inf, negative, or a tensor that is not 0-d.
     """
     if isinstance(value, Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
+        if value.dim() != 0:
+            raise ValueError(
+                f"{name} must be a scalar (a 0-d tensor), got a tensor of shape "
+                f"{tuple(value.shape)}"
+            )
         if value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{name} must be a real number, got a {value.dtype} tensor")
         value = value.item()
@@ -51,7 +54,7 @@ def check_scalar(value: Any, name: str) -> float:
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     result = float(value)
     if math.isnan(result) or math.isinf(result) or result < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {result!r}")
     return result
 
 
