@@ -19,6 +19,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -366,11 +367,13 @@ def render_readme_table(runs: dict[str, Run]) -> str:
         gpu = cell(runs, "prox_cuda", {"shape": shape}, "prox ms")
         gpu_r = cell(runs, "prox_cuda", {"shape": shape}, "prox/SGD")
         rows.append(f"| {shape} | {cpu} ({cpu_r}) | {tf} | {gpu} ({gpu_r}) |")
+    cpu, tf_cpu = runs["prox_cpu"].header["machine"], runs["prox_tf"].header["machine"]
+    where = f"CPU: {cpu}" if cpu == tf_cpu else f"torch CPU: {cpu}; Keras: {tf_cpu}"
     machines = (
-        f"CPU columns: {runs['prox_cpu'].header['machine']}, one thread; GPU column: "
-        f"{runs['prox_cuda'].header['machine']}. In training, one MNIST epoch with the prox "
-        f"after every step takes {ratio(runs, 'epoch_lightning')} the plain epoch in Lightning "
-        f"(`PathNormProx`) and {ratio(runs, 'epoch_keras')} in Keras (`PathNormSGD`, XLA)."
+        f"{where}; GPU: {runs['prox_cuda'].header['machine']}. In training, one MNIST epoch "
+        f"with the prox after every step takes {ratio(runs, 'epoch_lightning')} the plain epoch "
+        f"in Lightning (`PathNormProx`) and {ratio(runs, 'epoch_keras')} in Keras "
+        "(`PathNormSGD`, XLA)."
     )
     return "\n".join([BEGIN, *rows, "", machines, END])
 
@@ -423,8 +426,12 @@ def loadavg() -> str:
 
 def record(name: str, command: list[str], folder: Path = RESULTS) -> Path:
     """Run a benchmark command and save its output with the header the page needs."""
-    if not re.fullmatch(r"[a-z0-9_]+", name):
-        raise ReportError(f"run name {name!r}: use lower-case letters, digits and '_'")
+    known = [e.name for g in GROUPS for e in g.entries]
+    if name not in known:
+        raise ReportError(
+            f"run name {name!r} has no place on the page; use one of {', '.join(known)}, or add "
+            "an Entry to GROUPS in benchmarks/report.py"
+        )
     if not command:
         raise ReportError("no command to record: give it after '--'")
     before = loadavg()
@@ -435,7 +442,7 @@ def record(name: str, command: list[str], folder: Path = RESULTS) -> Path:
     # Absolute paths of this checkout say nothing to a reader of the page.
     out = done.stdout.replace(str(ROOT), ".").replace(str(ROOT.parent), "..")
     header = {
-        "command": " ".join(command).replace(sys.executable, "python"),
+        "command": shlex.join(command).replace(sys.executable, "python"),
         "machine": machine(),
         "load": f"{before} before, {loadavg()} after (1-minute load average)",
         "software": f"Python {platform.python_version()}",
