@@ -233,6 +233,14 @@ def tables(body: str) -> list[list[dict[str, str]]]:
     return found
 
 
+def number(text: str, what: str) -> float:
+    """``text`` as a number (a trailing ``x`` allowed), or a ReportError naming ``what``."""
+    try:
+        return float(text.removesuffix("x"))
+    except ValueError:
+        raise ReportError(f"{what}: {text!r} is not a number") from None
+
+
 def cell(runs: dict[str, Run], name: str, where: dict[str, str], column: str) -> str:
     """The value of ``column`` in the first table row of run ``name`` matching ``where``."""
     if name not in runs:
@@ -261,7 +269,8 @@ def growth_ratios(runs: dict[str, Run], varied: str) -> list[tuple[int, float]]:
     for row in rows:
         if row.get("ratio per doubling"):
             size = int(row["sizes (m-n-p)"].split("-")["mnp".index(varied)])
-            out.append((size // 2, float(row["ratio per doubling"])))
+            ratio_ = number(row["ratio per doubling"], f"prox_cpu.md, growth of {varied}")
+            out.append((size // 2, ratio_))
     if not out:
         raise ReportError(f"benchmarks/results/prox_cpu.md: no growth rows for {varied!r}")
     return out
@@ -272,9 +281,11 @@ def targets(runs: dict[str, Run]) -> list[tuple[str, str, bool]]:
     rows = []
     for shape, limit in (("784-200-10", 1.0), ("784-200-1", 0.5), ("784-1000-10", 1.0)):
         value = cell(runs, "prox_cpu", {"shape": shape}, "prox/SGD")
-        rows.append((f"{shape}: prox <= {limit} SGD step", value, float(value) <= limit))
+        met = number(value, f"prox_cpu.md, {shape} prox/SGD") <= limit
+        rows.append((f"{shape}: prox <= {limit} SGD step", value, met))
     value = cell(runs, "prox_cpu", {"shape": "512-512-512"}, "prox/sort")
-    rows.append(("512-512-512: prox <= 3 full sorts", value, float(value) <= 3))
+    met = number(value, "prox_cpu.md, 512-512-512 prox/sort") <= 3
+    rows.append(("512-512-512: prox <= 3 full sorts", value, met))
     n = growth_ratios(runs, "n")
     rows.append(
         (
@@ -295,7 +306,7 @@ def targets(runs: dict[str, Run]) -> list[tuple[str, str, bool]]:
         )
     for label, name in (("Lightning", "epoch_lightning"), ("Keras (XLA)", "epoch_keras")):
         value = ratio(runs, name)
-        rows.append((f"{label} epoch <= 1.2x the plain epoch", value, float(value[:-1]) <= 1.2))
+        rows.append((f"{label} epoch <= 1.2x the plain epoch", value, number(value, name) <= 1.2))
     return rows
 
 
