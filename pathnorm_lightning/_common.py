@@ -98,7 +98,7 @@ def check_writable(weights: Sequence[tuple[Tensor, str]]) -> None:
                 f"{name}.contiguous() or use the out-of-place function"
             )
     for (a, name_a), (b, name_b) in itertools.combinations(weights, 2):
-        if _overlap(a, b):
+        if shares_memory(a, b):
             raise ValueError(
                 f"{name_a} and {name_b} share memory (the same tensor, views of one storage, or "
                 "tied weights), so the in-place prox would overwrite one with the other; pass "
@@ -106,7 +106,7 @@ def check_writable(weights: Sequence[tuple[Tensor, str]]) -> None:
             )
 
 
-def _overlap(a: Tensor, b: Tensor) -> bool:
+def shares_memory(a: Tensor, b: Tensor) -> bool:
     """Whether the memory spans of ``a`` and ``b`` intersect (conservative for strided views)."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta":
         return False

@@ -168,5 +168,7 @@ class ProductBound(_ChainBound):
     def _bound(self, chain: list[Tensor], dtype: torch.dtype) -> Tensor:
         value = _abs_sum(chain[-1], None, dtype)
         for w in chain[:-1]:
-            value = value * _abs_sum(w, 1, dtype).amax()
+            rows = _abs_sum(w, 1, dtype)
+            # a layer without units passes nothing on: its norm (the max over no rows) is 0
+            value = value * (rows.amax() if rows.numel() else rows.new_zeros(()))
         return value

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import nn
 
+from pathnorm_lightning._common import shares_memory
+
 __all__ = [
     "LayerPair",
     "LayersSpec",
@@ -39,11 +41,6 @@ class LayerPair:
     second_name: str
     first: nn.Linear
     second: nn.Linear
-
-    @property
-    def hidden_width(self) -> int:
-        """Number of hidden units ``n`` between the two layers."""
-        return self.first.out_features
 
 
 def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
@@ -91,6 +88,12 @@ def _check_chain(first_name: str, first: nn.Linear, second_name: str, second: nn
             f"pairs: layers {first_name!r} (out_features={first.out_features}) and "
             f"{second_name!r} (in_features={second.in_features}) do not chain: the first layer's "
             "out_features must equal the second layer's in_features (they share the hidden units)."
+        )
+    if shares_memory(first.weight, second.weight):
+        raise ValueError(
+            f"pairs: layers {first_name!r} and {second_name!r} share one weight (tied weights); "
+            "the prox of a pair needs two independent weight matrices (it would write one "
+            "result over the other). Untie them or leave this pair out."
         )
 
 
@@ -147,12 +150,15 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
     Args:
         model: the network (usually the ``LightningModule``).
         pairs: ``"auto"`` pairs the ``nn.Linear`` layers in module order, (L1, L2), (L3, L4),
-            ...; an unpaired last layer is left alone with a warning. Otherwise a sequence of
-            ``(first_name, second_name)`` module names.
+            ...; an unpaired last layer is left alone with a warning, and so is a pair whose
+            data flow the module tree does not show (not neighbours in one ``nn.Sequential``
+            with only activations between them). Otherwise a sequence of
+            ``(first_name, second_name)`` module names, taken as given.
 
     Raises:
-        ValueError: unknown names, non-Linear modules, dimensions that do not chain, a layer in
-            two pairs, or no pair at all.
+        ValueError: unknown names, non-Linear modules, dimensions that do not chain, tied
+            weights, a layer in two pairs, no pair at all, or (``"auto"``) a module with
+            parameters or buffers (Conv, BatchNorm, LayerNorm, ...) between two paired layers.
     """
     spec = normalize_pairs(pairs)
     if spec == "auto":
@@ -171,6 +177,7 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
                 category=UserWarning,
             )
         named = [(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
+        _check_auto_pairs(model, named)
     else:
         used: dict[str, int] = {}
         named = []
@@ -193,6 +200,53 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
         _check_chain(n1, l1, n2, l2)
         result.append(LayerPair(n1, n2, l1, l2))
     return result
+
+
+# Modules that act entry by entry and hold no state: between two Linear layers of one
+# nn.Sequential they keep the pair a shallow network.
+_POINTWISE: tuple[type[nn.Module], ...] = (
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+    nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus,
+    nn.Softsign, nn.Tanhshrink, nn.LogSigmoid, nn.Identity, nn.Dropout, nn.AlphaDropout,
+)  # fmt: skip
+
+
+def _check_auto_pairs(
+    model: nn.Module, named: list[tuple[tuple[str, nn.Linear], tuple[str, nn.Linear]]]
+) -> None:
+    """Refuse an auto pair with a module holding parameters or buffers (Conv, BatchNorm,
+    LayerNorm, ...) registered between its layers; warn about pairs whose data flow cannot be
+    read from the module tree (not neighbours in one ``nn.Sequential`` with only pointwise
+    activations between them)."""
+    order = list(model.named_modules())
+    position = {name: index for index, (name, _) in enumerate(order)}
+    unverified = []
+    for (n1, _), (n2, _) in named:
+        between = order[position[n1] + 1 : position[n2]]
+        for name, module in between:
+            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            if own and not isinstance(module, nn.Linear):
+                raise ValueError(
+                    f"pairs='auto' would pair {n1!r} with {n2!r}, but {name!r} (a "
+                    f"{type(module).__name__} with parameters or buffers) is registered between "
+                    "them: such a pair is not a shallow network Linear -> activation -> Linear, "
+                    "and its path-norm would not bound that part of the network. Name the pairs "
+                    "explicitly, e.g. pairs=[('encoder.0', 'encoder.2')]."
+                )
+        parent1, _, _ = n1.rpartition(".")
+        parent2, _, _ = n2.rpartition(".")
+        container = dict(order).get(parent1)
+        direct = parent1 == parent2 and isinstance(container, nn.Sequential)
+        if not direct or not all(isinstance(m, _POINTWISE) for _, m in between):
+            unverified.append((n1, n2))
+    if unverified:
+        rank_zero_warn(
+            f"pairs='auto' paired {unverified} from the order the layers were registered in, "
+            "which need not be the order forward() runs them in; the pairs could not be "
+            "verified (they are not neighbours in one nn.Sequential with only activations "
+            "between them). Pass pairs=[(first, second), ...] explicitly to confirm them.",
+            category=UserWarning,
+        )
 
 
 def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[str, nn.Linear]]:

@@ -31,8 +31,8 @@ from pathnorm_lightning import (
     prox_path_norm,
     prox_path_norm_,
 )
-from pathnorm_lightning._sort import prox_rows
 from pathnorm_lightning._common import finite_flag
+from pathnorm_lightning._sort import prox_rows
 from shared_spec import reference
 
 pytestmark = pytest.mark.skipif(

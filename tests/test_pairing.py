@@ -37,12 +37,43 @@ def names(pairs: list[Any]) -> list[tuple[str, str]]:
 
 def test_auto_pairs_consecutive_linears_in_module_order() -> None:
     net = Net()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    # (middle, head) are attributes: forward() could run them in any order
+    with pytest.warns(UserWarning, match=r"paired \[\('middle', 'head'\)\] .* not be verified"):
         pairs = resolve_pairs(net, "auto")
     assert names(pairs) == [("encoder.0", "encoder.2"), ("middle", "head")]
     assert pairs[0].first is net.encoder[0] and pairs[1].second is net.head
-    assert [p.hidden_width for p in pairs] == [6, 4]
+    assert [p.first.out_features for p in pairs] == [6, 4]
+    with warnings.catch_warnings():  # one nn.Sequential with an activation between: verified
+        warnings.simplefilter("error")
+        assert names(resolve_pairs(net.encoder, "auto")) == [("0", "2")]
+        assert names(resolve_pairs(net, [("middle", "head")])) == [("middle", "head")]
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        lambda: nn.BatchNorm1d(4),
+        lambda: nn.LayerNorm(4),
+        lambda: nn.Conv1d(1, 1, 1),
+        lambda: nn.Sequential(nn.LayerNorm(4)),
+    ],
+    ids=["batchnorm", "layernorm", "conv", "nested-norm"],
+)
+def test_auto_refuses_a_pair_across_a_module_with_parameters(between: Any) -> None:
+    net = nn.Sequential(nn.Linear(5, 4), between(), nn.ReLU(), nn.Linear(4, 3))
+    with pytest.raises(
+        ValueError, match=r"would pair '0' with '3', but '1(\.0)?' .* Name the pairs"
+    ):
+        resolve_pairs(net, "auto")
+    assert names(resolve_pairs(net, [("0", "3")])) == [("0", "3")]  # the user's explicit choice
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_tied_weights_in_one_pair_are_refused(explicit: bool) -> None:
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    net[2].weight = net[0].weight
+    with pytest.raises(ValueError, match=r"layers '0' and '2' share one weight \(tied weights\)"):
+        resolve_pairs(net, [("0", "2")] if explicit else "auto")
 
 
 def test_auto_warns_about_an_unpaired_last_layer() -> None:

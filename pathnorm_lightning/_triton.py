@@ -1,0 +1,403 @@
+"""The exact 1-path-norm prox as one Triton kernel (CUDA; on CPU tensors under Triton's
+interpreter, ``TRITON_INTERPRET=1``).
+
+Layout as in :mod:`pathnorm_lightning.functional`: ``w_in`` (n, m) is the first ``Linear``'s
+weight, ``w_out`` (p, n) the second's; hidden unit ``i`` owns ``x = w_out[:, i]`` (outgoing)
+and ``y = w_in[i, :]`` (incoming). Per unit the prox solves::
+
+    min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
+
+One program handles a block of units, each loaded whole into registers (both sides, strided
+reads: no copies or transposes). Per unit, with the shorter side enumerated (``k`` entries
+kept) and the longer one searched (``l`` entries kept):
+
+1. ``|x|`` and ``|y|`` sorted descending (``tl.sort``), the unit scaled by a power of two so
+   that its largest magnitude lies in [1, 2): the prox is scale-equivariant
+   (``prox_lam(s x, s y) = s prox_lam(x, y)``, the same ``lam``), the scaling is exact, and
+   the squares below can neither overflow nor underflow at any finite weight;
+2. prefix sums of the sorted values and of their squares (``tl.cumsum``), in float64 whatever
+   the weights' dtype (the CPU kernel's guarantee: a float32 result is the float32 rounding of
+   thresholds computed in float64);
+3. for every ``k``, ``L(k)``: the largest feasible ``l``, from the feasibility tests of all
+   pairs ``(k, l)`` of a block of ``k`` at once (a 2-D tile; the feasible set is downward
+   closed, Lemma 4 of the paper, and the objective decreases along it, Lemma 8, so
+   ``(k, L(k))`` is the only candidate for ``k``). ``(k, l)`` is feasible iff
+   ``d = 1 - k l lam^2 > 0`` and the last kept entries of both candidate vectors are >= 0,
+   multiplied through by ``d`` (the tests of the tensor "sort" method and the CPU kernel)::
+
+       x_k + lam^2 l (X_k - k x_k) >= lam Y_l      y_l + lam^2 k (Y_l - l y_l) >= lam X_k
+
+4. each candidate's objective in closed form from its own l1 norms, and the first minimum in
+   the order ``(x, 0)``, ``(0, y)``, then ``(k, L(k))`` by increasing ``k`` (``k`` counts the
+   kept entries of the shorter side), strict ``<``: the tie rule of the exhaustive reference;
+5. the soft-thresholds, written in place: ``v = sign(x) max(|x| - lam b, 0)`` and
+   ``w = sign(y) max(|y| - lam a, 0)`` (``a = ||v||_1``, ``b = ||w||_1``), computed in float64
+   and rounded once to the weights' dtype.
+
+Nothing is read back on the host: ``lam`` may be a device tensor (read by the kernel, so a
+captured CUDA graph replays with new values), and non-finite weights are reported through an
+int32 flag on the device (``|= 1`` for ``w_in``, ``|= 2`` for ``w_out``), to be read whenever the
+caller chooses. A unit holding NaN or inf gets an unspecified result; the other units are exact.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["MAX_SIDE", "available", "prox_inplace", "supports"]
+
+# The longest side a unit may have: both sides live in registers (the long one with two
+# float64 prefix sums), past this they spill and a sort-based method is the better choice.
+MAX_SIDE = 8192
+
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+# Above this, lam admits no support pair at all (k l lam^2 >= 1 for every k, l >= 1): only the
+# two trivial points remain and the prox no longer depends on lam. Capping keeps lam^2 finite.
+_LAM_CAP = 2.0
+# Feasibility tiles of at most this many pairs per unit block (registers).
+_TILE = 8192
+
+_TRITON: Any = None  # the triton module once imported, False when it cannot be imported
+_KERNELS: dict[bool, Any] = {}  # the jitted kernel, per interpreter mode
+
+
+def _triton() -> Any:
+    global _TRITON
+    if _TRITON is None:
+        try:
+            import triton
+        except ImportError:
+            _TRITON = False
+        else:
+            _TRITON = triton
+    return _TRITON or None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def available() -> bool:
+    """Whether the kernel can run here: Triton imports, and there is a CUDA device or Triton's
+    interpreter is on (``TRITON_INTERPRET=1``, for CPU tensors)."""
+    if not (_interpreting() or torch.cuda.is_available()):
+        return False
+    return _triton() is not None
+
+
+def supports(w_in: Tensor, w_out: Tensor) -> bool:
+    """Whether :func:`prox_inplace` handles this pair: 2-D, paired shapes (``w_in`` (n, m),
+    ``w_out`` (p, n)), one floating dtype (float32/64, float16, bfloat16), one device (CUDA, or
+    CPU under the interpreter), both sides of a unit at most :data:`MAX_SIDE` long, no
+    overlapping (expanded) storage, and Triton available. Otherwise use another method."""
+    if not (isinstance(w_in, Tensor) and isinstance(w_out, Tensor)):
+        return False
+    if w_in.dim() != 2 or w_out.dim() != 2 or w_in.shape[0] != w_out.shape[1]:
+        return False
+    if w_in.dtype != w_out.dtype or w_in.dtype not in _DTYPES or w_in.device != w_out.device:
+        return False
+    if max(w_in.shape[1], w_out.shape[0]) > MAX_SIDE:
+        return False
+    for w in (w_in, w_out):
+        if any(s == 0 and d > 1 for s, d in zip(w.stride(), w.shape, strict=True)):
+            return False
+    device = w_in.device.type
+    if device != "cuda" and not (device == "cpu" and _interpreting()):
+        return False
+    return _triton() is not None
+
+
+def _pow2(size: int) -> int:
+    """The least power of two >= ``size`` (1 for 0)."""
+    return 1 << max(size - 1, 0).bit_length()
+
+
+def _block(size: int) -> int:
+    """The register block for a side of ``size`` entries (a power of two, at least 16)."""
+    return max(16, _pow2(size))
+
+
+def _lam_args(lam: float | Tensor, device: torch.device) -> tuple[int, Tensor | None]:
+    """``(bits, tensor)``: a Python ``lam`` goes to the kernel as the bit pattern of its float64
+    (Triton passes Python floats as float32); a tensor ``lam`` is read on the device."""
+    if isinstance(lam, Tensor):
+        if lam.numel() != 1 or not lam.is_floating_point() or lam.device != device:
+            raise ValueError(
+                f"lam must be a one-element floating tensor on {device}, got shape "
+                f"{tuple(lam.shape)}, {lam.dtype} on {lam.device}"
+            )
+        return 0, lam
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)):
+        raise ValueError(f"lam must be a real number or a tensor, got {lam!r}")
+    value = float(lam)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+    return struct.unpack("<q", struct.pack("<d", min(value, _LAM_CAP)))[0], None
+
+
+def _launch_shape(n: int, block_p: int, block_m: int) -> tuple[int, int, int]:
+    """``(units per program, k per tile, warps)``. On a GPU a program takes one unit when its
+    long side fills a block of threads (more parallelism, fewer registers per program), a few
+    for small layers. The interpreter runs programs one after another in Python, so it takes
+    as many units per program as its tile budget allows (the work is then numpy's)."""
+    block_k = max(1, min(block_p, _TILE // block_m))
+    per_unit = block_k * block_m
+    budget = 1 << 16 if _interpreting() else 4096
+    units = max(1, min(budget // per_unit, _pow2(n)))
+    warps = 4 if block_m * units <= 2048 else 8 if block_m * units <= 4096 else 16
+    return units, block_k, warps
+
+
+def prox_inplace(
+    w_in: Tensor, w_out: Tensor, lam: float | Tensor, flag: Tensor | None = None
+) -> None:
+    """Exact prox of ``lam * path_norm(w_in, w_out)``, written into ``w_in`` and ``w_out``.
+
+    One kernel launch; no host synchronisation, so it can be captured in a CUDA graph (after
+    a first call outside the capture has compiled the kernel for these shapes).
+
+    Args:
+        w_in: (n, m) weight of the first layer; overwritten.
+        w_out: (p, n) weight of the second layer; overwritten. Same dtype and device.
+        lam: the prox step, >= 0: a Python number, or a one-element floating tensor on the
+            weights' device (read by the kernel; the caller keeps it finite and >= 0).
+        flag: optional int32 tensor on the weights' device: the kernel ORs 1 into ``flag[0]``
+            when ``w_in`` holds NaN or inf, 2 when ``w_out`` does (those units' results are
+            unspecified, the others exact). It is never cleared here.
+
+    Raises:
+        ValueError: the pair is not one :func:`supports` accepts, or ``lam``/``flag`` is bad.
+    """
+    if not supports(w_in, w_out):
+        raise ValueError(
+            "the Triton prox does not handle this pair: it needs Triton, 2-D weights w_in "
+            "(n, m) and w_out (p, n) of one float dtype on one CUDA device (CPU only under "
+            f"TRITON_INTERPRET=1), sides of at most {MAX_SIDE} and no expanded storage; got "
+            f"w_in {tuple(w_in.shape)} {w_in.dtype} on {w_in.device}, w_out "
+            f"{tuple(w_out.shape)} {w_out.dtype} on {w_out.device}; use method='sort'"
+        )
+    lam_bits, lam_t = _lam_args(lam, w_in.device)
+    if flag is not None and (
+        not isinstance(flag, Tensor)
+        or flag.dtype != torch.int32
+        or flag.numel() < 1
+        or flag.device != w_in.device
+    ):
+        raise ValueError(f"flag must be an int32 tensor on {w_in.device} with at least 1 entry")
+    n, m = w_in.shape
+    p = w_out.shape[0]
+    if n == 0 or m == 0 or p == 0:  # an empty side: the prox is the identity
+        return
+    kernel = _kernel()
+    swapped = p > m  # the shorter side is enumerated: w_out's columns unless they are longer
+    x_ptr, x_unit, x_elem = w_out.detach(), w_out.stride(1), w_out.stride(0)
+    y_ptr, y_unit, y_elem = w_in.detach(), w_in.stride(0), w_in.stride(1)
+    if swapped:
+        short, long_ = (y_ptr, y_unit, y_elem, m), (x_ptr, x_unit, x_elem, p)
+    else:
+        short, long_ = (x_ptr, x_unit, x_elem, p), (y_ptr, y_unit, y_elem, m)
+    block_p, block_m = _block(short[3]), _block(long_[3])
+    units, block_k, warps = _launch_shape(n, block_p, block_m)
+    grid = (triton_cdiv(n, units),)
+    kernel[grid](
+        *short,
+        *long_,
+        n,
+        lam_t if lam_t is not None else w_in.detach(),  # unused when lam is a number
+        lam_bits,
+        flag if flag is not None else w_in.detach(),  # unused without a flag
+        LAM_FROM_PTR=lam_t is not None,
+        HAS_FLAG=flag is not None,
+        SWAPPED=swapped,
+        WIDE=w_in.dtype == torch.float64,
+        UNITS=units,
+        BLOCK_P=block_p,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        num_warps=warps,
+    )
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _kernel() -> Any:
+    """The jitted kernel (built on first use, so that ``TRITON_INTERPRET`` is read then)."""
+    interpret = _interpreting()
+    if interpret not in _KERNELS:
+        triton = _triton()
+        if triton is None:
+            raise ValueError("the Triton prox needs triton (pip install triton)")
+        _KERNELS[interpret] = triton.jit(do_not_specialize=["lam_bits"])(_prox_units)
+    return _KERNELS[interpret]
+
+
+def _import_tl() -> Any:
+    triton = _triton()
+    return triton.language if triton else None
+
+
+tl: Any = _import_tl()
+
+
+def _prox_units(
+    s_ptr,  # the shorter side of every unit: entries at s_ptr + unit * s_unit + j * s_elem
+    s_unit,
+    s_elem,
+    P,
+    l_ptr,  # the longer side
+    l_unit,
+    l_elem,
+    M,
+    N,  # units
+    lam_ptr,
+    lam_bits,
+    flag_ptr,
+    LAM_FROM_PTR: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
+    SWAPPED: tl.constexpr,  # the shorter side is w_in's rows (else w_out's columns)
+    WIDE: tl.constexpr,  # float64 weights (else float32 or narrower: sorted as float32)
+    UNITS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # pragma: no cover - compiled by Triton
+    f64 = tl.float64
+    inf = float("inf")
+    u = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
+    u_ok = u < N
+    u64 = u.to(tl.int64)
+    op = tl.arange(0, BLOCK_P)
+    om = tl.arange(0, BLOCK_M)
+    s_mask = u_ok[:, None] & (op < P)[None, :]
+    l_mask = u_ok[:, None] & (om < M)[None, :]
+    s_off = u64[:, None] * s_unit + op.to(tl.int64)[None, :] * s_elem
+    l_off = u64[:, None] * l_unit + om.to(tl.int64)[None, :] * l_elem
+    zs = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
+    zl = tl.load(l_ptr + l_off, mask=l_mask, other=0.0)
+    if WIDE:
+        abs_s = tl.abs(zs.to(f64))
+        abs_l = tl.abs(zl.to(f64))
+    else:  # magnitudes are exact in float32; sorting them there moves half the bytes
+        abs_s = tl.abs(zs.to(tl.float32))
+        abs_l = tl.abs(zl.to(tl.float32))
+
+    # NaN fails every comparison: `< inf` is false exactly for NaN and +-inf.
+    bad_s = tl.max(tl.where(abs_s < inf, 0, 1), axis=1)
+    bad_l = tl.max(tl.where(abs_l < inf, 0, 1), axis=1)
+    if HAS_FLAG:
+        if SWAPPED:
+            code = bad_s * 1 + bad_l * 2  # short = w_in (1), long = w_out (2)
+        else:
+            code = bad_s * 2 + bad_l * 1
+        tl.atomic_or(flag_ptr + tl.zeros([UNITS], tl.int32), code, mask=code != 0)
+
+    # Scale by 2^sh, sh = 1023 - (biased exponent of the largest magnitude): the largest lands
+    # in [1, 2). Applied as two factors 2^s1 2^s2 so that each stays a normal float64.
+    big = tl.maximum(tl.max(abs_s, axis=1), tl.max(abs_l, axis=1)).to(f64)
+    expo = (big.to(tl.int64, bitcast=True) >> 52) & 2047
+    sh = 1023 - expo
+    s1 = sh >> 1
+    s2 = sh - s1
+    up1 = ((s1 + 1023) << 52).to(f64, bitcast=True)
+    up2 = ((s2 + 1023) << 52).to(f64, bitcast=True)
+    down1 = ((1023 - s1) << 52).to(f64, bitcast=True)
+    down2 = ((1023 - s2) << 52).to(f64, bitcast=True)
+
+    xs = tl.sort(abs_s, descending=True).to(f64) * up1[:, None] * up2[:, None]
+    ys = tl.sort(abs_l, descending=True).to(f64) * up1[:, None] * up2[:, None]
+    cx = tl.cumsum(xs, axis=1)  # cx[:, k - 1] = X_k, the sum of the k largest
+    cx2 = tl.cumsum(xs * xs, axis=1)
+    cy = tl.cumsum(ys, axis=1)  # cy[:, l - 1] = Y_l
+    cy2 = tl.cumsum(ys * ys, axis=1)
+    # The totals are the last prefix sums (not separate reductions): a candidate that keeps
+    # everything then ties with a trivial point exactly, as in the reference.
+    xsq = tl.sum(tl.where((op == P - 1)[None, :], cx2, 0.0), axis=1)
+    ysq = tl.sum(tl.where((om == M - 1)[None, :], cy2, 0.0), axis=1)
+
+    if LAM_FROM_PTR:
+        lam = tl.minimum(tl.load(lam_ptr).to(f64), 2.0)
+    else:
+        lam = lam_bits.to(tl.int64).to(f64, bitcast=True)
+    lam2 = lam * lam
+
+    # The trivial points, in the reference's order: (x, 0) first, then (0, y) if strictly
+    # better. Thresholds: t_s for the short side, t_l for the long one (inf: all zero).
+    h_s = -0.5 * xsq  # keep the short side, zero the long one
+    h_l = -0.5 * ysq
+    zero = tl.zeros([UNITS], f64)
+    infs = tl.full([UNITS], inf, f64)
+    if SWAPPED:  # x is the long side: keep-long comes first
+        take = h_s < h_l
+        best_h = tl.where(take, h_s, h_l)
+        best_ts = tl.where(take, zero, infs)
+        best_tl = tl.where(take, infs, zero)
+    else:
+        take = h_l < h_s
+        best_h = tl.where(take, h_l, h_s)
+        best_ts = tl.where(take, infs, zero)
+        best_tl = tl.where(take, zero, infs)
+
+    lint = om + 1  # the support size l of column om
+    lf = lint.to(f64)
+    by = cy - lf[None, :] * ys  # Y_l - l y_l >= 0
+    l_ok = (om < M)[None, None, :]
+    kr = tl.arange(0, BLOCK_K)
+    lam2_l = (lam2 * lf)[None, None, :]
+    for k0 in range(0, P, BLOCK_K):
+        kidx = k0 + kr  # k - 1
+        pick_k = (kidx[:, None] == op[None, :])[None, :, :]  # (1, BLOCK_K, BLOCK_P)
+        xk = tl.sum(tl.where(pick_k, xs[:, None, :], 0.0), axis=2)  # (UNITS, BLOCK_K)
+        big_x = tl.sum(tl.where(pick_k, cx[:, None, :], 0.0), axis=2)
+        x2k = tl.sum(tl.where(pick_k, cx2[:, None, :], 0.0), axis=2)
+        kf = (kidx + 1).to(f64)[None, :]
+        ax_k = big_x - kf * xk  # X_k - k x_k >= 0
+        k_lam2 = kf * lam2
+        # (UNITS, BLOCK_K, BLOCK_M): the pairs (k, l) of this block of k.
+        ok = xk[:, :, None] + lam2_l * ax_k[:, :, None] >= lam * cy[:, None, :]
+        ok &= ys[:, None, :] + k_lam2[:, :, None] * by[:, None, :] >= (lam * big_x)[:, :, None]
+        ok &= k_lam2[:, :, None] * lf[None, None, :] < 1.0
+        ok &= l_ok
+        big_l = tl.max(tl.where(ok, lint[None, None, :], 0), axis=2)  # L(k); 0: none
+        at = lint[None, None, :] == big_l[:, :, None]
+        ly = tl.sum(tl.where(at, cy[:, None, :], 0.0), axis=2)  # Y_L (0 for L = 0)
+        ly2 = tl.sum(tl.where(at, cy2[:, None, :], 0.0), axis=2)
+        lfk = big_l.to(f64)
+        d = 1.0 - kf * lfk * lam2
+        a = tl.maximum((big_x - kf * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
+        b = tl.maximum((ly - lfk * lam * big_x) / d, 0.0)  # ||w||_1
+        t_s = lam * b
+        t_l = lam * a
+        # The objective (up to 1/2 (||x||^2 + ||y||^2)) of the point these thresholds produce,
+        # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and the
+        # closed form in a, b could misrank nearly equal candidates.
+        nv = tl.maximum(big_x - kf * t_s, 0.0)
+        nw = tl.maximum(ly - lfk * t_l, 0.0)
+        h = 0.5 * (kf * t_s * t_s + lfk * t_l * t_l - x2k - ly2) + lam * nv * nw
+        h = tl.where((kidx < P)[None, :], h, inf)
+        t_l = tl.where(big_l == 0, inf, t_l)
+        h_min = tl.min(h, axis=1)
+        first = tl.min(tl.where(h == h_min[:, None], kidx[None, :], BLOCK_P), axis=1)
+        chosen = kidx[None, :] == first[:, None]
+        better = h_min < best_h
+        best_h = tl.where(better, h_min, best_h)
+        best_ts = tl.where(better, tl.sum(tl.where(chosen, t_s, 0.0), axis=1), best_ts)
+        best_tl = tl.where(better, tl.sum(tl.where(chosen, t_l, 0.0), axis=1), best_tl)
+
+    # Back to the weights' scale (t = inf stays inf; a threshold past the float64 range zeroes
+    # the side, as it should), then z - clip(z, -t, t) = sign(z) max(|z| - t, 0).
+    ts = (best_ts * down1 * down2)[:, None]
+    tls = (best_tl * down1 * down2)[:, None]
+    zs64 = zs.to(f64)
+    zl64 = zl.to(f64)
+    new_s = zs64 - tl.minimum(tl.maximum(zs64, -ts), ts)
+    new_l = zl64 - tl.minimum(tl.maximum(zl64, -tls), tls)
+    tl.store(s_ptr + s_off, new_s.to(s_ptr.dtype.element_ty), mask=s_mask)
+    tl.store(l_ptr + l_off, new_l.to(l_ptr.dtype.element_ty), mask=l_mask)
