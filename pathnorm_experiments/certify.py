@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from pathnorm_experiments.config import float_key
+
 __all__ = [
     "certified_error",
     "certified_mask",
@@ -115,11 +117,11 @@ def certified_error(
     eps_list: Sequence[float],
     activation: str,
 ) -> dict[str, float]:
-    """Fraction of examples NOT certified, per eps (keys formatted ``f"{eps:g}"``)."""
+    """Fraction of examples NOT certified, per eps (keys: :func:`~pathnorm_experiments.config.float_key`)."""
     z = forward(weights, biases, x, activation)
     lip = lipschitz_matrix(weights)
     return {
-        f"{e:g}": float(
+        float_key(e): float(
             1.0 - certified_mask(weights, biases, x, y, e, activation, logits=z, lip=lip).mean()
         )
         for e in eps_list

@@ -4,21 +4,31 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import math
-from collections.abc import Callable
+import os
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 __all__ = [
     "ACTIVATIONS",
     "ATTACKS",
     "DEFAULT_EPS",
+    "DTYPES",
     "METHODS",
     "REGULARIZERS",
     "TrainConfig",
+    "float_key",
+    "initial_weights",
     "nonnegative_int",
+    "shuffle_orders",
+    "unwritable_dir",
     "write_results",
 ]
 
@@ -27,6 +37,24 @@ METHODS = ("prox", "penalty")
 ATTACKS = ("ce", "ce+margin")
 ACTIVATIONS = ("elu", "relu", "tanh")  # slopes in [0, 1]: the path-norm bounds hold
 DEFAULT_EPS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+DTYPES = ("float32", "float64")
+
+
+def float_key(value: float) -> str:
+    """The results key of an eps or lam: ``f"{value:g}"`` if it reads back exactly, else ``repr``.
+
+    ``{:g}`` keeps six digits, so 0.1 and 0.1000001 would share the key ``"0.1"``; ``repr`` is
+    the shortest text that reads back exactly. Distinct values thus always get distinct keys,
+    and the usual ones keep their short form (``"0.05"``, ``"1e-05"``).
+
+    Args:
+        value: the number.
+
+    Returns:
+        Its key.
+    """
+    short = f"{value:g}"
+    return short if float(short) == value else repr(float(value))
 
 
 @dataclass(frozen=True)
@@ -50,6 +78,7 @@ class TrainConfig:
     hidden: tuple[int, ...] = (200,)
     activation: str = "elu"
     seed: int = 0
+    dtype: str = "float32"  # of weights and data in training and evaluation (float64: checks)
     eps: tuple[float, ...] = DEFAULT_EPS
     pgd_steps: int = 40
     attack: str = (
@@ -99,6 +128,13 @@ class TrainConfig:
             raise ValueError(f"attack must be one of {ATTACKS}, got {self.attack!r}")
         if any(not (0 <= e <= 1) for e in self.eps):
             raise ValueError(f"eps values must be in [0, 1] (pixels are in [0, 1]), got {self.eps}")
+        repeated = sorted({e for e in self.eps if self.eps.count(e) > 1})
+        if repeated:
+            raise ValueError(f"eps values must be distinct, got {repeated} more than once")
+        if int(self.seed) < 0:  # NumPy's generators take seeds >= 0
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
     @property
     def widths(self) -> tuple[int, ...]:
@@ -111,6 +147,40 @@ class TrainConfig:
         d["hidden"] = list(self.hidden)
         d["eps"] = list(self.eps)
         return d
+
+
+def initial_weights(widths: Sequence[int], seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Initial ``(weight (out, in), bias (out,))`` per layer, float64, the same in both backends.
+
+    PyTorch's default ``nn.Linear`` distribution (Kaiming-uniform with ``a = sqrt(5)``): weights
+    and biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, drawn layer by layer (weight,
+    then bias) from one NumPy generator seeded with ``(seed, 0)``.
+
+    Args:
+        widths: layer widths from input to output, e.g. (784, 200, 10).
+        seed: the run's seed.
+
+    Returns:
+        One (weight, bias) pair per layer, in torch layout.
+    """
+    rng = np.random.default_rng((seed, 0))
+    layers = []
+    for fan_in, fan_out in itertools.pairwise(widths):
+        bound = 1.0 / math.sqrt(fan_in)
+        w = rng.uniform(-bound, bound, (fan_out, fan_in))
+        b = rng.uniform(-bound, bound, fan_out)
+        layers.append((w, b))
+    return layers
+
+
+def shuffle_orders(n: int, epochs: int, seed: int) -> np.ndarray:
+    """The training order of every epoch, (epochs, n) int64, the same in both backends.
+
+    One permutation of ``range(n)`` per epoch, from a NumPy generator seeded with ``(seed, 1)``
+    (a stream apart from :func:`initial_weights`').
+    """
+    rng = np.random.default_rng((seed, 1))
+    return np.stack([rng.permutation(n) for _ in range(epochs)])
 
 
 def nonnegative_int(zero_means: str) -> Callable[[str], int]:
@@ -139,24 +209,64 @@ class History:
     epoch_objective: list[float] = field(default_factory=list)  # on eval_train_samples
 
 
+def unwritable_dir(out: str | Path) -> str | None:
+    """Why files cannot be written in the directory ``out`` (made if missing), else None.
+
+    Nothing is left behind: the check writes a temporary file (or directory) and removes it.
+
+    Args:
+        out: the directory.
+
+    Returns:
+        The problem in words (``out`` is a file, lies under a file, or is not writable), or None.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return "is a file, not a directory"
+    existing = out
+    while not existing.exists():  # the nearest existing ancestor: the directories go under it
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"{existing} is a file, so no directory can be made under it"
+    try:  # os.access says yes to root even on a read-only mount: try a real write
+        if existing == out:
+            with tempfile.TemporaryFile(dir=out):
+                pass
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=existing))
+    except OSError as e:
+        return f"cannot write in {existing} ({e.strerror or e})"
+    return None
+
+
 def write_results(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
-    """Write ``result`` as ``<out>/results.json`` and the per-eps table ``<out>/results.csv``."""
+    """Write ``result`` as ``<out>/results.json`` and the per-eps table ``<out>/results.csv``.
+
+    The CSV's first error columns share the attacked test images (``n_attacked``), so
+    ``clean_error_attacked <= robust_error <= certified_error`` on every row; the last column
+    is the clean error on all test images.
+
+    Args:
+        result: a result of :func:`~pathnorm_experiments.evaluation.build_result`.
+        out: the output directory (made if missing).
+
+    Returns:
+        The paths of the JSON and the CSV file.
+    """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     jpath, cpath = out / "results.json", out / "results.csv"
     jpath.write_text(json.dumps(result, indent=2) + "\n")
+    clean, clean_all = result["clean_error_attacked"], result["clean_error"]
     with cpath.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["eps", "clean_error", "robust_error", "certified_error"])
-        w.writerow([0.0, result["clean_error"], result["clean_error"], result["clean_error"]])
+        w.writerow(
+            ["eps", "clean_error_attacked", "robust_error", "certified_error", "clean_error"]
+        )
+        w.writerow([0.0, clean, clean, clean, clean_all])
         for e in result["config"]["eps"]:
-            key = f"{e:g}"
+            key = float_key(e)
             w.writerow(
-                [
-                    e,
-                    result["clean_error"],
-                    result["robust_error"][key],
-                    result["certified_error"][key],
-                ]
+                [e, clean, result["robust_error"][key], result["certified_error"][key], clean_all]
             )
     return jpath, cpath

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,10 +17,10 @@ from pathnorm_experiments.certify import (
     product_bound,
     regularizer_value,
 )
-from pathnorm_experiments.config import History, TrainConfig
+from pathnorm_experiments.config import History, TrainConfig, float_key
 from pathnorm_experiments.data import Dataset
 
-__all__ = ["build_result", "format_summary"]
+__all__ = ["build_result", "format_summary", "plot_training_curve"]
 
 
 def build_result(
@@ -29,6 +30,7 @@ def build_result(
     biases: Sequence[np.ndarray],
     *,
     clean_error: float,
+    clean_error_attacked: float,
     robust_error: dict[str, float],
     train_ce: float,
     n_adv: int,
@@ -38,8 +40,9 @@ def build_result(
 ) -> dict[str, Any]:
     """The JSON-ready result: errors per eps, sparsity, bounds and the final objective.
 
-    ``weights``/``biases`` are NumPy arrays in torch layout (out, in). Certified error is on
-    the same first ``n_adv`` test images that PGD attacks, so the two are comparable.
+    ``weights``/``biases`` are NumPy arrays in torch layout (out, in). ``clean_error`` is on
+    all test images; ``clean_error_attacked``, the PGD-robust and the certified errors are on
+    the same first ``n_adv`` test images, so these three are comparable.
     """
     g = regularizer_value(weights, cfg.regularizer)
     cert = certified_error(
@@ -55,6 +58,7 @@ def build_result(
         "n_attacked": n_adv,
         "config": cfg.to_dict(),
         "clean_error": clean_error,
+        "clean_error_attacked": clean_error_attacked,
         "robust_error": robust_error,
         "certified_error": cert,
         "nonzero_weights_pct": 100.0 * nonzero_fraction(weights),
@@ -78,15 +82,16 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{', PARTIAL train set' if result['partial_train_set'] else ''}) | backend "
         f"{result['backend']} | {cfg['regularizer']}/{cfg['method']} lam={cfg['lam']:g} "
         f"lr={cfg['lr']:g} epochs={cfg['epochs']} hidden={cfg['hidden']}",
-        f"clean error {100 * result['clean_error']:.2f}%  (robust/certified on the first "
-        f"{result['n_attacked']} test images, PGD-{cfg['pgd_steps']} on "
-        f"{cfg.get('attack', 'ce')})",
+        f"clean error {100 * result['clean_error']:.2f}% on all {result['n_test']} test images, "
+        f"{100 * result['clean_error_attacked']:.2f}% on the first {result['n_attacked']}, "
+        f"where robust (PGD-{cfg['pgd_steps']} on {cfg.get('attack', 'ce')}) and certified "
+        "error are measured",
         f"{'eps':>6} {'robust err %':>13} {'certified err %':>16}",
     ]
     for e in cfg["eps"]:
-        k = f"{e:g}"
+        k = float_key(e)
         lines.append(
-            f"{e:>6g} {100 * result['robust_error'][k]:>13.2f} {100 * result['certified_error'][k]:>16.2f}"
+            f"{k:>6} {100 * result['robust_error'][k]:>13.2f} {100 * result['certified_error'][k]:>16.2f}"
         )
     lines += [
         f"nonzero weights {result['nonzero_weights_pct']:.2f}% (on live paths "
@@ -98,3 +103,45 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{result['timings'].get('eval_s', 0):.1f} s",
     ]
     return "\n".join(lines)
+
+
+def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
+    """Write the run's training curves as a PNG (needs matplotlib).
+
+    Left: the regularized loss, as the minibatch mean between records and on the training set
+    at each epoch's end. Right: the % of nonzero weights, raw and on live paths.
+
+    Args:
+        result: a result of :func:`build_result`.
+        path: the PNG to write.
+
+    Returns:
+        ``path``.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cfg, hist = result["config"], result["history"]
+    per_epoch = result["timings"]["iterations"] / max(1, cfg["epochs"])
+    fig, (ax_loss, ax_nz) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_loss.plot(hist["iteration"], hist["batch_objective"], lw=1, label="minibatch mean")
+    ends = [per_epoch * (k + 1) for k in range(len(hist["epoch_objective"]))]
+    ax_loss.plot(ends, hist["epoch_objective"], "o-", ms=3, label="training set, epoch end")
+    ax_loss.set_ylabel("cross-entropy + lam * g")
+    ax_nz.plot(hist["iteration"], hist["nonzero_pct"], lw=1, label="raw")
+    ax_nz.plot(hist["iteration"], hist["effective_nonzero_pct"], lw=1, label="on live paths")
+    ax_nz.set_ylabel("% nonzero weights")
+    for ax in (ax_loss, ax_nz):
+        ax.set_xlabel("iteration")
+        ax.legend(loc="best", fontsize=8)
+    fig.suptitle(
+        f"{result['dataset']} | {result['backend']} | {cfg['regularizer']}/{cfg['method']} "
+        f"lam={cfg['lam']:g} lr={cfg['lr']:g}",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)

@@ -7,28 +7,52 @@ Imported only by the torch backend (this module imports ``lightning``).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from torch.nn import functional as F
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
 from pathnorm_experiments.config import History, TrainConfig
 from pathnorm_experiments.data import DATASET_NAMES, Dataset, load_dataset
-from pathnorm_experiments.torch_backend import build_model, linear_layers, penalty, record_sparsity
+from pathnorm_experiments.torch_backend import (
+    build_model,
+    linear_layers,
+    penalty,
+    record_sparsity,
+    torch_dtype,
+)
 from pathnorm_lightning import L1Prox, LayerwiseLinfProjection, PathNormProx
 
 __all__ = [
     "ArrayDataModule",
+    "EpochOrderSampler",
     "ImageDataModule",
     "PaperMLP",
     "regularizer_callbacks",
     "train_lightning",
 ]
+
+
+class EpochOrderSampler(Sampler[int]):
+    """Each epoch's order as :func:`~pathnorm_experiments.config.shuffle_orders` draws it (the
+    NumPy permutations the plain loop and the Keras backend train in), one per ``iter()``."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n = n
+        self._rng = np.random.default_rng((seed, 1))  # shuffle_orders' generator
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._rng.permutation(self.n).tolist())
 
 
 class ArrayDataModule(pl.LightningDataModule):
@@ -64,10 +88,8 @@ class ArrayDataModule(pl.LightningDataModule):
         data = self._arrays()
         x = torch.from_numpy(data.x_train[: self.n_train])
         y = torch.from_numpy(data.y_train[: self.n_train])
-        g = torch.Generator().manual_seed(self.seed)
-        return DataLoader(
-            TensorDataset(x, y), batch_size=self.batch_size, shuffle=True, generator=g
-        )
+        sampler = EpochOrderSampler(x.shape[0], self.seed)
+        return DataLoader(TensorDataset(x, y), batch_size=self.batch_size, sampler=sampler)
 
     @override
     def test_dataloader(self) -> DataLoader:
@@ -135,7 +157,10 @@ class PaperMLP(pl.LightningModule):
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        self.net = build_model(cfg.widths, cfg.activation)
+        # built in the run's dtype: Lightning's "64-true" would otherwise upcast float32 weights
+        self.net = build_model(
+            cfg.widths, cfg.activation, seed=cfg.seed, dtype=torch_dtype(cfg.dtype)
+        )
         self.history = History()
         self._acc, self._acc_n = 0.0, 0
         self._x_eval, self._y_eval = x_eval, y_eval
@@ -199,7 +224,8 @@ def train_lightning(
     from pathnorm_experiments.torch_backend import evaluate
 
     pl.seed_everything(cfg.seed, verbose=False)
-    x_eval = torch.from_numpy(data.x_train[: cfg.eval_train_samples])
+    dtype = torch_dtype(cfg.dtype)
+    x_eval = torch.from_numpy(data.x_train[: cfg.eval_train_samples]).to(dtype)
     y_eval = torch.from_numpy(data.y_train[: cfg.eval_train_samples])
     module = PaperMLP(cfg, x_eval, y_eval)
     trainer = pl.Trainer(
@@ -212,6 +238,7 @@ def train_lightning(
         enable_progress_bar=progress,
         callbacks=regularizer_callbacks(cfg, prog_bar=False),
         log_every_n_steps=cfg.log_every,
+        precision="64-true" if cfg.dtype == "float64" else "32-true",
     )
     t0 = time.perf_counter()
     trainer.fit(module, datamodule=ArrayDataModule(data, cfg.batch_size, cfg.seed))

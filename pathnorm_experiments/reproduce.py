@@ -27,10 +27,26 @@ from typing import Any
 
 import numpy as np
 
-from pathnorm_experiments.config import DEFAULT_EPS, TrainConfig, nonnegative_int
+from pathnorm_experiments.config import (
+    DEFAULT_EPS,
+    TrainConfig,
+    float_key,
+    nonnegative_int,
+    unwritable_dir,
+)
 from pathnorm_experiments.data import DataError, load_dataset
+from pathnorm_experiments.deps import MissingDependency, require
 
-__all__ = ["GRIDS", "main", "make_plots", "make_report", "run_config", "run_sweep"]
+__all__ = [
+    "GRIDS",
+    "build_parser",
+    "main",
+    "make_plots",
+    "make_report",
+    "preflight",
+    "run_config",
+    "run_sweep",
+]
 
 # lam grids per regularizer (subsets of the paper's 41-value grid, chosen to span
 # "no effect" to "too strong" for a 784-200-10 net at lr 0.1)
@@ -48,8 +64,8 @@ LABELS = {"none": "none", "l1": "L1", "linf": "layer-wise linf", "path": "1-path
 
 
 def run_name(dataset: str, reg: str, method: str, lam: float, seed: int) -> str:
-    """File stem of one run."""
-    return f"{dataset}_{reg}_{method}_lam{lam:g}_s{seed}"
+    """File stem of one run (distinct lams give distinct stems, see ``float_key``)."""
+    return f"{dataset}_{reg}_{method}_lam{float_key(lam)}_s{seed}"
 
 
 def plan(
@@ -142,7 +158,8 @@ def run_sweep(
         print(
             f"[{k}/{len(runs)}] {path.stem}: clean {100 * res['clean_error']:.2f}% robust@0.1 "
             f"{100 * res['robust_error'].get('0.1', math.nan):.1f}% nonzero "
-            f"{res['nonzero_weights_pct']:.1f}% obj {res['final_regularized_loss']:.4f} "
+            f"{res['nonzero_weights_pct']:.1f}% raw, {res['effective_nonzero_pct']:.1f}% on live "
+            f"paths, obj {res['final_regularized_loss']:.4f} "
             f"({time.perf_counter() - t0:.0f} s, total {time.perf_counter() - t_start:.0f} s)",
             flush=True,
         )
@@ -455,36 +472,97 @@ def make_report(agg: dict[tuple[str, str, str, float], Any], meta: dict[str, Any
     return "\n".join(out) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Console entry point ``pathnorm-reproduce``."""
+DESCRIPTION = """\
+The paper's lam sweep (SGD vs Proximal SGD), its plots and a claim table.
+
+For every dataset and seed it trains the unregularized baseline, then l1 and path with both
+penalty (plain SGD on CE + lam g) and prox (Proximal SGD), and linf with its projection, over
+a lam grid. Each run is stored as <out>/runs/<name>.json (re-running skips finished runs).
+Then it writes PNG plots like the paper's figures into <out>/img/ and a markdown report
+<out>/report.md that checks the paper's claims with numbers. Runs use the plain torch loop
+(the library's prox functions after every SGD step, step lr * lam) on one thread.
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the description's line breaks and appends every option's default to its help."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
     p = argparse.ArgumentParser(
-        prog="pathnorm-reproduce",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="pathnorm-reproduce", description=DESCRIPTION, formatter_class=_Formatter
     )
     p.add_argument(
         "--quick", action="store_true", help="embedded data, small grid, 3 epochs, 1 seed"
     )
     p.add_argument(
-        "--datasets", nargs="+", default=None, help="full mode default: mnist fashion-mnist kmnist"
+        "--datasets",
+        nargs="+",
+        default=None,
+        help="None: embedded (quick), mnist fashion-mnist kmnist (full)",
     )
-    p.add_argument("--data-dir", default=None)
+    p.add_argument(
+        "--data-dir", default=None, help="None: $PATHNORM_DATA_DIR, else ~/.cache/pathnorm"
+    )
     p.add_argument("--allow-partial", action="store_true", help="accept KMNIST's partial train set")
-    p.add_argument("--epochs", type=int, default=None, help="quick: 3, full: 20 (the paper)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="quick: 0, full: 0..5")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--lams-l1", type=float, nargs="+", default=None)
-    p.add_argument("--lams-path", type=float, nargs="+", default=None)
-    p.add_argument("--lams-linf", type=float, nargs="+", default=None)
+    p.add_argument("--epochs", type=int, default=None, help="None: quick: 3, full: 20 (the paper)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="None: quick: 0, full: 0..5")
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
+    for reg in ("l1", "path", "linf"):
+        p.add_argument(
+            f"--lams-{reg}",
+            type=float,
+            nargs="+",
+            default=None,
+            help=f"None: quick {' '.join(map(str, GRIDS['quick'][reg]))}, "
+            f"full {' '.join(map(str, GRIDS['full'][reg]))}",
+        )
     p.add_argument(
         "--pgd-samples",
         type=nonnegative_int("all test images"),
         default=1000,
         help="test images attacked per run (0: all)",
     )
-    p.add_argument("--out", default="reproduce_out")
+    p.add_argument("--out", default="reproduce_out", help="output directory")
     p.add_argument("--report-only", action="store_true", help="only re-plot from <out>/runs")
-    args = p.parse_args(argv)
+    return p
+
+
+def preflight(
+    datasets: Sequence[str], data_dir: str | None, allow_partial: bool, out: Path, report_only: bool
+) -> None:
+    """Check, before the first run, everything the sweep and its report will need.
+
+    Args:
+        datasets: the datasets to load.
+        data_dir: their directory.
+        allow_partial: accept KMNIST's partial training set.
+        out: the output directory.
+        report_only: only the report is made (no torch, no data needed).
+
+    Raises:
+        MissingDependency: torch (for training) or matplotlib (for the plots) is missing.
+        DataError: a dataset is missing or corrupt.
+        ValueError: ``out`` cannot be written.
+    """
+    if not report_only:
+        require(("torch",), "pathnorm-reproduce (the sweep trains with the torch loop)")
+    require(("matplotlib",), "pathnorm-reproduce (the plots)")
+    problem = unwritable_dir(out)
+    if problem is not None:
+        raise ValueError(f"--out {out}: {problem}: choose another --out")
+    if report_only:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for ds in datasets:
+            load_dataset(ds, data_dir, allow_partial=allow_partial)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point ``pathnorm-reproduce``."""
+    args = build_parser().parse_args(argv)
 
     mode = "quick" if args.quick else "full"
     grid = dict(GRIDS[mode])
@@ -507,19 +585,17 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     runs = plan(datasets, grid, seeds)
     t0 = time.perf_counter()
+    try:  # check every setting, package, dataset and the output before hours of training
+        if not args.report_only:
+            for run in runs:
+                run_config(run, **settings)
+        preflight(datasets, args.data_dir, args.allow_partial, out, args.report_only)
+    except (DataError, ValueError, MissingDependency) as e:
+        print(f"pathnorm-reproduce: error: {e}", file=sys.stderr)
+        return 2
     if args.report_only:
         results = [json.loads(f.read_text()) for f in sorted((out / "runs").glob("*.json"))]
     else:
-        try:  # check every setting and dataset before hours of training, not at its turn
-            for run in runs:
-                run_config(run, **settings)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                for ds in datasets:
-                    load_dataset(ds, args.data_dir, allow_partial=args.allow_partial)
-        except (DataError, ValueError) as e:
-            print(f"pathnorm-reproduce: error: {e}", file=sys.stderr)
-            return 2
         print(
             f"{len(runs)} runs: datasets {datasets}, seeds {seeds}, epochs {epochs}, grid {grid}",
             flush=True,

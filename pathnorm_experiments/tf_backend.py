@@ -4,8 +4,10 @@ with the library's optimizers (``pathnorm_tf.PathNormSGD`` / ``ProxOptimizer``),
 Same configuration, step semantics and evaluation as the torch backend: an SGD step on the
 cross-entropy, then the prox with step ``lr * lam`` (``linf``: every kernel projected onto
 ``||K||_{inf->inf} <= 1/lam``), or for ``method="penalty"`` plain SGD on ``CE + lam * g``.
-Keras' Dense layers use Glorot-uniform initialisation (torch: Kaiming-uniform), so the two
-backends do not start from the same weights. Certificates and bounds are computed by the
+Both backends start from the same weights (PyTorch's default distribution, drawn by
+:func:`~pathnorm_experiments.config.initial_weights`) and see the minibatches in the same order
+(:func:`~pathnorm_experiments.config.shuffle_orders`), so they train the same network up to
+floating-point rounding. Certificates and bounds are computed by the
 backend-neutral :mod:`pathnorm_experiments.certify` on the kernels transposed to torch layout.
 """
 
@@ -16,6 +18,7 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import math
 import time
 from typing import Any
 
@@ -24,7 +27,13 @@ import numpy as np
 import tensorflow as tf
 
 from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
-from pathnorm_experiments.config import History, TrainConfig
+from pathnorm_experiments.config import (
+    History,
+    TrainConfig,
+    float_key,
+    initial_weights,
+    shuffle_orders,
+)
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.evaluation import build_result
 from pathnorm_tf import PathNormSGD, ProxOptimizer
@@ -41,11 +50,37 @@ __all__ = [
 
 
 def make_tf_dataset(
-    x: np.ndarray, y: np.ndarray, batch_size: int, *, shuffle: bool = True, seed: int = 0
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int,
+    *,
+    shuffle: bool = True,
+    seed: int = 0,
+    orders: np.ndarray | None = None,
 ) -> tf.data.Dataset:
-    """``tf.data`` pipeline over the arrays: reshuffled every epoch, batched, prefetched."""
+    """``tf.data`` pipeline over the arrays: batched, prefetched.
+
+    Args:
+        x, y: images (N, 784) and labels (N,).
+        batch_size: minibatch size.
+        shuffle: reshuffle every epoch with TF's own shuffle (seeded by ``seed``).
+        seed: seed of TF's shuffle.
+        orders: instead of TF's shuffle, the epochs' orders (epochs, N) in sequence, every
+            epoch batched on its own (:func:`~pathnorm_experiments.config.shuffle_orders`, the
+            torch side's order); the dataset then ends after the last epoch.
+
+    Returns:
+        The dataset of (images, int32 labels) batches.
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if orders is not None:
+        xs, ys = tf.constant(x), tf.constant(y.astype(np.int32))
+        idx = tf.data.Dataset.from_tensor_slices(orders.astype(np.int64))
+        batches = idx.flat_map(lambda o: tf.data.Dataset.from_tensor_slices(o).batch(batch_size))
+        return batches.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i))).prefetch(
+            tf.data.AUTOTUNE
+        )
     ds = tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32)))
     if shuffle:
         ds = ds.shuffle(x.shape[0], seed=seed, reshuffle_each_iteration=True)
@@ -59,7 +94,7 @@ def _kernels(model: keras.Model) -> list[Any]:
 def penalty(kernels: list[Any], regularizer: str) -> tf.Tensor:
     """Differentiable ``g`` on Keras kernels (in, out): l1 sum |K|, path = pairwise path-norms."""
     if regularizer in ("none", "linf"):
-        return tf.constant(0.0)
+        return tf.zeros((), kernels[0].dtype)
     if regularizer == "l1":
         return tf.add_n([tf.reduce_sum(tf.abs(k)) for k in kernels])
     if regularizer == "path":
@@ -101,13 +136,22 @@ class RegularizedMLP(keras.Sequential):
 
 
 def build_model(cfg: TrainConfig) -> RegularizedMLP:
-    """Dense 784 -> hidden (activation) -> 10 logits; penalty term for ``method="penalty"``."""
-    layers: list[Any] = [keras.Input((cfg.widths[0],))]
+    """Dense 784 -> hidden (activation) -> 10 logits in ``cfg.dtype``, initialised with
+    :func:`~pathnorm_experiments.config.initial_weights` (the torch side's draw, kernels
+    transposed); the penalty term for ``method="penalty"``."""
+    layers: list[Any] = [keras.Input((cfg.widths[0],), dtype=cfg.dtype)]
     for i, h in enumerate(cfg.hidden):
-        layers.append(keras.layers.Dense(h, activation=cfg.activation, name=f"dense_{i}"))
-    layers.append(keras.layers.Dense(cfg.widths[-1], name="logits"))
+        layers.append(
+            keras.layers.Dense(h, activation=cfg.activation, name=f"dense_{i}", dtype=cfg.dtype)
+        )
+    layers.append(keras.layers.Dense(cfg.widths[-1], name="logits", dtype=cfg.dtype))
     lam = cfg.lam if cfg.method == "penalty" else 0.0
-    return RegularizedMLP(layers, regularizer=cfg.regularizer, penalty_lam=lam)
+    model = RegularizedMLP(layers, regularizer=cfg.regularizer, penalty_lam=lam)
+    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    for layer, (w, b) in zip(dense, initial_weights(cfg.widths, cfg.seed), strict=True):
+        layer.kernel.assign(w.T.astype(cfg.dtype))
+        layer.bias.assign(b.astype(cfg.dtype))
+    return model
 
 
 def make_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
@@ -140,15 +184,21 @@ def pgd_attack(
     if loss not in ("ce", "margin"):
         raise ValueError(f"loss must be 'ce' or 'margin', got {loss!r}")
     step = eps / 20 if step_size is None else step_size
-    x = tf.convert_to_tensor(x, tf.float32)
+    x = tf.convert_to_tensor(x)
+    if not x.dtype.is_floating:
+        x = tf.cast(x, tf.float32)
     y = tf.convert_to_tensor(y, tf.int32)
     lo, hi = tf.maximum(x - eps, 0.0), tf.minimum(x + eps, 1.0)
     if random_start:
-        noise = tf.random.stateless_uniform(tf.shape(x), seed=[seed, 0], minval=-eps, maxval=eps)
+        noise = tf.random.stateless_uniform(
+            tf.shape(x), seed=[seed, 0], minval=-eps, maxval=eps, dtype=x.dtype
+        )
         x_adv = tf.clip_by_value(x + noise, lo, hi)
     else:
         x_adv = x
-    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="sum")
+    ce = keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="sum", dtype=x.dtype.name
+    )
     onehot = tf.one_hot(y, model.output_shape[-1]) > 0
 
     def objective(z: tf.Tensor) -> tf.Tensor:
@@ -232,9 +282,26 @@ def _mean_ce(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def train_keras(
-    cfg: TrainConfig, data: Dataset, *, progress: bool = True, threads: int | None = None
+    cfg: TrainConfig,
+    data: Dataset,
+    *,
+    progress: bool = True,
+    threads: int | None = None,
+    evaluate_model: bool = True,
 ) -> tuple[keras.Model, dict[str, Any]]:
-    """Train with ``model.fit`` and the library optimizer, then evaluate; returns (model, result)."""
+    """Train with ``model.fit`` and the library optimizer, then evaluate.
+
+    Args:
+        cfg: the run.
+        data: the arrays.
+        progress: show Keras' progress bar.
+        threads: TF's intra- and inter-op threads (None: TF's default).
+        evaluate_model: attack, certify and measure after training; otherwise the result
+            holds only ``history``, ``timings`` and the final ``weights`` and ``biases``.
+
+    Returns:
+        (model, result dict).
+    """
     if threads:
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
@@ -243,44 +310,52 @@ def train_keras(
             pass
     keras.utils.set_random_seed(cfg.seed)
     model = build_model(cfg)
-    model.compile(
-        optimizer=make_optimizer(cfg),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-    )
+    floatx = keras.config.floatx()
+    # The optimizer's lr variable and compile's loss take floatx: in float32 they would round
+    # the float64 run's lr and loss.
+    keras.config.set_floatx(cfg.dtype)
+    try:
+        model.compile(
+            optimizer=make_optimizer(cfg),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    finally:
+        keras.config.set_floatx(floatx)
+    x_train, x_test = data.x_train.astype(cfg.dtype), data.x_test.astype(cfg.dtype)
     n_eval = cfg.eval_train_samples
-    cb = _History(cfg, data.x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
+    cb = _History(cfg, x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
+    n = x_train.shape[0]
+    orders = shuffle_orders(n, cfg.epochs, cfg.seed)  # the torch side's minibatch order
     t0 = time.perf_counter()
     model.fit(
-        make_tf_dataset(data.x_train, data.y_train, cfg.batch_size, seed=cfg.seed),
+        make_tf_dataset(x_train, data.y_train, cfg.batch_size, orders=orders),
         epochs=cfg.epochs,
+        # with steps_per_epoch, Keras continues one iterator across the epochs
+        steps_per_epoch=math.ceil(n / cfg.batch_size),
         verbose=1 if progress else 0,
         callbacks=[cb],
-        shuffle=False,  # the tf.data pipeline reshuffles every epoch
+        shuffle=False,
     )
     timings = {"train_s": time.perf_counter() - t0, "iterations": float(cb.step)}
-    ws = [np.asarray(k, dtype=np.float32).T.copy() for k in _kernels(model)]
+    ws = [np.asarray(k).T.copy() for k in _kernels(model)]
     if not all(np.isfinite(w).all() for w in ws):
         raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
     bs = [
-        np.asarray(layer.bias, dtype=np.float32).copy()
+        np.asarray(layer.bias).copy()
         for layer in model.layers
         if isinstance(layer, keras.layers.Dense)
     ]
+    if not evaluate_model:
+        return model, {"history": cb.hist, "timings": timings, "weights": ws, "biases": bs}
 
     t1 = time.perf_counter()
     y_te = data.y_test.astype(np.int32)
-    clean = float(
-        np.mean(np.argmax(model.predict(data.x_test, batch_size=2000, verbose=0), 1) != y_te)
-    )
-    n_adv = (
-        data.x_test.shape[0]
-        if cfg.pgd_samples is None
-        else min(cfg.pgd_samples, data.x_test.shape[0])
-    )
+    wrong_clean = np.argmax(model.predict(x_test, batch_size=2000, verbose=0), 1) != y_te
+    n_adv = x_test.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_test.shape[0])
     robust = {
-        f"{e:g}": robust_error(
+        float_key(e): robust_error(
             model,
-            data.x_test[:n_adv],
+            x_test[:n_adv],
             y_te[:n_adv],
             e,
             steps=cfg.pgd_steps,
@@ -289,14 +364,15 @@ def train_keras(
         )
         for e in cfg.eps
     }
-    ce = _mean_ce(model, data.x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
+    ce = _mean_ce(model, x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
     timings["eval_s"] = time.perf_counter() - t1
     result = build_result(
         cfg,
         data,
         ws,
         bs,
-        clean_error=clean,
+        clean_error=float(wrong_clean.mean()),
+        clean_error_attacked=float(wrong_clean[:n_adv].mean()),
         robust_error=robust,
         train_ce=ce,
         n_adv=n_adv,

@@ -13,6 +13,7 @@ Two training engines share one model, one step semantics and one evaluation:
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +25,13 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
-from pathnorm_experiments.config import History, TrainConfig
+from pathnorm_experiments.config import (
+    History,
+    TrainConfig,
+    float_key,
+    initial_weights,
+    shuffle_orders,
+)
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.evaluation import build_result
 from pathnorm_lightning.functional import (
@@ -43,14 +50,34 @@ __all__ = [
     "pgd_attack",
     "record_sparsity",
     "robust_error",
+    "torch_dtype",
     "train_loop",
 ]
 
 _ACTS: dict[str, Callable[[], nn.Module]] = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
-def build_model(widths: Sequence[int], activation: str = "elu") -> nn.Sequential:
-    """MLP ``Linear -> act -> ... -> Linear`` with PyTorch's default initialisation."""
+def build_model(
+    widths: Sequence[int],
+    activation: str = "elu",
+    *,
+    seed: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> nn.Sequential:
+    """MLP ``Linear -> act -> ... -> Linear``.
+
+    Args:
+        widths: layer widths from input to output, e.g. (784, 200, 10).
+        activation: ``"elu"``, ``"relu"`` or ``"tanh"``.
+        seed: draw the initial weights with
+            :func:`~pathnorm_experiments.config.initial_weights` (PyTorch's default
+            distribution from a NumPy generator, the draw the Keras backend makes too);
+            ``None``: PyTorch's own initialisation from its global generator.
+        dtype: the parameters' dtype (the NumPy draw is rounded to it once).
+
+    Returns:
+        The model.
+    """
     if len(widths) < 2:
         raise ValueError(f"widths needs input and output sizes, got {widths}")
     if activation not in _ACTS:
@@ -59,8 +86,21 @@ def build_model(widths: Sequence[int], activation: str = "elu") -> nn.Sequential
     for i in range(len(widths) - 1):
         if i:
             mods.append(_ACTS[activation]())
-        mods.append(nn.Linear(widths[i], widths[i + 1]))
-    return nn.Sequential(*mods)
+        mods.append(nn.Linear(widths[i], widths[i + 1], dtype=dtype))
+    model = nn.Sequential(*mods)
+    if seed is not None:
+        with torch.no_grad():
+            for lin, (w, b) in zip(
+                linear_layers(model), initial_weights(widths, seed), strict=True
+            ):
+                lin.weight.copy_(torch.from_numpy(w))
+                lin.bias.copy_(torch.from_numpy(b))
+    return model
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """``torch.float32`` or ``torch.float64`` for a :class:`TrainConfig` ``dtype``."""
+    return {"float32": torch.float32, "float64": torch.float64}[name]
 
 
 def linear_layers(model: nn.Module) -> list[nn.Linear]:
@@ -212,9 +252,10 @@ def evaluate(
     """Clean, PGD-robust and certified errors, bounds, sparsity and the final objective."""
     t0 = time.perf_counter()
     model.eval()
-    x_te, y_te = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+    dtype = torch_dtype(cfg.dtype)
+    x_te, y_te = torch.from_numpy(data.x_test).to(dtype), torch.from_numpy(data.y_test)
     with torch.no_grad():
-        clean = float((model(x_te).argmax(1) != y_te).float().mean())
+        wrong_clean = model(x_te).argmax(1) != y_te
     n_adv = x_te.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_te.shape[0])
     xa, ya = x_te[:n_adv], y_te[:n_adv]
     robust = {}
@@ -231,8 +272,8 @@ def evaluate(
                 loss="margin",
                 return_mask=True,
             )
-        robust[f"{e:g}"] = float(wrong.float().mean())
-    x_tr, y_tr = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+        robust[float_key(e)] = float(wrong.float().mean())
+    x_tr, y_tr = torch.from_numpy(data.x_train).to(dtype), torch.from_numpy(data.y_train)
     if cfg.eval_train_samples is not None:
         x_tr, y_tr = x_tr[: cfg.eval_train_samples], y_tr[: cfg.eval_train_samples]
     ce = _mean_ce(model, x_tr, y_tr)
@@ -243,7 +284,8 @@ def evaluate(
         data,
         weights,
         biases,
-        clean_error=clean,
+        clean_error=float(wrong_clean.float().mean()),
+        clean_error_attacked=float(wrong_clean[:n_adv].float().mean()),
         robust_error=robust,
         train_ce=ce,
         n_adv=n_adv,
@@ -262,21 +304,22 @@ def train_loop(
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Train with a plain torch loop (see module docstring); returns (model, result dict)."""
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.widths, cfg.activation)
+    dtype = torch_dtype(cfg.dtype)
+    model = build_model(cfg.widths, cfg.activation, seed=cfg.seed, dtype=dtype)
     layers = linear_layers(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    x, y = torch.from_numpy(data.x_train), torch.from_numpy(data.y_train)
+    x, y = torch.from_numpy(data.x_train).to(dtype), torch.from_numpy(data.y_train)
     x_eval, y_eval = x, y
     if cfg.eval_train_samples is not None:
         x_eval, y_eval = x[: cfg.eval_train_samples], y[: cfg.eval_train_samples]
     n = x.shape[0]
     steps_per_epoch = math.ceil(n / cfg.batch_size)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    orders = torch.from_numpy(shuffle_orders(n, cfg.epochs, cfg.seed))  # as the Keras side's
     hist = History()
     use_pen = cfg.method == "penalty" and cfg.regularizer != "none"
     use_prox = cfg.method == "prox"
     bar = None
-    if progress:
+    if progress and importlib.util.find_spec("tqdm") is not None:  # a bar only: optional
         from tqdm.auto import tqdm
 
         bar = tqdm(
@@ -287,7 +330,7 @@ def train_loop(
     acc, acc_n = 0.0, 0
     model.train()
     for _epoch in range(cfg.epochs):
-        perm = torch.randperm(n, generator=gen)
+        perm = orders[_epoch]
         for s in range(0, n, cfg.batch_size):
             idx = perm[s : s + cfg.batch_size]
             ce = F.cross_entropy(model(x[idx]), y[idx])

@@ -1,35 +1,48 @@
-"""``pathnorm-train``: train the paper's network once, attack it, certify it, write JSON + CSV.
-
-Example (embedded MNIST subset, no data needed, about a minute on 2 CPU cores)::
-
-    pathnorm-train --regularizer path --lam 1e-3
-    pathnorm-train --backend tf --regularizer l1 --method penalty --lam 1e-4
-    pathnorm-train --dataset mnist --data-dir /data --epochs 20 --out runs/mnist_path
-"""
+"""``pathnorm-train``: train the paper's network once, attack it, certify it, write JSON + CSV
+(and a training-curve PNG when matplotlib is installed)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 from pathnorm_experiments.config import (
     ACTIVATIONS,
     ATTACKS,
     DEFAULT_EPS,
+    DTYPES,
     METHODS,
     REGULARIZERS,
     TrainConfig,
     nonnegative_int,
+    unwritable_dir,
     write_results,
 )
 from pathnorm_experiments.data import DATASET_NAMES, DataError, load_dataset
+from pathnorm_experiments.deps import BACKEND_MODULES, MissingDependency, default_backend, require
+from pathnorm_experiments.deps import missing as missing_modules
 from pathnorm_experiments.evaluation import format_summary
 
-__all__ = ["build_parser", "main", "run"]
+__all__ = ["OUTPUT_FILES", "OutputError", "build_parser", "check_out", "main", "run"]
 
 DEFAULT_EPOCHS = 20  # the paper's
+OUTPUT_FILES = ("results.json", "results.csv", "training_curve.png")
+EXAMPLES = """examples (the embedded MNIST subset needs no download; about a minute on 2 cores):
+  pathnorm-train --regularizer path --lam 1e-3
+  pathnorm-train --backend tf --regularizer l1 --method penalty --lam 1e-4
+  pathnorm-train --dataset mnist --data-dir /data --epochs 20 --out runs/mnist_path
+"""
+
+
+class OutputError(ValueError):
+    """``--out`` cannot take the results (the message says why and what to do)."""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the epilog's line breaks and appends every option's default to its help."""
 
 
 def _hidden(text: str) -> tuple[int, ...]:
@@ -48,10 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pathnorm-train",
         description="Train an MLP with 1-path-norm / l1 / layer-wise linf regularization "
         "(proximal SGD or penalty SGD), then report clean, PGD-robust and certified error.",
-        epilog=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES,
+        formatter_class=_Formatter,
     )
-    p.add_argument("--backend", choices=("torch", "tf"), default="torch")
+    p.add_argument(
+        "--backend",
+        choices=("auto", "torch", "tf"),
+        default="auto",
+        help="auto: torch if PyTorch is installed, else tf (TensorFlow + Keras)",
+    )
     p.add_argument(
         "--engine",
         choices=("lightning", "loop"),
@@ -59,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch only: Lightning Trainer + library callbacks, or the plain torch "
         "loop with the library's functional prox (the sweep's engine)",
     )
-    p.add_argument("--regularizer", choices=REGULARIZERS, default="path")
+    p.add_argument("--regularizer", choices=REGULARIZERS, default="path", help="the regularizer")
     p.add_argument(
         "--method",
         choices=METHODS,
@@ -67,19 +85,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="prox: proximal SGD (projection for linf); penalty: SGD on CE + lam*g",
     )
     p.add_argument("--lam", type=float, default=1e-3, help="lambda; linf: radius 1/lam")
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS)
-    p.add_argument("--batch-size", type=int, default=100)
+    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (constant)")
+    p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help="training epochs")
+    p.add_argument("--batch-size", type=int, default=100, help="minibatch size")
     p.add_argument(
         "--hidden",
         type=_hidden,
         default=(200,),
         help="hidden widths, e.g. 200 or 400,200,100 (path needs an odd count)",
     )
-    p.add_argument("--activation", choices=ACTIVATIONS, default="elu")
-    p.add_argument("--dataset", choices=DATASET_NAMES, default="embedded")
+    p.add_argument("--activation", choices=ACTIVATIONS, default="elu", help="hidden activation")
     p.add_argument(
-        "--data-dir", default=None, help="default: $PATHNORM_DATA_DIR or ~/.cache/pathnorm"
+        "--dtype",
+        choices=DTYPES,
+        default="float32",
+        help="weights and data in training and evaluation (float64: for checks, slower)",
+    )
+    p.add_argument("--dataset", choices=DATASET_NAMES, default="embedded", help="the data")
+    p.add_argument(
+        "--data-dir", default=None, help="None: $PATHNORM_DATA_DIR, else ~/.cache/pathnorm"
     )
     p.add_argument(
         "--allow-partial",
@@ -87,10 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept a partial training set (KMNIST offline copy)",
     )
     p.add_argument("--no-verify", action="store_true", help="skip SHA-256 checks of data files")
-    p.add_argument("--n-train", type=int, default=None, help="use only the first N train samples")
-    p.add_argument("--n-test", type=int, default=None, help="use only the first N test samples")
-    p.add_argument("--eps", type=float, nargs="+", default=list(DEFAULT_EPS))
-    p.add_argument("--pgd-steps", type=int, default=40)
+    p.add_argument(
+        "--n-train", type=int, default=None, help="use only the first N train samples (None: all)"
+    )
+    p.add_argument(
+        "--n-test", type=int, default=None, help="use only the first N test samples (None: all)"
+    )
+    p.add_argument(
+        "--eps", type=float, nargs="+", default=list(DEFAULT_EPS), help="l_inf attack radii"
+    )
+    p.add_argument("--pgd-steps", type=int, default=40, help="PGD steps (of eps/20 each)")
     p.add_argument(
         "--attack",
         choices=ATTACKS,
@@ -104,21 +134,64 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         help="test images attacked (0: all)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and shuffle")
     p.add_argument(
         "--threads",
         type=nonnegative_int("the framework's default"),
         default=1,
-        help="CPU threads (default 1: a 784-200-10 MLP at batch 100 gains little from more, and "
+        help="CPU threads (1: a 784-200-10 MLP at batch 100 gains little from more, and "
         "on a shared machine extra threads slow it down several-fold; 0: framework default)",
     )
-    p.add_argument("--out", default="pathnorm_run", help="output directory for results.json/csv")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--out", default="pathnorm_run", help="output directory for results.json/csv and the plot"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
+def check_out(out: str | Path, overwrite: bool) -> None:
+    """Check before any training that ``out`` can take the results.
+
+    Args:
+        out: the output directory (made later if missing).
+        overwrite: allow replacing the results of an earlier run there.
+
+    Raises:
+        OutputError: ``out`` is a file, lies under a file, is not writable, or holds results
+            and ``overwrite`` is False.
+    """
+    out = Path(out)
+    problem = unwritable_dir(out)
+    if problem is not None:
+        raise OutputError(f"--out {out}: {problem}: choose another --out")
+    present = [f for f in OUTPUT_FILES if (out / f).exists()]
+    if present and not overwrite:
+        raise OutputError(
+            f"--out {out} already holds results ({', '.join(present)}): pass --overwrite "
+            "to replace them, or choose another --out"
+        )
+
+
+def _backend(args: argparse.Namespace) -> str:
+    """The backend to run (``auto`` resolved), after checking its packages are installed."""
+    backend = default_backend() if args.backend == "auto" else args.backend
+    if backend == "torch" and args.engine == "lightning":
+        require(("torch", "lightning"), "--backend torch (with --engine lightning)")
+    else:
+        require(BACKEND_MODULES[backend], f"--backend {backend}")
+    return backend
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Load data, train with the chosen backend, evaluate, write results; returns the result."""
+    """Check the setup, load data, train, evaluate, print the summary, write results.
+
+    Args:
+        args: the parsed command line.
+
+    Returns:
+        The result dict (as written to ``results.json``).
+    """
     cfg = TrainConfig(
         regularizer=args.regularizer,
         method=args.method,
@@ -129,12 +202,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hidden=tuple(args.hidden),
         activation=args.activation,
         seed=args.seed,
+        dtype=args.dtype,
         eps=tuple(args.eps),
         pgd_steps=args.pgd_steps,
         attack=args.attack,
         pgd_samples=args.pgd_samples or None,
         eval_train_samples=None,
     )
+    backend = _backend(args)
+    check_out(args.out, args.overwrite)  # before training, so no result is lost at the end
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         data = load_dataset(
@@ -145,7 +221,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.n_train is not None or args.n_test is not None:
         data = data.subset(args.n_train, args.n_test)
     progress = not args.no_progress
-    if args.backend == "torch":
+    if backend == "torch":
         import torch
 
         if args.threads > 0:
@@ -162,11 +238,32 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from pathnorm_experiments.tf_backend import train_keras
 
         _, result = train_keras(cfg, data, progress=progress, threads=args.threads or None)
-    result["engine"] = args.engine if args.backend == "torch" else "keras"
-    jpath, cpath = write_results(result, args.out)
-    print(format_summary(result))
-    print(f"wrote {jpath} and {cpath}")
+    result["engine"] = args.engine if backend == "torch" else "keras"
+    print(format_summary(result), flush=True)
+    _write(result, Path(args.out))
     return result
+
+
+def _write(result: dict[str, Any], out: Path) -> None:
+    """Write the result files (the summary is already printed, so a failure loses no numbers)."""
+    try:
+        jpath, cpath = write_results(result, out)
+        png = out / "training_curve.png"
+        if missing_modules(("matplotlib",)):
+            png.unlink(missing_ok=True)  # an earlier run's plot would not match these results
+            print(
+                f"wrote {jpath} and {cpath} (no training-curve plot: matplotlib is not installed; "
+                'pip install -e ".[experiments]" adds it)'
+            )
+            return
+        from pathnorm_experiments.evaluation import plot_training_curve
+
+        plot_training_curve(result, png)
+    except OSError as e:
+        raise OutputError(
+            f"could not write the results to {out} ({e}); the summary above holds the numbers"
+        ) from None
+    print(f"wrote {jpath}, {cpath} and the training curve {png}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -174,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except (DataError, ValueError, FloatingPointError) as e:
+    except (DataError, ValueError, FloatingPointError, MissingDependency) as e:
         print(f"pathnorm-train: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pathnorm_experiments import data, reproduce, train
+from pathnorm_experiments import config, data, reproduce, train
 from pathnorm_experiments.config import TrainConfig
 
 TINY = [
@@ -29,8 +31,11 @@ def run_main(tmp_path: Path, *extra: str) -> dict[str, Any]:
     result = json.loads((out / "results.json").read_text())
     rows = list(csv.DictReader((out / "results.csv").open()))
     assert [float(r["eps"]) for r in rows] == [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
-    for r in rows:
-        assert float(r["clean_error"]) <= float(r["robust_error"]) + 1e-9 or float(r["eps"]) == 0
+    for r in rows:  # the first three share the attacked images
+        clean, robust = float(r["clean_error_attacked"]), float(r["robust_error"])
+        assert clean <= robust <= float(r["certified_error"])
+        assert float(r["clean_error"]) == result["clean_error"]  # on all test images
+    assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return result
 
 
@@ -73,18 +78,137 @@ def test_torch_main_job(tmp_path: Path, engine: str, reg: str, method: str, lam:
         assert max(r["layer_linf_norms"]) <= 2 + 1e-4
 
 
-@pytest.mark.parametrize(("reg", "method"), [("path", "prox"), ("l1", "penalty")])
-def test_tf_main_job(tmp_path: Path, reg: str, method: str) -> None:
+def test_tf_main_job_penalty(tmp_path: Path) -> None:
     pytest.importorskip("tensorflow")
     r = run_main(
-        tmp_path, "--backend", "tf", "--regularizer", reg, "--method", method, "--lam", "1e-3"
+        tmp_path, "--backend", "tf", "--regularizer", "l1", "--method", "penalty", "--lam", "1e-3"
     )
     check_result(r, "tf")
     assert r["engine"] == "keras"
-    if method == "prox":  # PathNormSGD's prox zeroed weights; plain SGD does not
-        assert r["effective_nonzero_pct"] < 100
-    else:
-        assert r["nonzero_weights_pct"] == 100
+    assert r["nonzero_weights_pct"] == 100  # plain SGD: no exact zeros
+
+
+BLOCK = "import sys\nfor name in sys.argv[1].split(','):\n    sys.modules[name] = None\n"
+
+
+def run_without(modules: str, command: str, *argv: str) -> subprocess.CompletedProcess[str]:
+    """Run ``pathnorm-<command>`` in a fresh process where ``modules`` cannot be imported."""
+    code = (
+        f"{BLOCK}from pathnorm_experiments.{command} import main\n"
+        "raise SystemExit(main(sys.argv[2:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, modules, *argv], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_keras_only_install_runs_the_default_job_on_tf(tmp_path: Path) -> None:
+    # no --backend: torch is not installed, so the default is tf (the prox: PathNormSGD)
+    pytest.importorskip("tensorflow")
+    out = tmp_path / "run"
+    proc = run_without("torch,lightning", "train", *TINY, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads((out / "results.json").read_text())
+    check_result(r, "tf")
+    assert r["engine"] == "keras" and r["config"]["regularizer"] == "path"
+    assert r["effective_nonzero_pct"] < 100  # PathNormSGD's prox zeroed weights
+
+
+TF_HINT = (
+    'pip install -e ".[tf-cpu]" (".[tf]" for TensorFlow with GPU support) in the pathnorm checkout'
+)
+
+
+@pytest.mark.parametrize(
+    ("blocked", "args", "message"),
+    [
+        (
+            ("tensorflow", "keras"),
+            ["--backend", "tf"],
+            f"--backend tf needs TensorFlow and Keras, which are not installed: install them with {TF_HINT}",
+        ),
+        (
+            ("keras",),
+            ["--backend", "tf"],
+            f"--backend tf needs Keras, which is not installed: install it with {TF_HINT}",
+        ),
+        (
+            ("torch", "tensorflow"),
+            [],
+            '--backend torch (with --engine lightning) needs PyTorch, which is not installed: '
+            'install it with pip install -e ".[torch]" in the pathnorm checkout',
+        ),
+        (
+            ("lightning",),
+            ["--backend", "torch"],
+            '--backend torch (with --engine lightning) needs Lightning, which is not installed: '
+            'install it with pip install -e ".[torch]" in the pathnorm checkout',
+        ),
+    ],
+    ids=["torch-only-asks-tf", "no-keras", "nothing", "no-lightning"],
+)  # fmt: skip
+def test_missing_backend_is_one_line_naming_the_extra(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    blocked: tuple[str, ...],
+    args: list[str],
+    message: str,
+) -> None:
+    for name in blocked:  # None in sys.modules: the import fails, as when not installed
+        monkeypatch.setitem(sys.modules, name, None)
+    _no_training(monkeypatch)
+    out = tmp_path / "o"
+    assert train.main([*TINY, "--out", str(out), *args]) == 2
+    assert capsys.readouterr().err == f"pathnorm-train: error: {message}\n"
+    assert not out.exists()
+
+
+def test_reproduce_without_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
+    out = tmp_path / "o"
+    proc = run_without("torch", "reproduce", "--quick", "--out", str(out))
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "pathnorm-reproduce: error: pathnorm-reproduce (the sweep trains with the torch loop) "
+        'needs PyTorch, which is not installed: install it with pip install -e ".[torch]" in '
+        "the pathnorm checkout\n"
+    )
+    assert not out.exists()
+
+
+def _no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the sweep started before every need was checked")
+
+    monkeypatch.setattr(reproduce, "run_sweep", refuse)
+
+
+def test_reproduce_checks_matplotlib_before_the_first_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    _no_sweep(monkeypatch)
+    out = tmp_path / "o"
+    assert reproduce.main(["--quick", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "pathnorm-reproduce: error: pathnorm-reproduce (the plots) needs matplotlib, which is "
+        'not installed: install it with pip install -e ".[experiments]" in the pathnorm '
+        "checkout\n"
+    )
+    assert not out.exists()
+
+
+def test_reproduce_checks_the_output_folder_before_the_first_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    _no_sweep(monkeypatch)
+    assert reproduce.main(["--quick", "--out", str(blocker / "o")]) == 2
+    assert capsys.readouterr().err == (
+        f"pathnorm-reproduce: error: --out {blocker / 'o'}: {blocker} is a file, so no "
+        "directory can be made under it: choose another --out\n"
+    )
 
 
 def test_stronger_attack_finds_at_least_as_much(tmp_path: Path) -> None:
@@ -104,7 +228,8 @@ def test_tf_stronger_attack(tmp_path: Path) -> None:
 
 
 def test_deeper_net_pairs_layers(tmp_path: Path) -> None:
-    r = run_main(tmp_path, "--engine", "loop", "--hidden", "64,32,16", "--lam", "1e-3")
+    # lr 1: in 3 steps a 4-layer net at lr 0.1 stays at chance (check_result wants learning)
+    r = run_main(tmp_path, "--engine", "loop", "--hidden", "64,32,16", "--lam", "1e-3", "--lr", "1")
     assert r["config"]["hidden"] == [64, 32, 16]
     check_result(r, "torch")
 
@@ -214,9 +339,12 @@ def test_module_entry_point_help() -> None:
         [sys.executable, "-m", "pathnorm_experiments.train", "--help"],
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
-    assert (
-        "--regularizer {none,l1,linf,path}" in out.stdout and "--backend {torch,tf}" in out.stdout
-    )
+    text = " ".join(out.stdout.split())
+    assert "--regularizer {none,l1,linf,path}" in text and "--backend {auto,torch,tf}" in text
+    assert "``" not in text and "::" not in text and ":mod:" not in text  # no raw reST
+    for shown in ("(default: auto)", "(default: path)", "(default: 0.001)", "(default: 20)"):
+        assert shown in text, shown
+    assert "pathnorm-train --backend tf --regularizer l1" in out.stdout  # the examples
 
 
 def test_reproduce_checks_data_before_training(
@@ -274,13 +402,17 @@ def test_reproduce_help_states_the_quick_settings(capsys: pytest.CaptureFixture[
     assert "quick: 3, full: 20 (the paper)" in help_text
 
 
-def test_reproduce_quick_tiny(tmp_path: Path) -> None:
+def test_reproduce_quick_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "rep"
     args = [
         "--quick", "--epochs", "1", "--pgd-samples", "50", "--out", str(out),
         "--lams-l1", "3e-3", "--lams-path", "1e-3", "--lams-linf", "0.5",
     ]  # fmt: skip
     assert reproduce.main(args) == 0
+    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert len(progress) == 6
+    for line in progress:  # both sparsity measures, each named
+        assert re.search(r"nonzero \d+\.\d% raw, \d+\.\d% on live paths, obj ", line), line
     runs = sorted(p.name for p in (out / "runs").glob("*.json"))
     assert len(runs) == 6  # none + l1 x 2 + linf + path x 2
     pngs = sorted(p.name for p in (out / "img").glob("*.png"))
@@ -293,3 +425,131 @@ def test_reproduce_quick_tiny(tmp_path: Path) -> None:
     assert "| embedded | path | Prox-SGD | 0.001 | 1 |" in report
     # re-running skips finished runs and re-plots
     assert reproduce.main([*args, "--report-only"]) == 0
+
+
+def test_reproduce_help_has_no_rest_markup_and_shows_defaults(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        reproduce.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "``" not in text and ":mod:" not in text
+    assert "--lr LR SGD learning rate (default: 0.1)" in text
+    assert "(default: reproduce_out)" in text and "full 0.0001 0.0003 0.001 0.002" in text
+
+
+# --- the output folder: checked first, the summary printed before the files are written -----
+
+
+def _no_training(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("data were loaded: the --out check came too late")
+
+    monkeypatch.setattr(train, "load_dataset", refuse)
+
+
+@pytest.mark.parametrize("where", ["under-a-file", "is-a-file", "read-only", "proc"])
+def test_unusable_out_exits_2_before_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    out, problem = {
+        "under-a-file": (blocker / "run", f"{blocker} is a file, so no directory can be made"),
+        "is-a-file": (blocker, "is a file, not a directory"),
+        "read-only": (tmp_path / "ro" / "run", f"cannot write in {tmp_path / 'ro'} ("),
+        # procfs refuses new entries even to root, for whom a chmod'ed directory is writable
+        "proc": (Path("/proc/self/pathnorm_run"), "cannot write in /proc/self ("),
+    }[where]
+    if where == "read-only":
+        if os.geteuid() == 0:
+            pytest.skip("root writes in a read-only directory (the proc case covers this)")
+        (tmp_path / "ro").mkdir(mode=0o500)
+    _no_training(monkeypatch)
+    assert train.main([*TINY, "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"pathnorm-train: error: --out {out}: {problem}")
+    assert captured.err.rstrip().endswith("choose another --out"), captured.err
+    assert captured.err.count("\n") == 1 and captured.out == ""
+
+
+def test_existing_results_need_overwrite(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    fast = [*TINY, "--engine", "loop", "--out", str(out)]
+    assert train.main(fast) == 0
+    before = {f: (out / f).read_bytes() for f in train.OUTPUT_FILES}
+    capsys.readouterr()
+    assert train.main([*fast, "--seed", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"pathnorm-train: error: --out {out} already holds results (results.json, results.csv, "
+        "training_curve.png): pass --overwrite to replace them, or choose another --out\n"
+    )
+    assert {f: (out / f).read_bytes() for f in train.OUTPUT_FILES} == before
+    assert train.main([*fast, "--seed", "1", "--overwrite"]) == 0
+    assert json.loads((out / "results.json").read_text())["config"]["seed"] == 1
+
+
+def test_summary_is_printed_before_the_files_are_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def disk_full(result: dict[str, Any], out: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train, "write_results", disk_full)
+    assert train.main([*TINY, "--engine", "loop", "--out", str(tmp_path / "run")]) == 2
+    captured = capsys.readouterr()
+    assert "clean error" in captured.out and "robust err %" in captured.out  # the numbers
+    assert captured.err.startswith("pathnorm-train: error: could not write the results to ")
+    assert captured.err.rstrip().endswith("the summary above holds the numbers")
+
+
+def test_no_matplotlib_no_plot_and_a_stale_plot_is_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    fast = [*TINY, "--engine", "loop", "--out", str(out)]
+    assert train.main(fast) == 0
+    assert (out / "training_curve.png").is_file()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    capsys.readouterr()
+    assert train.main([*fast, "--overwrite"]) == 0
+    assert not (out / "training_curve.png").exists()  # it showed the previous run
+    assert "no training-curve plot: matplotlib is not installed; pip install -e " in (
+        capsys.readouterr().out
+    )
+
+
+# --- eps keys ------------------------------------------------------------------------------
+
+
+def test_close_eps_values_keep_distinct_keys(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = [*TINY, "--engine", "loop", "--out", str(out), "--eps", "0.1", "0.1000001", "1e-05"]
+    assert train.main(argv) == 0
+    r = json.loads((out / "results.json").read_text())
+    assert list(r["robust_error"]) == ["0.1", "0.1000001", "1e-05"]
+    assert list(r["certified_error"]) == ["0.1", "0.1000001", "1e-05"]
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["eps"] for r in rows] == ["0.0", "0.1", "0.1000001", "1e-05"]
+
+
+def test_repeated_eps_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert train.main([*TINY, "--out", str(tmp_path / "o"), "--eps", "0.1", "0.2", "0.1"]) == 2
+    assert "eps values must be distinct, got [0.1] more than once" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "key"),
+    [(0.1, "0.1"), (0.05, "0.05"), (1e-5, "1e-05"), (0.1000001, "0.1000001"), (1 / 3, repr(1 / 3))],
+)
+def test_float_key_reads_back_exactly(value: float, key: str) -> None:
+    assert config.float_key(value) == key and float(key) == value
+
+
+def test_reproduce_run_names_keep_close_lams_apart() -> None:
+    a = reproduce.run_name("mnist", "path", "prox", 1e-3, 0)
+    b = reproduce.run_name("mnist", "path", "prox", 1.0000001e-3, 0)
+    assert a == "mnist_path_prox_lam0.001_s0" and b == "mnist_path_prox_lam0.0010000001_s0"

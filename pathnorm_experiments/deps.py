@@ -1,0 +1,75 @@
+"""Which optional packages a command needs, checked before any work, with the extra to install.
+
+The project's extras (``pyproject.toml``): ``torch`` (PyTorch, Lightning), ``tf`` / ``tf-cpu``
+(TensorFlow, Keras) and ``experiments`` (matplotlib, tqdm). A check only looks the modules up
+(:func:`importlib.util.find_spec`), so it costs nothing next to importing a framework.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+__all__ = ["BACKEND_MODULES", "MissingDependency", "default_backend", "missing", "require"]
+
+# module -> (what it is, the extra that installs it)
+_EXTRA = {
+    "torch": ("PyTorch", "torch"),
+    "lightning": ("Lightning", "torch"),
+    "tensorflow": ("TensorFlow", "tf-cpu"),
+    "keras": ("Keras", "tf-cpu"),
+    "matplotlib": ("matplotlib", "experiments"),
+}
+BACKEND_MODULES = {"torch": ("torch",), "tf": ("tensorflow", "keras")}
+
+
+class MissingDependency(RuntimeError):
+    """An optional package that the command needs is not installed (the message says which
+    extra installs it)."""
+
+
+def missing(modules: tuple[str, ...]) -> list[str]:
+    """The modules of ``modules`` that cannot be imported (``None`` in ``sys.modules`` counts)."""
+    out = []
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package missing, or a broken __spec__
+            found = False
+        if not found:
+            out.append(name)
+    return out
+
+
+def require(modules: tuple[str, ...], what: str) -> None:
+    """Raise :class:`MissingDependency` if a module of ``modules`` is missing.
+
+    Args:
+        modules: top-level module names, e.g. ``("torch", "lightning")``.
+        what: what needs them, for the message (``"--backend tf"``).
+
+    Raises:
+        MissingDependency: one line naming the missing packages and the pip command that
+            installs the extra from a checkout.
+    """
+    gone = missing(modules)
+    if not gone:
+        return
+    names = " and ".join(_EXTRA.get(m, (m, ""))[0] for m in gone)
+    extras = sorted({_EXTRA[m][1] for m in gone if m in _EXTRA})
+    hint = " ".join(f'pip install -e ".[{e}]"' for e in extras)
+    if "tf-cpu" in extras:
+        hint += ' (".[tf]" for TensorFlow with GPU support)'
+    raise MissingDependency(
+        f"{what} needs {names}, which {'is' if len(gone) == 1 else 'are'} not installed: "
+        f"install {'it' if len(gone) == 1 else 'them'} with {hint} in the pathnorm checkout"
+    )
+
+
+def default_backend() -> str:
+    """``"torch"`` if PyTorch is installed, else ``"tf"`` if TensorFlow and Keras are, else
+    ``"torch"`` (whose check then names the extras)."""
+    if not missing(BACKEND_MODULES["torch"]):
+        return "torch"
+    if not missing(BACKEND_MODULES["tf"]):
+        return "tf"
+    return "torch"

@@ -1,0 +1,85 @@
+"""The main job's two backends train the same network: the same initial draw, the same
+minibatch order, the same step; they differ only by floating-point rounding."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pathnorm_experiments.config import TrainConfig, initial_weights, shuffle_orders
+from pathnorm_experiments.data import load_dataset
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("lightning")
+# Lightning before TensorFlow: the other order aborts in torch's triton import
+from pathnorm_experiments.lightning_module import train_lightning  # noqa: E402
+from pathnorm_experiments.torch_backend import build_model, linear_layers, train_loop  # noqa: E402
+
+pytest.importorskip("tensorflow")
+from pathnorm_experiments.tf_backend import build_model as keras_model  # noqa: E402
+from pathnorm_experiments.tf_backend import train_keras  # noqa: E402
+
+
+def test_initial_draw_is_pytorchs_default_distribution() -> None:
+    layers = initial_weights((784, 200, 10), seed=0)
+    assert [(w.shape, b.shape) for w, b in layers] == [((200, 784), (200,)), ((10, 200), (10,))]
+    for (w, b), fan_in in zip(layers, (784, 200), strict=True):
+        bound = 1 / np.sqrt(fan_in)  # kaiming_uniform(a=sqrt(5)) and nn.Linear's bias
+        for a in (w, b):
+            assert np.abs(a).max() <= bound and np.abs(a).max() > 0.9 * bound
+        assert w.std() == pytest.approx(bound / np.sqrt(3), rel=0.02)  # uniform's std
+    again = initial_weights((784, 200, 10), seed=0)
+    assert all(np.array_equal(a[0], b[0]) for a, b in zip(layers, again, strict=True))
+    other = initial_weights((784, 200, 10), seed=1)
+    assert not np.array_equal(layers[0][0], other[0][0])
+
+
+def test_both_backends_build_the_same_initial_network() -> None:
+    cfg = TrainConfig(seed=3)
+    torch_w = [
+        lin.weight.detach().numpy() for lin in linear_layers(build_model(cfg.widths, seed=3))
+    ]
+    keras_w = [np.asarray(k).T for k in (layer.kernel for layer in keras_model(cfg).layers)]
+    for t, k, (w, _) in zip(torch_w, keras_w, initial_weights(cfg.widths, 3), strict=True):
+        np.testing.assert_array_equal(t, w.astype(np.float32))
+        np.testing.assert_array_equal(k, t)
+
+
+def test_shuffle_orders_are_permutations() -> None:
+    orders = shuffle_orders(50, 3, seed=0)
+    assert orders.shape == (3, 50)
+    for o in orders:
+        np.testing.assert_array_equal(np.sort(o), np.arange(50))
+    assert not np.array_equal(orders[0], orders[1])
+
+
+def _weights(model: torch.nn.Module) -> list[np.ndarray]:
+    return [lin.weight.detach().numpy() for lin in linear_layers(model)]
+
+
+@pytest.mark.parametrize(("dtype", "atol"), [("float64", 1e-9), ("float32", 2e-5)])
+def test_torch_and_keras_agree_over_the_first_epoch(dtype: str, atol: float) -> None:
+    # the default job (path prox, lam 1e-3, lr 0.1, batch 100) on the whole embedded training
+    # set: 50 steps, each with the prox zeroing weights, so a wrong step or order shows
+    data = load_dataset("embedded").subset(None, 100)
+    cfg = TrainConfig(epochs=1, dtype=dtype, eval_train_samples=1000)
+    torch.set_num_threads(1)
+    loop, res_loop = train_loop(cfg, data, progress=False, evaluate_model=False)
+    _, res_keras = train_keras(cfg, data, progress=False, evaluate_model=False, threads=1)
+    w_torch, w_keras = _weights(loop), res_keras["weights"]
+    assert w_torch[0].dtype == w_keras[0].dtype == np.dtype(dtype)
+    init = initial_weights(cfg.widths, cfg.seed)
+    for t, k, (w0, _) in zip(w_torch, w_keras, init, strict=True):
+        assert np.abs(t - w0).max() > 1e-3  # trained
+        np.testing.assert_allclose(k, t, rtol=0, atol=atol)
+        assert abs(np.count_nonzero(k) - np.count_nonzero(t)) <= (0 if dtype == "float64" else 5)
+    assert (w_torch[0] == 0).mean() > 0.01  # the prox zeroed weights on the way
+    (obj_torch,), (obj_keras,) = (
+        res_loop["history"].epoch_objective,
+        res_keras["history"].epoch_objective,
+    )
+    assert obj_keras == pytest.approx(obj_torch, rel=1e-12 if dtype == "float64" else 1e-5)
+    if dtype == "float32":  # the CLI's default engine: Lightning and the loop, bit for bit
+        module, _ = train_lightning(cfg, data, progress=False, evaluate_model=False)
+        for a, b in zip(_weights(module.net), w_torch, strict=True):
+            np.testing.assert_array_equal(a, b)
