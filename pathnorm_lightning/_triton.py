@@ -220,6 +220,9 @@ def prox_inplace(
         BLOCK_P=block_p,
         BLOCK_M=block_m,
         BLOCK_K=block_k,
+        LOG_U=units.bit_length() - 1,
+        LOG_P=block_p.bit_length() - 1,
+        LOG_M=block_m.bit_length() - 1,
         num_warps=warps,
     )
 
@@ -229,12 +232,15 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def _kernel() -> Any:
-    """The jitted kernel (built on first use, so that ``TRITON_INTERPRET`` is read then)."""
+    """The jitted kernel, built on first use (so that ``TRITON_INTERPRET`` is read then, not at
+    import: the same process may import this module before a test turns the interpreter on)."""
     interpret = _interpreting()
     if interpret not in _KERNELS:
         triton = _triton()
         if triton is None:
             raise ValueError("the Triton prox needs triton (pip install triton)")
+        # The kernel finds its helpers among this module's globals when it is compiled.
+        globals().update(_sort_desc=triton.jit(_sort_desc_fn), _flip=triton.jit(_flip_fn))
         _KERNELS[interpret] = triton.jit(do_not_specialize=["lam_bits"])(_prox_units)
     return _KERNELS[interpret]
 
@@ -245,6 +251,39 @@ def _import_tl() -> Any:
 
 
 tl: Any = _import_tl()
+_sort_desc: Any = None  # the jitted helpers, set by _kernel()
+_flip: Any = None
+
+
+def _flip_fn(N_DIMS: tl.constexpr, J: tl.constexpr):  # pragma: no cover - compiled by Triton
+    """Bit ``J`` of the position, as a tensor of shape [1, .., 2, .., 1] (the ``2`` at axis
+    ``N_DIMS - 1 - J``) that broadcasts against the hypercube view."""
+    return tl.reshape(tl.arange(0, 2), [1] * (N_DIMS - J - 1) + [2] + [1] * J)
+
+
+def _sort_desc_fn(
+    x, N_DIMS: tl.constexpr, LOG_ROW: tl.constexpr
+):  # pragma: no cover - compiled by Triton
+    """Rows of ``x`` (2^(N_DIMS - LOG_ROW), 2^LOG_ROW), integers >= 0, sorted descending: a bitonic network on
+    the hypercube view of the block, as ``tl.sort`` does, with each compare-and-swap taking the
+    partner entry from one sum over its size-2 axis (wrapping integer arithmetic, exact):
+    Triton's interpreter runs that as one numpy call, ``tl.sort``'s reduction as a Python loop
+    per entry (minutes for a test's layer). Bit patterns of floats >= 0 order as the floats.
+    """
+    h = tl.reshape(x, [2] * N_DIMS)
+    for stage in tl.static_range(1, LOG_ROW + 1):
+        # Within a stage, runs of 2^stage entries are merged in alternating directions; the
+        # last stage merges whole rows, descending.
+        if stage < LOG_ROW:
+            flip = _flip(N_DIMS, stage)
+        else:
+            flip = 1
+        for i in tl.static_range(stage):
+            j: tl.constexpr = stage - 1 - i  # partner at distance 2^j
+            partner = tl.sum(h, axis=N_DIMS - 1 - j, keep_dims=True) - h
+            upper = (flip ^ _flip(N_DIMS, j)) != 0  # this entry takes the larger one
+            h = tl.where(upper, tl.maximum(h, partner), tl.minimum(h, partner))
+    return tl.reshape(h, x.shape)
 
 
 def _prox_units(
@@ -268,6 +307,9 @@ def _prox_units(
     BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    LOG_U: tl.constexpr,  # log2(UNITS)
+    LOG_P: tl.constexpr,  # log2(BLOCK_P)
+    LOG_M: tl.constexpr,
 ):  # pragma: no cover - compiled by Triton
     f64 = tl.float64
     inf = float("inf")
@@ -311,8 +353,22 @@ def _prox_units(
     down1 = ((1023 - s1) << 52).to(f64, bitcast=True)
     down2 = ((1023 - s2) << 52).to(f64, bitcast=True)
 
-    xs = tl.sort(abs_s, descending=True).to(f64) * up1[:, None] * up2[:, None]
-    ys = tl.sort(abs_l, descending=True).to(f64) * up1[:, None] * up2[:, None]
+    if WIDE:
+        xs = _sort_desc(abs_s.to(tl.int64, bitcast=True), LOG_U + LOG_P, LOG_P).to(
+            f64, bitcast=True
+        )
+        ys = _sort_desc(abs_l.to(tl.int64, bitcast=True), LOG_U + LOG_M, LOG_M).to(
+            f64, bitcast=True
+        )
+    else:
+        xs = _sort_desc(abs_s.to(tl.int32, bitcast=True), LOG_U + LOG_P, LOG_P).to(
+            tl.float32, bitcast=True
+        )
+        ys = _sort_desc(abs_l.to(tl.int32, bitcast=True), LOG_U + LOG_M, LOG_M).to(
+            tl.float32, bitcast=True
+        )
+    xs = xs.to(f64) * up1[:, None] * up2[:, None]
+    ys = ys.to(f64) * up1[:, None] * up2[:, None]
     cx = tl.cumsum(xs, axis=1)  # cx[:, k - 1] = X_k, the sum of the k largest
     cx2 = tl.cumsum(xs * xs, axis=1)
     cy = tl.cumsum(ys, axis=1)  # cy[:, l - 1] = Y_l
