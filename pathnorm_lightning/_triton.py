@@ -80,7 +80,16 @@ def _triton() -> Any:
 
 
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether Triton's interpreter runs the kernel: ``TRITON_INTERPRET=1``, and it was already
+    set when triton was imported (triton builds its language library for one mode at import;
+    set it before anything imports triton, e.g. Lightning, which imports it with torch's
+    compiler)."""
+    if os.environ.get("TRITON_INTERPRET", "0") != "1":
+        return False
+    triton = _triton()
+    return triton is not None and type(triton.language.standard.sum).__name__ == (
+        "InterpretedFunction"
+    )
 
 
 def available() -> bool:

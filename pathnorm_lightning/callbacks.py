@@ -117,6 +117,7 @@ class AfterOptimizerStep(Callback):
         self.log_prefix = log_prefix
         self.targets_spec = targets
         self._hook: StepHook | None = None
+        self._last_hook: StepHook | None = None  # the latest fit's hook, for metrics after it
         self._num_steps = 0  # real optimizer steps acted on (all fits), while no hook runs
         self._last_logged_step = -1
 
@@ -185,7 +186,7 @@ class AfterOptimizerStep(Callback):
             self._check_unique_prefix(trainer)
         targets = self.resolve_targets(pl_module)
         chain = linear_chain(pl_module)
-        self._hook = StepHook(
+        self._hook = self._last_hook = StepHook(
             trainer.optimizers,
             targets,
             self.apply,
@@ -283,10 +284,11 @@ class AfterOptimizerStep(Callback):
     # --- metrics -----------------------------------------------------------------------
     @torch.no_grad()
     def metric_values(self) -> dict[str, Tensor]:
-        """Current metric values (detached 0-d tensors), keyed by their logged names."""
-        if self._hook is None:
+        """Current metric values (detached 0-d tensors), keyed by their logged names (empty
+        before the first fit; after a fit, the values of the weights it trained)."""
+        if self._last_hook is None:
             return {}
-        return {f"{self.log_prefix}/{k}": v for k, v in self._hook.metrics().items()}
+        return {f"{self.log_prefix}/{k}": v for k, v in self._last_hook.metrics().items()}
 
     def log_metric_values(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Log :meth:`metric_values` (identical on every rank: the weights are replicated, so no

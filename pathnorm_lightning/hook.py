@@ -391,13 +391,15 @@ def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
 
 
 def _unwrap(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside a Fabric or Lightning wrapper (or ``optimizer`` itself)."""
+    """The torch optimizer inside a Fabric or Lightning wrapper (or ``optimizer`` itself). The
+    wrappers subclass the optimizer's class but step the inner one, whose hooks run."""
     inner = optimizer
-    while not isinstance(inner, torch.optim.Optimizer):
-        nested = getattr(inner, "optimizer", None)
-        if nested is None or nested is inner:
-            raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        inner = nested
+    while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
+        if inner.optimizer is inner:
+            break
+        inner = inner.optimizer
+    if not isinstance(inner, torch.optim.Optimizer):
+        raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     return inner
 
 

@@ -1,0 +1,189 @@
+"""``attach``: the prox after every real optimizer step in a plain torch (or Fabric) loop, and the
+same trajectory as the Lightning callback built on it."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from test_callbacks import MLP, linears, loader, make_data, trainer
+from torch import nn
+
+import pathnorm_lightning
+from pathnorm_lightning import PathNormProx, attach, path_norm, product_bound, prox_path_norm
+
+
+def _plain_loop(model: MLP, optimizer: torch.optim.Optimizer, epochs: int = 1) -> None:
+    for _ in range(epochs):
+        for batch in loader(make_data()):
+            optimizer.zero_grad()
+            model.loss(batch).backward()
+            optimizer.step()
+
+
+def test_attach_trajectory_equals_path_norm_prox_bit_for_bit() -> None:
+    torch.manual_seed(0)
+    model = MLP(sizes=(20, 16, 12, 8, 4))
+    plain = copy.deepcopy(model)
+    trainer(max_epochs=2, callbacks=[PathNormProx(lam=0.05)]).fit(model, loader(make_data()))
+    optimizer = plain.configure_optimizers()
+    handle = attach(optimizer, plain, lam=0.05)
+    _plain_loop(plain, optimizer, epochs=2)
+    assert handle.num_steps == 12
+    for (name, p), q in zip(model.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p, q), name
+    assert (linears(plain)[0].weight == 0).any()  # the prox did act
+
+
+def test_each_param_group_lr_and_schedule_is_honoured() -> None:
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 4), nn.Linear(4, 3))
+    model.append(nn.ReLU()).append(nn.Linear(3, 2))  # pairs (0, 2) and (3, 5)
+    optimizer = torch.optim.SGD(
+        [
+            {"params": [*model[0].parameters(), *model[2].parameters()], "lr": 0.5},
+            {"params": [*model[3].parameters(), *model[5].parameters()], "lr": 0.1},
+        ]
+    )
+    schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.5)
+    handle = attach(optimizer, model, lam=0.2)
+    x = torch.randn(8, 6)
+    for step in range(3):
+        before = copy.deepcopy(model)
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+        # by hand: the same SGD step, then each pair's prox with its own group's lr
+        optimizer_b = torch.optim.SGD(before.parameters(), lr=1.0)
+        optimizer_b.zero_grad()
+        before(x).square().mean().backward()
+        with torch.no_grad():
+            for (i, j), lr in (((0, 2), 0.5 * 0.5**step), ((3, 5), 0.1 * 0.5**step)):
+                for layer in (before[i], before[j]):
+                    for p in layer.parameters():
+                        p -= lr * p.grad  # type: ignore[operator]
+                new = prox_path_norm(before[i].weight, before[j].weight, 0.2 * lr)
+                before[i].weight.copy_(new[0])
+                before[j].weight.copy_(new[1])
+        for p, q in zip(model.parameters(), before.parameters(), strict=True):
+            torch.testing.assert_close(p, q, rtol=0, atol=1e-6)
+        schedule.step()
+    assert handle.num_steps == 3
+
+
+def test_remove_stops_the_prox_and_leaves_no_hook() -> None:
+    torch.manual_seed(2)
+    model = MLP()
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.1)
+    _plain_loop(model, optimizer)
+    assert handle.num_steps == 6
+    handle.remove()
+    handle.remove()  # idempotent
+    assert len(optimizer._optimizer_step_post_hooks) == 0
+    weights = copy.deepcopy(model)
+    plain_sgd = copy.deepcopy(model)
+    _plain_loop(model, optimizer)
+    _plain_loop(plain_sgd, plain_sgd.configure_optimizers())
+    assert handle.num_steps == 6
+    for p, q in zip(model.parameters(), plain_sgd.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert not all(
+        torch.equal(p, q) for p, q in zip(model.parameters(), weights.parameters(), strict=True)
+    )
+
+
+def test_metrics_on_demand_equal_direct_computation() -> None:
+    torch.manual_seed(3)
+    model = MLP()
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.3)
+    _plain_loop(model, optimizer)
+    values = handle.metrics()
+    w_in, w_out = (layer.weight.detach() for layer in linears(model))
+    zeros = int((w_in == 0).sum() + (w_out == 0).sum())
+    assert math.isclose(float(values["sparsity"]), zeros / (w_in.numel() + w_out.numel()))
+    alive = ((w_in != 0).any(1) & (w_out != 0).any(0)).double().mean()
+    assert math.isclose(float(values["alive_units"]), float(alive))
+    assert math.isclose(
+        float(values["path_norm_bound"]), float(path_norm(w_in, w_out)), rel_tol=1e-6
+    )
+    assert math.isclose(
+        float(values["product_bound"]), float(product_bound(w_in, w_out)), rel_tol=1e-6
+    )
+    assert 0 < float(values["sparsity"]) < 1
+
+
+def test_tied_weights_are_refused_before_the_first_step() -> None:
+    model = MLP(sizes=(20, 16, 16))
+    model.net[2].weight = model.net[0].weight  # one Parameter in both layers of the pair
+    kept = copy.deepcopy(model.state_dict())
+    with pytest.raises(ValueError, match=r"share one weight \(tied weights\)"):
+        attach(model.configure_optimizers(), model, lam=0.1)
+    cb = PathNormProx(lam=0.1)
+    with pytest.raises(ValueError, match=r"share one weight \(tied weights\)"):
+        trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(make_data(classes=16)))
+    assert cb.num_steps == 0
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, kept[key]), key
+
+
+def test_attach_unwraps_a_fabric_optimizer() -> None:
+    fabric = pytest.importorskip("lightning").Fabric(accelerator="cpu", devices=1)
+    torch.manual_seed(4)
+    model = MLP()
+    plain = copy.deepcopy(model)
+    wrapped_model, wrapped_opt = fabric.setup(model, model.configure_optimizers())
+    handle = attach(wrapped_opt, wrapped_model, lam=0.1)
+    for batch in loader(make_data()):
+        wrapped_opt.zero_grad()
+        fabric.backward(model.loss(batch))
+        wrapped_opt.step()
+    optimizer = plain.configure_optimizers()
+    attach(optimizer, plain, lam=0.1)
+    _plain_loop(plain, optimizer)
+    assert handle.num_steps == 6
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"lam": "0.1"}, TypeError, r"attach: lam must be a real number"),
+        ({"lam": -1.0}, ValueError, r"attach: lam must be a finite number >= 0"),
+        ({"lam": 0.1, "check_finite": 1}, TypeError, r"check_finite must be a bool"),
+        ({"lam": 0.1, "pairs": [("net.0", "net.9")]}, ValueError, r"no submodule named 'net.9'"),
+    ],
+)
+def test_attach_rejects_bad_arguments(kwargs: dict, error: type, match: str) -> None:
+    model = MLP()
+    with pytest.raises(error, match=match):
+        attach(model.configure_optimizers(), model, **kwargs)
+
+
+def test_non_finite_weights_after_a_step_raise_with_the_pair_name() -> None:
+    model = MLP(poison_batch=0)
+    optimizer = model.configure_optimizers()
+    attach(optimizer, model, lam=0.1)
+    batch = next(iter(loader(make_data())))
+    optimizer.zero_grad()
+    (model.loss(batch) * float("inf")).backward()
+    with pytest.raises(pathnorm_lightning.NonFiniteWeightsError, match=r"attach: the weights of"):
+        optimizer.step()
+
+
+def test_the_torch_loop_example_trains_a_sparse_network() -> None:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "torch_loop.py"
+    spec = importlib.util.spec_from_file_location("torch_loop", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    result = module.main(epochs=1, lam=1e-3)
+    assert result["accuracy"] > 0.5 and result["sparsity"] > 0.01
+    assert result["path_norm_bound"] <= result["product_bound"]
