@@ -36,12 +36,12 @@ def main(epochs: int = 3, lam: float = 1e-3) -> dict[str, float]:
             optimizer.step()
     handle.remove()
 
+    x, y = (torch.from_numpy(a) for a in (d.x_test, d.y_test))
     with torch.no_grad():
-        x, y = torch.from_numpy(d.x_test), torch.from_numpy(d.y_test)
-        accuracy = (model(x).argmax(1) == y).float().mean().item()
-    result = {"accuracy": accuracy, **{k: float(v) for k, v in handle.metrics().items()}}
-    fabric.print({k: round(v, 4) for k, v in result.items()})
-    return result
+        correct = int((model(x).argmax(1) == y).sum())
+    metrics = {name: float(value) for name, value in handle.metrics().items()}
+    fabric.print(f"test accuracy {correct / len(y):.3f};", metrics)
+    return {"accuracy": correct / len(y), **metrics}
 
 
 if __name__ == "__main__":

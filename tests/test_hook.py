@@ -12,7 +12,24 @@ from test_callbacks import MLP, linears, loader, make_data, trainer
 from torch import nn
 
 import pathnorm_lightning
-from pathnorm_lightning import PathNormProx, attach, path_norm, product_bound, prox_path_norm
+from pathnorm_lightning import (
+    PathNormProx,
+    StepHook,
+    attach,
+    path_norm,
+    product_bound,
+    prox_path_norm,
+)
+
+
+def _attached(seed: int, lam: float) -> tuple[MLP, torch.optim.Optimizer, StepHook]:
+    """A seeded MLP trained one epoch with the prox attached to its optimizer."""
+    torch.manual_seed(seed)
+    model = MLP()
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=lam)
+    _plain_loop(model, optimizer)
+    return model, optimizer, handle
 
 
 def _plain_loop(model: MLP, optimizer: torch.optim.Optimizer, epochs: int = 1) -> None:
@@ -74,11 +91,7 @@ def test_each_param_group_lr_and_schedule_is_honoured() -> None:
 
 
 def test_remove_stops_the_prox_and_leaves_no_hook() -> None:
-    torch.manual_seed(2)
-    model = MLP()
-    optimizer = model.configure_optimizers()
-    handle = attach(optimizer, model, lam=0.1)
-    _plain_loop(model, optimizer)
+    model, optimizer, handle = _attached(2, lam=0.1)
     assert handle.num_steps == 6
     handle.remove()
     handle.remove()  # idempotent
@@ -96,11 +109,7 @@ def test_remove_stops_the_prox_and_leaves_no_hook() -> None:
 
 
 def test_metrics_on_demand_equal_direct_computation() -> None:
-    torch.manual_seed(3)
-    model = MLP()
-    optimizer = model.configure_optimizers()
-    handle = attach(optimizer, model, lam=0.3)
-    _plain_loop(model, optimizer)
+    model, _, handle = _attached(3, lam=0.3)
     values = handle.metrics()
     w_in, w_out = (layer.weight.detach() for layer in linears(model))
     zeros = int((w_in == 0).sum() + (w_out == 0).sum())
