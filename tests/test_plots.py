@@ -1,0 +1,118 @@
+"""The sweep's and the main job's plots are readable: tick labels do not overlap, and no
+legend covers a data point (checked on the drawn figures, in display coordinates)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pathnorm_experiments import reproduce
+from pathnorm_experiments.config import DEFAULT_EPS
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+
+# a grid as dense as the paper's protocol asks for (>= 8 lams, >= 6 radii)
+LAMS = {
+    "l1": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3),
+    "path": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3),
+    "linf": (0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8),
+}
+
+
+def _result(reg: str, method: str, lam: float, rng: np.random.Generator) -> dict[str, Any]:
+    clean = 0.05 + 0.3 * rng.random()
+    robust = {f"{e:g}": min(1.0, clean + e * 3 + 0.1 * rng.random()) for e in DEFAULT_EPS}
+    iters = list(range(10, 510, 10))
+    return {
+        "dataset": "mnist",
+        "config": {"regularizer": reg, "method": method, "lam": lam},
+        "clean_error": clean,
+        "robust_error": robust,
+        "certified_error": {k: min(1.0, v + 0.2) for k, v in robust.items()},
+        "nonzero_weights_pct": 100 * rng.random(),
+        "effective_nonzero_pct": 100 * rng.random(),
+        "final_regularized_loss": rng.random(),
+        "path_norm_bound": 100.0,
+        "product_bound": 200.0,
+        "history": {
+            "iteration": iters,
+            "batch_objective": list(2.0 / np.sqrt(np.arange(1, len(iters) + 1))),
+            "effective_nonzero_pct": list(np.linspace(100, 40, len(iters))),
+        },
+    }
+
+
+def _sweep() -> list[dict[str, Any]]:
+    rng = np.random.default_rng(0)
+    out = [_result("none", "prox", 0.0, rng)]
+    for reg, lams in LAMS.items():
+        for method in ("prox",) if reg == "linf" else ("penalty", "prox"):
+            out += [_result(reg, method, lam, rng) for lam in lams]
+    return out
+
+
+def _overlaps(a: Any, b: Any) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def readability_problems(fig: Figure) -> list[str]:
+    """Overlapping tick labels and legends over data points, in display coordinates."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    problems = []
+    for n, ax in enumerate(fig.axes):
+        for axis in (ax.xaxis, ax.yaxis):
+            boxes = [
+                t.get_window_extent(renderer)
+                for t in axis.get_ticklabels(minor=False) + axis.get_ticklabels(minor=True)
+                if t.get_visible() and t.get_text()
+            ]
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1 :]:
+                    if _overlaps(a, b):
+                        problems.append(f"axes {n}: tick labels overlap")
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent(renderer)
+        for line in ax.get_lines():
+            pts = ax.transData.transform(np.column_stack(line.get_data()))
+            if any(box.contains(x, y) for x, y in pts):
+                problems.append(f"axes {n}: the legend covers a point of {line.get_label()!r}")
+        for coll in ax.collections:
+            pts = ax.transData.transform(coll.get_offsets())
+            if any(box.contains(x, y) for x, y in pts):
+                problems.append(f"axes {n}: the legend covers a point of {coll.get_label()!r}")
+    return problems
+
+
+def test_sweep_plots_are_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: dict[str, list[str]] = {}
+    save = Figure.savefig
+
+    def checking_savefig(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
+        checked[Path(fname).name] = readability_problems(fig)
+        save(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", checking_savefig)
+    written = reproduce.make_plots(reproduce.aggregate(_sweep()), tmp_path)
+    assert sorted(checked) == sorted(p.name for p in written) and len(written) == 5
+    assert {name: p for name, p in checked.items() if p} == {}
+
+
+def test_the_check_finds_an_overlap_and_a_covering_legend() -> None:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot([1, 2, 3], [1, 2, 3], "o-", label="data")
+    ax.set_xticks([1, 1.01, 3])
+    ax.legend(loc="center")
+    found = readability_problems(fig)
+    plt.close(fig)
+    assert "axes 0: tick labels overlap" in found
+    assert "axes 0: the legend covers a point of 'data'" in found
