@@ -20,7 +20,13 @@ from pathnorm_experiments.certify import (
 from pathnorm_experiments.config import History, TrainConfig, float_key
 from pathnorm_experiments.data import Dataset
 
-__all__ = ["build_result", "format_summary", "plot_training_curve"]
+__all__ = [
+    "build_result",
+    "format_summary",
+    "legend_below",
+    "place_legends",
+    "plot_training_curve",
+]
 
 
 def build_result(
@@ -105,6 +111,29 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def legend_below(ax: Any, ncol: int) -> None:
+    """Give the axes a legend that :func:`place_legends` puts under its x label, where it
+    cannot cover a data point."""
+    leg = ax.legend(fontsize=7, ncol=ncol, loc="upper center", frameon=False)
+    leg.set_in_layout(False)  # tight_layout lays out the axes; the legend then goes below
+
+
+def place_legends(fig: Any) -> None:
+    """Move every axes' legend just below what the axes draw (ticks, tick labels, x label)."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes:
+        leg = ax.get_legend()
+        if leg is None:
+            continue
+        leg.set_visible(False)
+        bottom = ax.get_tightbbox(renderer).y0  # display coordinates, without the legend
+        leg.set_visible(True)
+        y = ax.transAxes.inverted().transform((0.0, bottom))[1]
+        leg.set_bbox_to_anchor((0.5, y), transform=ax.transAxes)
+        leg.set_in_layout(True)  # savefig's tight bounding box includes it again
+
+
 def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
     """Write the run's training curves as a PNG (needs matplotlib).
 
@@ -135,13 +164,14 @@ def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
     ax_nz.set_ylabel("% nonzero weights")
     for ax in (ax_loss, ax_nz):
         ax.set_xlabel("iteration")
-        ax.legend(loc="best", fontsize=8)
+        legend_below(ax, ncol=2)
     fig.suptitle(
         f"{result['dataset']} | {result['backend']} | {cfg['regularizer']}/{cfg['method']} "
         f"lam={cfg['lam']:g} lr={cfg['lr']:g}",
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    place_legends(fig)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
     return Path(path)

@@ -36,6 +36,7 @@ from pathnorm_experiments.config import (
 )
 from pathnorm_experiments.data import DataError, load_dataset
 from pathnorm_experiments.deps import MissingDependency, require
+from pathnorm_experiments.evaluation import legend_below, place_legends
 
 __all__ = [
     "GRIDS",
@@ -208,29 +209,6 @@ def _lams(
     return sorted(k[3] for k in agg if k[0] == ds and k[1] == reg and k[2] == method)
 
 
-def _legend_below(ax: Any, ncol: int) -> None:
-    """Give the axes a legend that :func:`_place_legends` puts under its x label, where it
-    cannot cover a data point."""
-    leg = ax.legend(fontsize=7, ncol=ncol, loc="upper center", frameon=False)
-    leg.set_in_layout(False)  # tight_layout lays out the axes; the legend then goes below
-
-
-def _place_legends(fig: Any) -> None:
-    """Move every axes' legend just below what the axes draw (ticks, tick labels, x label)."""
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
-    for ax in fig.axes:
-        leg = ax.get_legend()
-        if leg is None:
-            continue
-        leg.set_visible(False)
-        bottom = ax.get_tightbbox(renderer).y0  # display coordinates, without the legend
-        leg.set_visible(True)
-        y = ax.transAxes.inverted().transform((0.0, bottom))[1]
-        leg.set_bbox_to_anchor((0.5, y), transform=ax.transAxes)
-        leg.set_in_layout(True)  # savefig's tight bounding box includes it again
-
-
 def _lam_axis(ax: Any, lams: Sequence[float]) -> None:
     """A log lam axis ticked at the grid's values; log minor labels (2x10^-1, 3x10^-1, ...)
     crowd a short decade, so only these are labelled, upright when there are many, and a
@@ -270,7 +248,7 @@ def _trajectories(plt: Any, agg: dict, ds: str, field: str, ylabel: str) -> Any:
         ax.set_xlabel("iteration")
         ax.set_ylabel(ylabel)
         ax.set_title(f"{ds}: {LABELS[reg]}")
-        _legend_below(ax, ncol=3)
+        legend_below(ax, ncol=3)
     return fig
 
 
@@ -288,7 +266,7 @@ def make_plots(agg: dict[tuple[str, str, str, float], Any], img: Path) -> list[P
     def save(fig: Any, name: str) -> None:
         p = img / name
         fig.tight_layout()
-        _place_legends(fig)
+        place_legends(fig)
         fig.savefig(p, dpi=110, bbox_inches="tight")  # the legends below the axes included
         plt.close(fig)
         written.append(p)
@@ -322,7 +300,7 @@ def make_plots(agg: dict[tuple[str, str, str, float], Any], img: Path) -> list[P
             ax.set_xlabel("% nonzero weights (on live paths)")
             ax.set_ylabel(what)
             ax.set_title(ds)
-        _legend_below(axes[1], ncol=2)
+        legend_below(axes[1], ncol=2)
         save(fig, f"{ds}_error_vs_nonzero.png")
 
         # Fig. 3: clean and robust error vs lam (Prox-SGD / projection)
@@ -349,7 +327,7 @@ def make_plots(agg: dict[tuple[str, str, str, float], Any], img: Path) -> list[P
             ax.set_xlabel("lam" + (" (radius 1/lam)" if reg == "linf" else ""))
             ax.set_ylabel("test error %")
             ax.set_title(f"{ds}: {LABELS[reg]}")
-            _legend_below(ax, ncol=2)
+            legend_below(ax, ncol=2)
         save(fig, f"{ds}_error_vs_lam.png")
 
         # Fig. 4-7: % nonzero weights vs iteration, SGD vs Prox-SGD
@@ -391,7 +369,7 @@ def make_plots(agg: dict[tuple[str, str, str, float], Any], img: Path) -> list[P
             ax.set_xlabel("clean test error %")
             ax.set_ylabel(f"error % at eps={e}")
             ax.set_title(f"{ds}: robustness-accuracy trade-off (Prox-SGD)")
-            _legend_below(ax, ncol=3)
+            legend_below(ax, ncol=3)
         save(fig, f"{ds}_tradeoff.png")
     return written
 

@@ -116,3 +116,30 @@ def test_the_check_finds_an_overlap_and_a_covering_legend() -> None:
     plt.close(fig)
     assert "axes 0: tick labels overlap" in found
     assert "axes 0: the legend covers a point of 'data'" in found
+
+
+def test_training_curve_is_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathnorm_experiments.evaluation import plot_training_curve
+
+    problems: list[str] = []
+    save = Figure.savefig
+
+    def checking_savefig(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
+        problems.extend(readability_problems(fig))
+        save(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", checking_savefig)
+    result = _result("path", "prox", 1e-3, np.random.default_rng(1))
+    n = len(result["history"]["iteration"])
+    result.update(
+        backend="torch",
+        config={**result["config"], "lr": 0.1, "epochs": 10},
+        timings={"iterations": 500.0},
+    )
+    result["history"].update(
+        nonzero_pct=list(np.linspace(100, 80, n)),
+        epoch_objective=list(np.linspace(1.0, 0.3, 10)),
+    )
+    path = plot_training_curve(result, tmp_path / "curve.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
+    assert problems == []
