@@ -225,6 +225,7 @@ def prox_inplace(
         HAS_FLAG=flag is not None,
         SWAPPED=swapped,
         WIDE=w_in.dtype == torch.float64,
+        BF16=w_in.dtype == torch.bfloat16,
         UNITS=units,
         BLOCK_P=block_p,
         BLOCK_M=block_m,
@@ -249,7 +250,10 @@ def _kernel() -> Any:
         if triton is None:
             raise ValueError("the Triton prox needs triton (pip install triton)")
         # The kernel finds its helpers among this module's globals when it is compiled.
-        globals().update(_sort_desc=triton.jit(_sort_desc_fn), _flip=triton.jit(_flip_fn))
+        jit = triton.jit
+        globals().update(
+            _sort_desc=jit(_sort_desc_fn), _flip=jit(_flip_fn), _to_bf16=jit(_to_bf16_fn)
+        )
         _KERNELS[interpret] = triton.jit(do_not_specialize=["lam_bits"])(_prox_units)
     return _KERNELS[interpret]
 
@@ -262,6 +266,15 @@ def _import_tl() -> Any:
 tl: Any = _import_tl()
 _sort_desc: Any = None  # the jitted helpers, set by _kernel()
 _flip: Any = None
+_to_bf16: Any = None
+
+
+def _to_bf16_fn(x):  # pragma: no cover - compiled by Triton
+    """float32 to the nearest bfloat16, ties to even, on the bits (finite values; NaN and inf
+    only occur in flagged units)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits += 0x7FFF + ((bits >> 16) & 1)
+    return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
 
 
 def _flip_fn(N_DIMS: tl.constexpr, J: tl.constexpr):  # pragma: no cover - compiled by Triton
@@ -312,6 +325,7 @@ def _prox_units(
     HAS_FLAG: tl.constexpr,
     SWAPPED: tl.constexpr,  # the shorter side is w_in's rows (else w_out's columns)
     WIDE: tl.constexpr,  # float64 weights (else float32 or narrower: sorted as float32)
+    BF16: tl.constexpr,  # bfloat16 weights
     UNITS: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -464,5 +478,11 @@ def _prox_units(
     zl64 = zl.to(f64)
     new_s = zs64 - tl.minimum(tl.maximum(zs64, -ts), ts)
     new_l = zl64 - tl.minimum(tl.maximum(zl64, -tls), tls)
-    tl.store(s_ptr + s_off, new_s.to(s_ptr.dtype.element_ty), mask=s_mask)
-    tl.store(l_ptr + l_off, new_l.to(l_ptr.dtype.element_ty), mask=l_mask)
+    if not WIDE:  # rounded once to float32 (as the CPU kernel and torch's casts do)
+        new_s = new_s.to(tl.float32)
+        new_l = new_l.to(tl.float32)
+    if BF16:  # then to nearest bfloat16 on the bits (Triton's interpreter truncates)
+        new_s = _to_bf16(new_s)
+        new_l = _to_bf16(new_l)
+    tl.store(s_ptr + s_off, new_s, mask=s_mask)
+    tl.store(l_ptr + l_off, new_l, mask=l_mask)
