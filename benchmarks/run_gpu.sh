@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# The CUDA checks and timings in one run, for a machine with a CUDA GPU and torch, lightning,
-# torchmetrics and numba installed (the package itself is used from this checkout):
+# The CUDA checks and timings in one run (under 6 minutes on an H100), for a machine with a CUDA
+# GPU and torch, triton, lightning, torchmetrics and numba installed (the package itself is used
+# from this checkout):
 #
 #     bash benchmarks/run_gpu.sh [DATA_DIR]
 #
-# (jsonschema too: install it, e.g. `python3 -m pip install --no-index --target DIR wheels/*.whl`
-# and put DIR on PYTHONPATH, where the machine has no package index.)
-# DATA_DIR holds mnist/*.gz for the Lightning epoch (default ../shared/data; synthetic data of
-# MNIST's shape when absent). Logs go to $OUT (default ./gpu_out).
+# jsonschema (for the spec vectors) is installed from the wheels in .whl/ when the machine lacks
+# it and has no package index (bring .whl/ along). DATA_DIR holds mnist/*.gz for the Lightning
+# epoch (default ../shared/data; synthetic data of MNIST's shape when absent). Logs go to $OUT
+# (default ./gpu_out). Each step has its own time limit, so one that hangs cannot eat the rest.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_out}"
@@ -15,23 +16,35 @@ DATA="${1:-../shared/data}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
+START=$(date +%s)
+step() { echo "== $1 ($(($(date +%s) - START)) s into the run)"; }
+
+if ! "$PY" -c "import jsonschema" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+    DEPS="${TMPDIR:-/tmp}/pathnorm_deps"
+    "$PY" -m pip install -q --no-index --no-deps --target "$DEPS" .whl/*.whl 2>&1 | tail -2
+    export PYTHONPATH="$PYTHONPATH:$DEPS"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
-"$PY" -c "import torch, lightning, torchmetrics, numba; print('torch', torch.__version__,
-'lightning', lightning.__version__, 'torchmetrics', torchmetrics.__version__, 'numba',
-numba.__version__, torch.cuda.get_device_name(), 'CPU threads', torch.get_num_threads())"
-echo "== prox on CUDA"
-"$PY" benchmarks/bench_prox.py --device cuda --no-naive --markdown \
-    --shapes 784-200-10,784-200-1,784-1000-10,512-512-512,4096-4096-10 2>&1 | tee "$OUT/prox_cuda.md"
-echo "== CUDA tests"
-"$PY" -m pytest -q -p no:cacheprovider tests/test_cuda.py tests/test_spec_torch.py 2>&1 \
-    | tee "$OUT/tests_cuda.log" | tail -20
-echo "== Lightning epoch on the GPU (with and without PathNormProx's finiteness check)"
+"$PY" -c "import torch, triton, lightning, torchmetrics, numba; print('torch', torch.__version__,
+'triton', triton.__version__, 'lightning', lightning.__version__, 'torchmetrics',
+torchmetrics.__version__, 'numba', numba.__version__, torch.cuda.get_device_name())
+try:
+    import jsonschema; print('jsonschema', jsonschema.__version__)
+except ImportError:
+    print('no jsonschema: the spec-vector tests skip')" 2>&1 | tee -a "$OUT/gpu.txt"
+
+step "Triton prox vs sort prox (CUDA graph) vs one SGD step"
+timeout 90 "$PY" benchmarks/bench_triton.py --shapes 784-200-10,784-1000-10,4096-4096-10 2>&1 \
+    | tee "$OUT/prox_triton.md"
+
+step "tests on the GPU: test_triton.py, test_cuda.py"
+timeout 150 "$PY" -m pytest -q -p no:cacheprovider tests/test_triton.py tests/test_cuda.py 2>&1 \
+    | tee "$OUT/tests_gpu.log" | tail -25
+
+step "Lightning epoch on the GPU (PathNormProx with method auto; with and without its check)"
 for flag in "" --no-check-finite; do
-    "$PY" benchmarks/bench_lightning_epoch.py --accelerator gpu --repeats 3 --data-dir "$DATA" \
-        $flag 2>&1 | grep -E "repeat|median|ratio|alone|torch|Error" | tee -a "$OUT/lightning_gpu.log"
+    timeout 50 "$PY" benchmarks/bench_lightning_epoch.py --accelerator gpu --repeats 3 \
+        --data-dir "$DATA" $flag 2>&1 | grep -E "repeat|median|ratio|alone|torch|Error" \
+        | tee -a "$OUT/lightning_gpu.log"
 done
-echo "== prox on this machine's CPU (all cores)"
-"$PY" benchmarks/bench_prox.py --no-naive --markdown \
-    --shapes 784-200-10,784-1000-10,512-512-512,4096-4096-10 2>&1 | tee "$OUT/prox_cpu.md"
-echo "== parallel kernel tests on all cores"
-"$PY" -m pytest -q -p no:cacheprovider tests/test_kernel_parallel.py 2>&1 | tail -5
+step "done"

@@ -292,7 +292,7 @@ def test_supports_and_clear_errors() -> None:
     long_side = _triton.MAX_SIDE + 1
     assert not _triton.supports(torch.zeros(3, long_side, device=DEVICE), w_out)
     assert not _triton.supports(torch.zeros(3, 1, device=DEVICE).expand(3, 4), w_out)
-    with pytest.raises(ValueError, match="does not handle this pair.*method='sort'"):
+    with pytest.raises(ValueError, match=r"does not handle this pair.*method='sort'"):
         _triton.prox_inplace(w_in, w_out.double(), 0.1)
     for lam in (-1.0, math.nan, math.inf, "0.1", True):
         with pytest.raises(ValueError, match="lam must be"):
