@@ -242,9 +242,10 @@ def unwritable_dir(out: str | Path) -> str | None:
 def write_results(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     """Write ``result`` as ``<out>/results.json`` and the per-eps table ``<out>/results.csv``.
 
-    The CSV's first error columns share the attacked test images (``n_attacked``), so
-    ``clean_error_attacked <= robust_error <= certified_error`` on every row; the last column
-    is the clean error on all test images.
+    The CSV's error columns but the last share the attacked test images (``n_attacked``), so
+    ``clean_error_attacked <= robust_error <= certified_error`` on every row, and likewise for
+    ``certified_error_interval`` (interval bound propagation); the last column is the clean
+    error on all test images.
 
     Args:
         result: a result of :func:`~pathnorm_experiments.evaluation.build_result`.
@@ -258,15 +259,12 @@ def write_results(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
     jpath, cpath = out / "results.json", out / "results.csv"
     jpath.write_text(json.dumps(result, indent=2) + "\n")
     clean, clean_all = result["clean_error_attacked"], result["clean_error"]
+    columns = ("robust_error", "certified_error", "certified_error_interval")
     with cpath.open("w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(
-            ["eps", "clean_error_attacked", "robust_error", "certified_error", "clean_error"]
-        )
-        w.writerow([0.0, clean, clean, clean, clean_all])
+        w.writerow(["eps", "clean_error_attacked", *columns, "clean_error"])
+        w.writerow([0.0, clean, clean, clean, clean, clean_all])
         for e in result["config"]["eps"]:
             key = float_key(e)
-            w.writerow(
-                [e, clean, result["robust_error"][key], result["certified_error"][key], clean_all]
-            )
+            w.writerow([e, clean, *(result[c][key] for c in columns), clean_all])
     return jpath, cpath

@@ -163,3 +163,85 @@ def test_error_ordering(robust_model: torch.nn.Module, data: Dataset) -> None:
     cs = [cert[f"{e:g}"] for e in eps_list]
     assert cs == sorted(cs) and rob == sorted(rob)
     assert cert["0.01"] < 0.5  # the regularized net certifies most examples at eps 0.01
+
+
+# --- interval bound propagation ----------------------------------------------------------
+
+
+def test_interval_hand_example() -> None:
+    b = [np.zeros(2), np.zeros(2)]
+    x = np.array([[1.0, 0.0]])  # box [0.9, 1] x [0, 0.1] at eps 0.1 (clipped to [0, 1])
+    # hidden pre-activations: W[0] = [1, -2] -> [0.7, 1.0]; W[1] = [.5, .5] -> [0.45, 0.55]
+    # relu keeps them; margin f_1 - f_0 = (V_1 - V_0) h = [1, 2] h >= 0.7 + 0.9 = 1.6
+    bounds = C.interval_margin_bounds([W, V], b, x, np.array([1]), 0.1, "relu")
+    np.testing.assert_allclose(bounds, [[1.6, np.inf]])
+    assert C.interval_certified_mask([W, V], b, x, np.array([1]), 0.1, "relu")[0]
+    assert not C.interval_certified_mask([W, V], b, x, np.array([0]), 0.0, "relu")[0]
+
+
+@pytest.mark.parametrize("activation", ["elu", "relu", "tanh"])
+def test_interval_bound_holds_on_random_points_of_the_box(activation: str) -> None:
+    rng = np.random.default_rng(2)
+    ws = [rng.normal(size=(12, 6)), rng.normal(size=(9, 12)), rng.normal(size=(4, 9))]
+    bs = [rng.normal(size=12), rng.normal(size=9), rng.normal(size=4)]
+    x = rng.uniform(size=(40, 6))
+    y = rng.integers(0, 4, 40)
+    eps = 0.2
+    bounds = C.interval_margin_bounds(ws, bs, x, y, eps, activation)
+    for i in range(40):
+        lo, hi = np.clip(x[i] - eps, 0, 1), np.clip(x[i] + eps, 0, 1)
+        pts = rng.uniform(lo, hi, size=(2000, 6))
+        pts[:64] = np.where(rng.random((64, 6)) < 0.5, lo, hi)  # corners too
+        z = C.forward(ws, bs, pts, activation)
+        worst = (z[:, y[i]][:, None] - z).min(0)
+        worst[y[i]] = np.inf
+        assert np.all(bounds[i] <= worst + 1e-9), (i, bounds[i], worst)
+
+
+def test_interval_is_exact_on_a_linear_model(data: Dataset) -> None:
+    """For f = A x + b the least margin over the [0, 1]-clipped box is at a corner: IBP's
+    bound is that value, so certified <=> the optimal boxed attack fails."""
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(size=(10, 784)) * 0.05, rng.normal(size=10)
+    x, y = data.x_test[:200].astype(np.float64), data.y_test[:200]
+    eps = 0.05
+    lo, hi = np.clip(x - eps, 0, 1), np.clip(x + eps, 0, 1)
+    bounds = C.interval_margin_bounds([a], [b], x, y, eps, "elu")
+    for j in range(10):
+        c = a[y] - a[j]
+        worst = np.minimum(c * lo, c * hi).sum(1) + b[y] - b[j]
+        keep = y != j
+        np.testing.assert_allclose(bounds[keep, j], worst[keep], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("regularizer", "lam"), [("none", 0.0), ("l1", 3e-3), ("path", 2e-3), ("linf", 0.2)]
+)
+def test_no_attack_breaks_an_example_either_certificate_certifies(
+    data: Dataset, regularizer: str, lam: float
+) -> None:
+    torch.set_num_threads(1)
+    cfg = TrainConfig(regularizer=regularizer, lam=lam, epochs=2, log_every=100)
+    model, _ = train_loop(cfg, data, progress=False, evaluate_model=False)
+    model.eval()
+    ws, bs = _np(model)
+    x, y = torch.from_numpy(data.x_test), torch.from_numpy(data.y_test)
+    checked = {"Lipschitz": 0, "interval": 0}
+    for eps in (0.01, 0.03, 0.1):
+        masks = {
+            "Lipschitz": C.certified_mask(ws, bs, data.x_test, data.y_test, eps, "elu"),
+            "interval": C.interval_certified_mask(ws, bs, data.x_test, data.y_test, eps, "elu"),
+        }
+        for kind, cert in masks.items():
+            idx = torch.from_numpy(np.flatnonzero(cert))
+            checked[kind] += idx.numel()
+            if idx.numel() == 0:
+                continue
+            for loss in ("ce", "margin"):
+                broken = robust_error(
+                    model, x[idx], y[idx], eps, steps=50, restarts=2, loss=loss, return_mask=True
+                )
+                assert not bool(broken.any()), (
+                    f"PGD ({loss}) broke {int(broken.sum())} {kind}-certified examples at {eps}"
+                )
+    assert checked["interval"] >= 100, checked  # not vacuous

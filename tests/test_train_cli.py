@@ -34,6 +34,7 @@ def run_main(tmp_path: Path, *extra: str) -> dict[str, Any]:
     for r in rows:  # the first three share the attacked images
         clean, robust = float(r["clean_error_attacked"]), float(r["robust_error"])
         assert clean <= robust <= float(r["certified_error"])
+        assert robust <= float(r["certified_error_interval"])
         assert float(r["clean_error"]) == result["clean_error"]  # on all test images
     assert (out / "training_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     return result
@@ -46,8 +47,10 @@ def check_result(r: dict[str, Any], backend: str) -> None:
     assert 0 <= r["clean_error"] < 0.9  # learned something in 3 steps at lr 0.1
     keys = ["0.05", "0.1", "0.15", "0.2", "0.25", "0.3"]
     assert list(r["robust_error"]) == keys and list(r["certified_error"]) == keys
+    assert list(r["certified_error_interval"]) == keys
     for k in keys:
         assert 0 <= r["robust_error"][k] <= r["certified_error"][k] <= 1
+        assert r["robust_error"][k] <= r["certified_error_interval"][k] <= 1
     assert r["path_norm_bound"] <= r["product_bound"] + 1e-6
     assert r["final_regularized_loss"] == pytest.approx(
         r["train_cross_entropy"] + r["config"]["lam"] * r["regularizer_value"]
