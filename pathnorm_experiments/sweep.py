@@ -477,9 +477,9 @@ def train_run(
     step = 0
     for epoch in range(spec.epochs):
         perm = torch.from_numpy(orders[epoch]).to(device)
-        xe, ye = x[perm], y[perm]  # one gather per epoch: the batches are then views
         for s in range(0, n, batch):
-            loss = F.cross_entropy(_forward(ws, bs, xe[s : s + batch]), ye[s : s + batch])
+            idx = perm[s : s + batch]
+            loss = F.cross_entropy(_forward(ws, bs, x[idx]), y[idx])
             if use_penalty:
                 loss = loss + lam * _penalty(ws, reg)
             grads = torch.autograd.grad(loss, params)

@@ -1,0 +1,323 @@
+"""The sweep engine on tiny grids (the embedded MNIST subset, 1 epoch): columns and units,
+clean <= PGD <= certified on every row, lr selection on validation only, resume without
+recomputation, shards that add up to the unsharded sweep, and the main job's training."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from pathnorm_experiments import sweep as S
+from pathnorm_experiments.config import TrainConfig
+from pathnorm_experiments.data import Dataset, load_embedded
+from pathnorm_experiments.torch_backend import linear_layers, train_loop
+
+EPS = ("0.02", "0.05", "0.1", "0.15", "0.2", "0.3")
+# the issue's columns, written out here so that a change of COLUMNS cannot pass unnoticed
+EXPECTED_COLUMNS = [
+    "dataset",
+    "regularizer",
+    "optimizer",
+    "lam",
+    "lr",
+    "seed",
+    "epochs",
+    "n_train",
+    "selected",
+    "val_error",
+    "clean_error",
+    "clean_error_full",
+    *(f"{k}@{e}" for k in ("robust_error", "robust_error_strong") for e in EPS),
+    *(f"{k}@{e}" for k in ("certified_lipschitz", "certified_interval") for e in EPS),
+    "nonzero",
+    "nonzero_live",
+    "path_norm",
+    "machine",
+]
+CFG = S.SweepConfig(
+    datasets=("embedded",),
+    lams={"none": (0.0,), "l1": (1e-3,), "path": (2e-3,), "linf": (0.2,)},
+    lrs=(0.05, 0.5),
+    seeds=(0, 1),
+    epochs=1,
+    eval_samples=100,
+    pgd_steps=4,
+    strong_restarts=1,
+    val_size=6000,  # 10% of the 600 training images
+)
+
+
+@pytest.fixture(scope="module")
+def data() -> dict[str, S.Prepared]:
+    torch.set_num_threads(1)
+    return {"embedded": S.prepare(load_embedded().subset(600, 300), CFG)}
+
+
+@pytest.fixture(scope="module")
+def full_run(
+    data: dict[str, S.Prepared], tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, dict[str, int]]:
+    out = tmp_path_factory.mktemp("full")
+    counts = S.run_sweep(CFG, data, out, machine="test machine", log=io.StringIO())
+    return out / "runs.csv", counts
+
+
+def _by_key(path: Path) -> dict[str, dict[str, str]]:
+    return {S.row_key(r): r for r in S.read_rows(path)}
+
+
+def _f(row: dict[str, str], col: str) -> float:
+    return float(row[col])
+
+
+def test_columns_units_and_ordering(
+    full_run: tuple[Path, dict[str, int]], data: dict[str, S.Prepared]
+) -> None:
+    path, counts = full_run
+    with path.open() as f:
+        assert next(csv.reader(f)) == EXPECTED_COLUMNS
+    rows = S.read_rows(path)
+    # 6 groups (none; l1 and path with both optimizers; linf): 2 lrs at seed 0, seed 1 at the
+    # selected lr
+    assert counts == {
+        "groups": 6,
+        "done_before": 0,
+        "written": 6,
+        "remaining": 0,
+        "trained": 18,
+        "evaluated": 6,
+    }
+    assert len(rows) == 18
+    assert {(r["regularizer"], r["optimizer"]) for r in rows} == {
+        ("none", "prox"),
+        ("l1", "prox"),
+        ("l1", "penalty"),
+        ("path", "prox"),
+        ("path", "penalty"),
+        ("linf", "prox"),
+    }
+    n_eval, n_test = data["embedded"].x_eval.shape[0], data["embedded"].x_test.shape[0]
+    assert (n_eval, n_test, data["embedded"].n_train) == (100, 300, 540)
+    for r in rows:
+        assert r["n_train"] == "540" and r["epochs"] == "1" and r["machine"] == "test machine"
+        # percent, in steps of one image of its set
+        for col, n in (("clean_error", n_eval), ("clean_error_full", n_test), ("val_error", 60)):
+            v = _f(r, col)
+            assert 0 <= v <= 100 and v * n / 100 == pytest.approx(round(v * n / 100), abs=1e-6)
+        assert 0 < _f(r, "nonzero_live") <= _f(r, "nonzero") <= 100 and _f(r, "path_norm") > 0
+        eps_cols = [c for c in EXPECTED_COLUMNS if "@" in c]
+        if r["selected"] == "0":
+            assert all(r[c] == "" for c in eps_cols)
+            continue
+        assert r["selected"] == "1"
+        clean, prev_strong = _f(r, "clean_error"), 0.0
+        for e in EPS:
+            pgd, strong = _f(r, f"robust_error@{e}"), _f(r, f"robust_error_strong@{e}")
+            lip, ivl = _f(r, f"certified_lipschitz@{e}"), _f(r, f"certified_interval@{e}")
+            # clean <= PGD <= strong attack <= certified error (= 100 - certified accuracy)
+            assert clean <= pgd <= strong <= min(lip, ivl) <= 100, (r, e)
+            assert strong >= prev_strong  # the strong attack keeps what a smaller eps found
+            prev_strong = strong
+    # a regularized model is certified somewhere (the columns are not all 100)
+    assert min(_f(r, "certified_interval@0.02") for r in rows if r["selected"] == "1") < 100
+
+
+def test_lr_selection_uses_validation(full_run: tuple[Path, dict[str, int]]) -> None:
+    rows = S.read_rows(full_run[0])
+    groups: dict[str, list[dict[str, str]]] = {}
+    for r in rows:
+        groups.setdefault(S._row_group_key(r), []).append(r)
+    assert len(groups) == 6
+    for rs in groups.values():
+        seed0 = {float(r["lr"]): _f(r, "val_error") for r in rs if r["seed"] == "0"}
+        assert set(seed0) == {0.05, 0.5}
+        best = min(seed0, key=lambda lr: (seed0[lr], lr))
+        selected = {(float(r["lr"]), r["seed"]) for r in rs if r["selected"] == "1"}
+        assert selected == {(best, "0"), (best, "1")}  # every seed at the chosen lr
+        assert len(rs) == 3  # the other lr ran with the selection seed only
+
+
+def test_selection_ignores_the_test_set(data: dict[str, S.Prepared], tmp_path: Path) -> None:
+    """Scrambling every test label changes the test columns but not one selection."""
+    cfg = replace(CFG, regularizers=("l1", "path"), optimizers=("prox",), strong_restarts=0)
+    p = data["embedded"]
+    rng = np.random.default_rng(0)
+    scrambled = replace(
+        p,
+        y_eval=torch.from_numpy(rng.permutation(p.y_eval.numpy())),
+        y_test=torch.from_numpy(rng.permutation(p.y_test.numpy())),
+    )
+    a = S.run_sweep(cfg, data, tmp_path / "a", log=io.StringIO())
+    b = S.run_sweep(cfg, {"embedded": scrambled}, tmp_path / "b", log=io.StringIO())
+    assert a["written"] == b["written"] == 2
+    ra, rb = _by_key(tmp_path / "a" / "runs.csv"), _by_key(tmp_path / "b" / "runs.csv")
+    assert ra.keys() == rb.keys()
+    assert [r["selected"] for r in ra.values()] == [rb[k]["selected"] for k in ra]
+    assert [r["val_error"] for r in ra.values()] == [rb[k]["val_error"] for k in ra]
+    assert any(ra[k]["clean_error_full"] != rb[k]["clean_error_full"] for k in ra)
+
+
+def test_select_lr_ties_and_divergence() -> None:
+    g = S.Group("d", "l1", "prox", 1e-3, 1, 10, (0.1, 0.2, 0.5), (0, 1), (0, 1))
+    st = S._GroupState(g, 0)
+    vals = {0.1: (5.0, 7.0), 0.2: (6.0, 6.0), 0.5: (1.0, math.nan)}
+    for lr, (v0, v1) in vals.items():
+        st.results[g.run(lr, 0).key] = {"val_error": v0}
+        st.results[g.run(lr, 1).key] = {"val_error": v1}
+    assert S._select_lr(st) == 0.1  # a tie of means (6.0): the smaller lr; 0.5 diverged once
+
+
+class Killed(Exception):
+    """Stands for a kill signal."""
+
+
+def test_resume_never_recomputes(
+    data: dict[str, S.Prepared],
+    tmp_path: Path,
+    full_run: tuple[Path, dict[str, int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[str, bool]] = []
+    kill_at = [8]
+    real = S._execute
+
+    def counting(task: Any, cfg: S.SweepConfig) -> dict[str, Any]:
+        calls.append((task.spec.key, task.train))
+        if len(calls) == kill_at[0]:
+            raise Killed  # the sweep is killed in the middle of the 8th task
+        return real(task, cfg)
+
+    monkeypatch.setattr(S, "_execute", counting)
+    with pytest.raises(Killed):
+        S.run_sweep(CFG, data, tmp_path, machine="test machine", log=io.StringIO())
+    first = list(calls)
+    kill_at[0] = 0
+    partial = S.read_rows(tmp_path / "runs.csv")
+    assert 0 < len(partial) < 18  # some groups were written, some were not
+    calls.clear()
+    counts = S.run_sweep(CFG, data, tmp_path, machine="test machine", log=io.StringIO())
+    # nothing that finished (the first 7 tasks) ran again; the interrupted one did
+    assert not set(calls) & set(first[:7])
+    assert first[7] in calls
+    assert len(first) - 1 + len(calls) == 18 + 6
+    assert counts["done_before"] + counts["written"] == 6
+    # the resumed sweep equals the uninterrupted one, row for row
+    assert _by_key(tmp_path / "runs.csv") == _by_key(full_run[0])
+    assert not any((tmp_path / ".pending").iterdir())  # the cache is emptied group by group
+    calls.clear()
+    again = S.run_sweep(CFG, data, tmp_path, log=io.StringIO())
+    assert calls == [] and again["written"] == 0 and again["done_before"] == 6
+
+
+def test_shards_add_up_to_the_unsharded_sweep(
+    data: dict[str, S.Prepared], tmp_path: Path, full_run: tuple[Path, dict[str, int]]
+) -> None:
+    n = 3
+    written = []
+    for k in range(1, n + 1):
+        c = S.run_sweep(
+            CFG,
+            data,
+            tmp_path / f"machine{k}",
+            shard=(k, n),
+            jobs=2 if k == 1 else 1,  # the process pool too
+            machine="test machine",
+            log=io.StringIO(),
+        )
+        written.append(c["written"])
+    assert sum(written) == 6 and sum(w > 0 for w in written) >= 2
+    files = [tmp_path / f"machine{k}" / f"runs.shard-{k}-of-{n}.csv" for k in range(1, n + 1)]
+    keys = [set(_by_key(f)) for f in files if f.is_file()]
+    assert sum(len(k) for k in keys) == len(set().union(*keys))  # disjoint
+    merged = tmp_path / "runs.csv"
+    assert S.merge([f for f in files if f.is_file()], merged) == 18
+    assert _by_key(merged) == _by_key(full_run[0])  # same rows, same values
+    # merging again (the output among the inputs) is idempotent; a conflict is an error
+    assert S.merge([merged, *[f for f in files if f.is_file()]], merged) == 18
+    rows = S.read_rows(merged)
+    rows[0]["val_error"] = "99"
+    bad = tmp_path / "bad.csv"
+    S.append_rows(bad, rows[:1])
+    with pytest.raises(ValueError, match="appears twice with different values"):
+        S.merge([merged, bad], tmp_path / "out.csv")
+
+
+def test_append_rows_repairs_a_torn_line(tmp_path: Path) -> None:
+    row = dict.fromkeys(S.COLUMNS, "")
+    row.update(dataset="d", regularizer="l1", optimizer="prox", lam="0.001", lr="0.1", seed=0)
+    row.update(epochs=1, n_train=5, selected=0, val_error=1.5, machine="m, with a comma")
+    path = tmp_path / "runs.csv"
+    S.append_rows(path, [row])
+    with path.open("a") as f:
+        f.write("d,l1,prox,0.001,0.1,1,1,5,0,2.")  # a writer killed mid-row
+    assert len(S.read_rows(path)) == 1  # the torn line is not read
+    S.append_rows(path, [{**row, "seed": 2}])
+    rows = S.read_rows(path)
+    assert [r["seed"] for r in rows] == ["0", "2"] and rows[1]["machine"] == "m, with a comma"
+    (tmp_path / "other.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match="header is not the sweep's columns"):
+        S.read_rows(tmp_path / "other.csv")
+
+
+def test_splits_are_stratified_disjoint_and_fixed() -> None:
+    y = np.repeat(np.arange(10), [600, 700, 500, 800, 600, 500, 700, 600, 500, 500])
+    idx = S.stratified_indices(y, 600, 3)
+    assert idx.size == 600 and np.unique(idx).size == 600
+    np.testing.assert_array_equal(np.bincount(y[idx]), [60, 70, 50, 80, 60, 50, 70, 60, 50, 50])
+    np.testing.assert_array_equal(idx, S.stratified_indices(y, 600, 3))
+    with pytest.raises(ValueError, match="sample size"):
+        S.stratified_indices(y, 0, 0)
+    d = load_embedded()
+    p = S.prepare(d, S.SweepConfig(eval_samples=200))
+    assert (p.n_train, p.x_val.shape[0], p.x_eval.shape[0]) == (4583, 417, 200)  # 5000 / 12
+    # validation and training images are disjoint and together the whole training set
+    seen = {r.tobytes() for r in d.x_train}
+    train = {r.tobytes() for r in p.x_train.numpy()}
+    val = {r.tobytes() for r in p.x_val.numpy()}
+    assert not train & val and train | val == seen and len(seen) == d.x_train.shape[0]
+    assert np.bincount(p.y_val.numpy()).min() >= 41
+
+
+def test_training_equals_the_main_jobs_loop(data: dict[str, S.Prepared]) -> None:
+    """The sweep's bare loop makes the same steps as ``torch_backend.train_loop``, bit for bit."""
+    p = data["embedded"]
+    ds = Dataset("e", p.x_train.numpy(), p.y_train.numpy(), p.x_test.numpy(), p.y_test.numpy(), "")
+    for reg, opt, lam in (("path", "prox", 1e-3), ("l1", "penalty", 1e-3), ("linf", "prox", 0.2)):
+        trained = S.train_run(S.RunSpec("e", reg, opt, lam, 0.2, 3, 2, p.n_train), p, CFG)
+        assert trained is not None
+        cfg = TrainConfig(regularizer=reg, method=opt, lam=lam, lr=0.2, epochs=2, seed=3)
+        model, _ = train_loop(cfg, ds, progress=False, evaluate_model=False)
+        for w, b, lin in zip(*trained, linear_layers(model), strict=True):
+            assert torch.equal(w, lin.weight.detach()) and torch.equal(b, lin.bias.detach())
+
+
+def test_divergence_is_a_row_not_a_crash(data: dict[str, S.Prepared]) -> None:
+    spec = S.RunSpec("embedded", "none", "prox", 0.0, 1e30, 0, 1, data["embedded"].n_train)
+    assert S.train_run(spec, data["embedded"], CFG) is None
+
+
+def test_cli_skips_missing_data_and_dry_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert S.main(["--data-dir", str(tmp_path), "--datasets", "mnist", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "skipping mnist" in err and "none of the datasets is available" in err
+    assert S.main(["--datasets", "embedded", "--out", str(tmp_path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    # none 1 + l1 11 x 2 + path 11 x 2 + linf 7 groups; 4 lrs at seed 0 + seeds 1, 2
+    assert "52 groups (52 to run): 312 training runs, 156 evaluated" in out
+    assert "estimate:" in out
+    assert S.main(["merge", str(tmp_path / "x.csv"), str(tmp_path / "missing.csv")]) == 2
+    assert "no such results file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        S.main(["--shard", "4/3"])
+    with pytest.raises(ValueError, match="select_seeds"):
+        S.SweepConfig(select_seeds=(7,))
