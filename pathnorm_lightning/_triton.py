@@ -62,6 +62,10 @@ _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 _LAM_CAP = 2.0
 # Feasibility tiles of at most this many pairs per unit block (registers).
 _TILE = 8192
+# The band search: at most this many columns (a power of two; 0: always the full search), for
+# long sides of at least _BAND_MIN_BLOCK (below that the full sort is as cheap).
+_BAND = 64
+_BAND_MIN_BLOCK = 256
 
 _TRITON: Any = None  # the triton module once imported, False when it cannot be imported
 _KERNELS: dict[bool, Any] = {}  # the jitted kernel, per interpreter mode
@@ -214,6 +218,12 @@ def prox_inplace(
     block_p, block_m = _block(short[3]), _block(long_[3])
     units, block_k, warps = _launch_shape(n, block_p, block_m)
     grid = (triton_cdiv(n, units),)
+    band = _BAND if block_m >= _BAND_MIN_BLOCK else 0
+    scratch = (
+        torch.empty(grid[0] * units * band, dtype=torch.float64, device=w_in.device)
+        if band
+        else w_in.detach()  # unused
+    )
     kernel[grid](
         *short,
         *long_,
@@ -221,6 +231,7 @@ def prox_inplace(
         lam_t if lam_t is not None else w_in.detach(),  # unused when lam is a number
         lam_bits,
         flag if flag is not None else w_in.detach(),  # unused without a flag
+        scratch,
         LAM_FROM_PTR=lam_t is not None,
         HAS_FLAG=flag is not None,
         SWAPPED=swapped,
@@ -230,9 +241,12 @@ def prox_inplace(
         BLOCK_P=block_p,
         BLOCK_M=block_m,
         BLOCK_K=block_k,
+        BAND=band,
+        BAND_K=max(1, min(block_p, _TILE // max(band, 1))),
         LOG_U=units.bit_length() - 1,
         LOG_P=block_p.bit_length() - 1,
         LOG_M=block_m.bit_length() - 1,
+        LOG_BAND=max(band, 1).bit_length() - 1,
         num_warps=warps,
     )
 
@@ -252,7 +266,11 @@ def _kernel() -> Any:
         # The kernel finds its helpers among this module's globals when it is compiled.
         jit = triton.jit
         globals().update(
-            _sort_desc=jit(_sort_desc_fn), _flip=jit(_flip_fn), _to_bf16=jit(_to_bf16_fn)
+            _sort_desc=jit(_sort_desc_fn),
+            _flip=jit(_flip_fn),
+            _to_bf16=jit(_to_bf16_fn),
+            _sorted_abs=jit(_sorted_abs_fn),
+            _search=jit(_search_fn),
         )
         _KERNELS[interpret] = triton.jit(do_not_specialize=["lam_bits"])(_prox_units)
     return _KERNELS[interpret]
@@ -267,6 +285,8 @@ tl: Any = _import_tl()
 _sort_desc: Any = None  # the jitted helpers, set by _kernel()
 _flip: Any = None
 _to_bf16: Any = None
+_sorted_abs: Any = None
+_search: Any = None
 
 
 def _to_bf16_fn(x):  # pragma: no cover - compiled by Triton
@@ -308,6 +328,89 @@ def _sort_desc_fn(
     return tl.reshape(h, x.shape)
 
 
+def _sorted_abs_fn(a, WIDE: tl.constexpr, N_DIMS: tl.constexpr, LOG_ROW: tl.constexpr):
+    """Rows of the magnitudes ``a`` (float64 when ``WIDE``, else float32) sorted descending, as
+    float64 (sorted as their bit patterns: integers order like non-negative floats)."""
+    if WIDE:
+        return _sort_desc(a.to(tl.int64, bitcast=True), N_DIMS, LOG_ROW).to(
+            tl.float64, bitcast=True
+        )
+    else:
+        out = _sort_desc(a.to(tl.int32, bitcast=True), N_DIMS, LOG_ROW)
+        return out.to(tl.float32, bitcast=True).to(tl.float64)
+
+
+def _search_fn(
+    xs,  # (UNITS, BLOCK_P) the short side, sorted descending, scaled; cx, cx2: prefix sums
+    cx,
+    cx2,
+    ycol,  # (UNITS or 1, NCOL) per column: the last kept long-side entry y_l,
+    big_y,  # Y_l, the sum of the l largest,
+    y2col,  # the sum of their squares,
+    lcol,  # l (float64),
+    col_ok,  # whether the column is a candidate
+    lam,
+    P,
+    best_h,  # (UNITS,) the best candidate so far: objective and both thresholds
+    best_ts,
+    best_tl,
+    BLOCK_P: tl.constexpr,
+    NCOL: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):  # pragma: no cover - compiled by Triton
+    """The candidates ``(k, L(k))`` for ``k = 1..P`` against the best so far (strict ``<``, by
+    increasing ``k``): for a block of ``k`` at a time, every column's feasibility, ``L(k)`` the
+    last feasible column, the candidate's thresholds and objective. A ``k`` with no feasible
+    column has no candidate (its ``(k, 0)`` point is never better than ``(x, 0)``)."""
+    inf = float("inf")
+    lam2 = lam * lam
+    op = tl.arange(0, BLOCK_P)
+    kr = tl.arange(0, BLOCK_K)
+    cidx = tl.arange(0, NCOL)[None, None, :]
+    by = big_y - lcol * ycol  # Y_l - l y_l >= 0
+    lam2_l = (lam2 * lcol)[:, None, :]
+    for k0 in range(0, P, BLOCK_K):
+        kidx = k0 + kr  # k - 1
+        pick_k = (kidx[:, None] == op[None, :])[None, :, :]  # (1, BLOCK_K, BLOCK_P)
+        xk = tl.sum(tl.where(pick_k, xs[:, None, :], 0.0), axis=2)  # (UNITS, BLOCK_K)
+        big_x = tl.sum(tl.where(pick_k, cx[:, None, :], 0.0), axis=2)
+        x2k = tl.sum(tl.where(pick_k, cx2[:, None, :], 0.0), axis=2)
+        kf = (kidx + 1).to(tl.float64)[None, :]
+        ax_k = big_x - kf * xk  # X_k - k x_k >= 0
+        k_lam2 = kf * lam2
+        # (UNITS, BLOCK_K, NCOL): the pairs (k, l) of this block of k. Feasible iff the last
+        # kept entries of both candidate vectors are >= 0 and d = 1 - k l lam^2 > 0.
+        ok = xk[:, :, None] + lam2_l * ax_k[:, :, None] >= lam * big_y[:, None, :]
+        ok &= ycol[:, None, :] + k_lam2[:, :, None] * by[:, None, :] >= (lam * big_x)[:, :, None]
+        ok &= k_lam2[:, :, None] * lcol[:, None, :] < 1.0
+        ok &= col_ok[:, None, :]
+        last = tl.max(tl.where(ok, cidx, -1), axis=2)  # the column of L(k); -1: none
+        at = cidx == last[:, :, None]
+        lf = tl.sum(tl.where(at, lcol[:, None, :], 0.0), axis=2)
+        ly = tl.sum(tl.where(at, big_y[:, None, :], 0.0), axis=2)
+        ly2 = tl.sum(tl.where(at, y2col[:, None, :], 0.0), axis=2)
+        d = 1.0 - kf * lf * lam2
+        a = tl.maximum((big_x - kf * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
+        b = tl.maximum((ly - lf * lam * big_x) / d, 0.0)  # ||w||_1
+        t_s = lam * b
+        t_l = lam * a
+        # The objective (up to 1/2 (||x||^2 + ||y||^2)) of the point these thresholds produce,
+        # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and the
+        # closed form in a, b could misrank nearly equal candidates.
+        nv = tl.maximum(big_x - kf * t_s, 0.0)
+        nw = tl.maximum(ly - lf * t_l, 0.0)
+        h = 0.5 * (kf * t_s * t_s + lf * t_l * t_l - x2k - ly2) + lam * nv * nw
+        h = tl.where((last >= 0) & (kidx < P)[None, :], h, inf)
+        h_min = tl.min(h, axis=1)
+        first = tl.min(tl.where(h == h_min[:, None], kidx[None, :], BLOCK_P), axis=1)
+        chosen = kidx[None, :] == first[:, None]
+        better = h_min < best_h
+        best_h = tl.where(better, h_min, best_h)
+        best_ts = tl.where(better, tl.sum(tl.where(chosen, t_s, 0.0), axis=1), best_ts)
+        best_tl = tl.where(better, tl.sum(tl.where(chosen, t_l, 0.0), axis=1), best_tl)
+    return best_h, best_ts, best_tl
+
+
 def _prox_units(
     s_ptr,  # the shorter side of every unit: entries at s_ptr + unit * s_unit + j * s_elem
     s_unit,
@@ -321,6 +424,7 @@ def _prox_units(
     lam_ptr,
     lam_bits,
     flag_ptr,
+    band_ptr,  # float64 scratch, BAND per unit (when BAND > 0)
     LAM_FROM_PTR: tl.constexpr,
     HAS_FLAG: tl.constexpr,
     SWAPPED: tl.constexpr,  # the shorter side is w_in's rows (else w_out's columns)
@@ -329,10 +433,13 @@ def _prox_units(
     UNITS: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # k per tile of the full search
+    BAND: tl.constexpr,  # columns of the band search (0: always the full search)
+    BAND_K: tl.constexpr,  # k per tile of the band search
     LOG_U: tl.constexpr,  # log2(UNITS)
     LOG_P: tl.constexpr,  # log2(BLOCK_P)
     LOG_M: tl.constexpr,
+    LOG_BAND: tl.constexpr,
 ):  # pragma: no cover - compiled by Triton
     f64 = tl.float64
     inf = float("inf")
@@ -376,36 +483,18 @@ def _prox_units(
     down1 = ((1023 - s1) << 52).to(f64, bitcast=True)
     down2 = ((1023 - s2) << 52).to(f64, bitcast=True)
 
-    if WIDE:
-        xs = _sort_desc(abs_s.to(tl.int64, bitcast=True), LOG_U + LOG_P, LOG_P).to(
-            f64, bitcast=True
-        )
-        ys = _sort_desc(abs_l.to(tl.int64, bitcast=True), LOG_U + LOG_M, LOG_M).to(
-            f64, bitcast=True
-        )
-    else:
-        xs = _sort_desc(abs_s.to(tl.int32, bitcast=True), LOG_U + LOG_P, LOG_P).to(
-            tl.float32, bitcast=True
-        )
-        ys = _sort_desc(abs_l.to(tl.int32, bitcast=True), LOG_U + LOG_M, LOG_M).to(
-            tl.float32, bitcast=True
-        )
-    xs = xs.to(f64) * up1[:, None] * up2[:, None]
-    ys = ys.to(f64) * up1[:, None] * up2[:, None]
+    xs = _sorted_abs(abs_s, WIDE, LOG_U + LOG_P, LOG_P) * up1[:, None] * up2[:, None]
     cx = tl.cumsum(xs, axis=1)  # cx[:, k - 1] = X_k, the sum of the k largest
     cx2 = tl.cumsum(xs * xs, axis=1)
-    cy = tl.cumsum(ys, axis=1)  # cy[:, l - 1] = Y_l
-    cy2 = tl.cumsum(ys * ys, axis=1)
-    # The totals are the last prefix sums (not separate reductions): a candidate that keeps
-    # everything then ties with a trivial point exactly, as in the reference.
+    x1 = tl.sum(tl.where((op == P - 1)[None, :], cx, 0.0), axis=1)  # ||x||_1
     xsq = tl.sum(tl.where((op == P - 1)[None, :], cx2, 0.0), axis=1)
-    ysq = tl.sum(tl.where((om == M - 1)[None, :], cy2, 0.0), axis=1)
+    ya = abs_l.to(f64) * up1[:, None] * up2[:, None]  # the long side, scaled, unsorted
+    ysq = tl.sum(ya * ya, axis=1)
 
     if LAM_FROM_PTR:
         lam = tl.minimum(tl.load(lam_ptr).to(f64), 2.0)
     else:
         lam = lam_bits.to(tl.int64).to(f64, bitcast=True)
-    lam2 = lam * lam
 
     # The trivial points, in the reference's order: (x, 0) first, then (0, y) if strictly
     # better. Thresholds: t_s for the short side, t_l for the long one (inf: all zero).
@@ -424,51 +513,78 @@ def _prox_units(
         best_ts = tl.where(take, infs, zero)
         best_tl = tl.where(take, zero, infs)
 
-    lint = om + 1  # the support size l of column om
-    lf = lint.to(f64)
-    by = cy - lf[None, :] * ys  # Y_l - l y_l >= 0
-    l_ok = (om < M)[None, None, :]
-    kr = tl.arange(0, BLOCK_K)
-    lam2_l = (lam2 * lf)[None, None, :]
-    for k0 in range(0, P, BLOCK_K):
-        kidx = k0 + kr  # k - 1
-        pick_k = (kidx[:, None] == op[None, :])[None, :, :]  # (1, BLOCK_K, BLOCK_P)
-        xk = tl.sum(tl.where(pick_k, xs[:, None, :], 0.0), axis=2)  # (UNITS, BLOCK_K)
-        big_x = tl.sum(tl.where(pick_k, cx[:, None, :], 0.0), axis=2)
-        x2k = tl.sum(tl.where(pick_k, cx2[:, None, :], 0.0), axis=2)
-        kf = (kidx + 1).to(f64)[None, :]
-        ax_k = big_x - kf * xk  # X_k - k x_k >= 0
-        k_lam2 = kf * lam2
-        # (UNITS, BLOCK_K, BLOCK_M): the pairs (k, l) of this block of k.
-        ok = xk[:, :, None] + lam2_l * ax_k[:, :, None] >= lam * cy[:, None, :]
-        ok &= ys[:, None, :] + k_lam2[:, :, None] * by[:, None, :] >= (lam * big_x)[:, :, None]
-        ok &= k_lam2[:, :, None] * lf[None, None, :] < 1.0
-        ok &= l_ok
-        big_l = tl.max(tl.where(ok, lint[None, None, :], 0), axis=2)  # L(k); 0: none
-        at = lint[None, None, :] == big_l[:, :, None]
-        ly = tl.sum(tl.where(at, cy[:, None, :], 0.0), axis=2)  # Y_L (0 for L = 0)
-        ly2 = tl.sum(tl.where(at, cy2[:, None, :], 0.0), axis=2)
-        lfk = big_l.to(f64)
-        d = 1.0 - kf * lfk * lam2
-        a = tl.maximum((big_x - kf * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
-        b = tl.maximum((ly - lfk * lam * big_x) / d, 0.0)  # ||w||_1
-        t_s = lam * b
-        t_l = lam * a
-        # The objective (up to 1/2 (||x||^2 + ||y||^2)) of the point these thresholds produce,
-        # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and the
-        # closed form in a, b could misrank nearly equal candidates.
-        nv = tl.maximum(big_x - kf * t_s, 0.0)
-        nw = tl.maximum(ly - lfk * t_l, 0.0)
-        h = 0.5 * (kf * t_s * t_s + lfk * t_l * t_l - x2k - ly2) + lam * nv * nw
-        h = tl.where((kidx < P)[None, :], h, inf)
-        t_l = tl.where(big_l == 0, inf, t_l)
-        h_min = tl.min(h, axis=1)
-        first = tl.min(tl.where(h == h_min[:, None], kidx[None, :], BLOCK_P), axis=1)
-        chosen = kidx[None, :] == first[:, None]
-        better = h_min < best_h
-        best_h = tl.where(better, h_min, best_h)
-        best_ts = tl.where(better, tl.sum(tl.where(chosen, t_s, 0.0), axis=1), best_ts)
-        best_tl = tl.where(better, tl.sum(tl.where(chosen, t_l, 0.0), axis=1), best_tl)
+    if BAND > 0:
+        # Band search. A non-trivial minimiser thresholds the long side at lam a <= lam ||x||_1
+        # (a = ||v||_1), so its support holds every entry above tau > lam ||x||_1, and no zero
+        # (a zero stays zero only at a = 0, the point (0, y)): only the band (0, tau] needs
+        # sorting, with the smallest entry above tau (column 0: l = the count above tau).
+        # Taken when every unit's band fits BAND columns; else the full search below.
+        tau = lam * x1 * (1.0 + 1.0 / 65536)  # far above the rounding of a
+        above = ya > tau[:, None]
+        inband = (ya > 0.0) & (ya <= tau[:, None]) & l_mask
+        c_hi = tl.sum(above.to(tl.int32), axis=1)
+        top = tl.min(tl.where(above, ya, inf), axis=1)
+        has_top = c_hi > 0
+        n_col = tl.sum(inband.to(tl.int32), axis=1) + has_top.to(tl.int32)
+        use_band = tl.max(n_col) <= BAND
+    else:
+        use_band = False
+    if use_band:
+        top = tl.where(has_top, top, 0.0)
+        s_hi = tl.sum(tl.where(above, ya, 0.0), axis=1) - top  # without the column-0 entry
+        q_hi = tl.sum(tl.where(above, ya * ya, 0.0), axis=1) - top * top
+        base = (c_hi - has_top.to(tl.int32)).to(f64)
+        # Gather the columns through global scratch (a scatter into registers has no
+        # Triton form), then sort them.
+        row = band_ptr + u64 * BAND
+        slot = tl.cumsum(inband.to(tl.int32), axis=1) - 1 + has_top.to(tl.int32)[:, None]
+        tl.store(row, top, mask=has_top & u_ok)
+        tl.store(row[:, None] + slot, ya, mask=inband)
+        tl.debug_barrier()  # the block's stores are visible to all of its threads
+        ob = tl.arange(0, BAND)
+        col_ok = ob[None, :] < n_col[:, None]
+        band = tl.load(row[:, None] + ob[None, :], mask=col_ok & u_ok[:, None], other=0.0)
+        zb = _sort_desc(band.to(tl.int64, bitcast=True), LOG_U + LOG_BAND, LOG_BAND)
+        zb = zb.to(f64, bitcast=True)
+        best_h, best_ts, best_tl = _search(
+            xs,
+            cx,
+            cx2,
+            zb,
+            s_hi[:, None] + tl.cumsum(zb, axis=1),
+            q_hi[:, None] + tl.cumsum(zb * zb, axis=1),
+            base[:, None] + (ob + 1).to(f64)[None, :],
+            col_ok,
+            lam,
+            P,
+            best_h,
+            best_ts,
+            best_tl,
+            BLOCK_P,
+            BAND,
+            BAND_K,
+        )
+    else:
+        # Full search: the long side sorted whole, every l = 1..M a column.
+        ys = _sorted_abs(abs_l, WIDE, LOG_U + LOG_M, LOG_M) * up1[:, None] * up2[:, None]
+        best_h, best_ts, best_tl = _search(
+            xs,
+            cx,
+            cx2,
+            ys,
+            tl.cumsum(ys, axis=1),  # Y_l at column l - 1
+            tl.cumsum(ys * ys, axis=1),
+            (om + 1).to(f64)[None, :],
+            (om < M)[None, :],
+            lam,
+            P,
+            best_h,
+            best_ts,
+            best_tl,
+            BLOCK_P,
+            BLOCK_M,
+            BLOCK_K,
+        )
 
     # Back to the weights' scale (t = inf stays inf; a threshold past the float64 range zeroes
     # the side, as it should), then z - clip(z, -t, t) = sign(z) max(|z| - t, 0).

@@ -107,17 +107,55 @@ def random_units(rng: np.random.Generator, n: int, p: int, m: int) -> tuple[np.n
 SHAPES = [(1, 1), (1, 7), (3, 9), (6, 9), (4, 4), (9, 3), (7, 1), (2, 17), (20, 5)]
 
 
+@pytest.fixture
+def search(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``"full"``: every long side sorted whole; ``"band"``: the band search tried on every
+    layer, with 16 columns (wider bands fall back to the full search)."""
+    monkeypatch.setattr(_triton, "_BAND", 16 if request.param == "band" else 0)
+    monkeypatch.setattr(_triton, "_BAND_MIN_BLOCK", 0)
+
+
+@pytest.mark.parametrize("search", ["full", "band"], indirect=True)
 @pytest.mark.parametrize(("p", "m"), SHAPES, ids=lambda v: str(v))
-def test_exact_on_random_units(p: int, m: int) -> None:
+def test_exact_on_random_units(p: int, m: int, search: None) -> None:
     rng = np.random.default_rng(1000 * p + m)
-    lams = [float(10 ** rng.uniform(-3, 0.5)) for _ in range(3)]
+    lams = [float(10 ** rng.uniform(-3, 0.5)) for _ in range(2)] + [1e-3]
     k, l = int(rng.integers(1, p + 1)), int(rng.integers(1, m + 1))
     # k l lam^2 next to 1: d = 1 - k l lam^2 tiny, a and b amplified by 1 / d
     lams += [(1 + e) / math.sqrt(k * l) for e in (-1e-9, -1e-6, 0.0, 1e-6)]
     for lam in lams:
-        x, y = random_units(rng, 48, p, m)
+        x, y = random_units(rng, 40, p, m)
         v, w = run(x, y, lam)
         assert_exact(x, y, lam, v, w)
+
+
+def test_band_search_where_the_band_fits_else_the_full_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A small lam leaves a handful of entries at or below lam ||x||_1 (the band): the band
+    # search (16 columns) runs. A large one puts most entries there: the full search runs.
+    monkeypatch.setattr(_triton, "_BAND", 16)
+    monkeypatch.setattr(_triton, "_BAND_MIN_BLOCK", 0)
+    seen: list[int] = []
+    if not CUDA:  # the interpreter looks the helper up at every call: record what runs
+        _triton._kernel()
+        real = _triton._search
+
+        def spy(*args: object) -> object:
+            seen.append(int(args[14]))  # NCOL: the columns searched
+            return real(*args)
+
+        monkeypatch.setattr(_triton, "_search", spy)
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(24, 3)), rng.normal(size=(24, 40))
+    y[:, :5] = 0.0  # zeros are never in the band
+    y[:, 5] = 1e-3 * np.abs(x).sum(1)  # an entry at the band's top, and one just above
+    y[:, 6] = np.nextafter(y[:, 5] * (1 + 2.0**-16), 1.0)
+    for lam, ncol in ((1e-3, 16), (0.5, 64)):
+        seen.clear()
+        assert_exact(x, y, lam, *run(x, y, lam))
+        if not CUDA:
+            assert seen and set(seen) == {ncol}, (lam, seen)
 
 
 def test_tiny_huge_and_zero_lam() -> None:
