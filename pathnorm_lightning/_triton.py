@@ -157,12 +157,15 @@ def _lam_args(lam: float | Tensor, device: torch.device) -> tuple[int, Tensor | 
 def _launch_shape(n: int, block_p: int, block_m: int) -> tuple[int, int, int]:
     """``(units per program, k per tile, warps)``. On a GPU a program takes one unit when its
     long side fills a block of threads (more parallelism, fewer registers per program), a few
-    for small layers. The interpreter runs programs one after another in Python, so it takes
-    as many units per program as its tile budget allows (the work is then numpy's)."""
+    for small layers, a number that depends on the block sizes only (each configuration is a
+    compilation). The interpreter runs programs one after another in Python, so it takes as
+    many units per program as its tile budget allows (the work is then numpy's)."""
     block_k = max(1, min(block_p, _TILE // block_m))
     per_unit = block_k * block_m
-    budget = 1 << 16 if _interpreting() else 4096
-    units = max(1, min(budget // per_unit, _pow2(n)))
+    if _interpreting():
+        units = max(1, min((1 << 16) // per_unit, _pow2(n)))
+    else:
+        units = max(1, 4096 // per_unit)
     warps = 4 if block_m * units <= 2048 else 8 if block_m * units <= 4096 else 16
     return units, block_k, warps
 
@@ -272,7 +275,11 @@ def _kernel() -> Any:
             _sorted_abs=jit(_sorted_abs_fn),
             _search=jit(_search_fn),
         )
-        _KERNELS[interpret] = triton.jit(do_not_specialize=["lam_bits"])(_prox_units)
+        # Integer arguments are not specialised (Triton would compile a variant for every
+        # combination of values equal to 1 or divisible by 16): one compilation per dtype,
+        # block configuration and flags.
+        ints = ["s_unit", "s_elem", "P", "l_unit", "l_elem", "M", "N", "lam_bits"]
+        _KERNELS[interpret] = triton.jit(do_not_specialize=ints)(_prox_units)
     return _KERNELS[interpret]
 
 
@@ -320,10 +327,9 @@ def _sort_desc_fn(
             flip = _flip(N_DIMS, stage)
         else:
             flip = 1
-        for i in tl.static_range(stage):
-            j: tl.constexpr = stage - 1 - i  # partner at distance 2^j
-            partner = tl.sum(h, axis=N_DIMS - 1 - j, keep_dims=True) - h
-            upper = (flip ^ _flip(N_DIMS, j)) != 0  # this entry takes the larger one
+        for i in tl.static_range(stage):  # partners at distance 2^(stage - 1 - i)
+            partner = tl.sum(h, axis=N_DIMS - stage + i, keep_dims=True) - h
+            upper = (flip ^ _flip(N_DIMS, stage - 1 - i)) != 0  # takes the larger one
             h = tl.where(upper, tl.maximum(h, partner), tl.minimum(h, partner))
     return tl.reshape(h, x.shape)
 
@@ -528,7 +534,7 @@ def _prox_units(
         n_col = tl.sum(inband.to(tl.int32), axis=1) + has_top.to(tl.int32)
         use_band = tl.max(n_col) <= BAND
     else:
-        use_band = False
+        use_band: tl.constexpr = False  # a constexpr: the branch below is not compiled
     if use_band:
         top = tl.where(has_top, top, 0.0)
         s_hi = tl.sum(tl.where(above, ya, 0.0), axis=1) - top  # without the column-0 entry

@@ -24,6 +24,7 @@ This module checks arguments and dispatches; the algorithms live in private modu
 
 from __future__ import annotations
 
+import warnings
 from types import ModuleType
 from typing import Literal
 
@@ -131,6 +132,7 @@ def _prox(
     check_pair(w_in, w_out)
     if in_place:
         check_writable([(w_in, "w_in"), (w_out, "w_out")])
+    auto = method == "auto"
     method = _resolve_method(method, w_in, w_out)
     if lam == 0.0 or w_in.numel() == 0 or w_out.numel() == 0:
         if check_finite:
@@ -144,7 +146,14 @@ def _prox(
         if method == "kernel":
             return _prox_kernel(w_in, w_out, lam, check_finite, in_place)
         if method == "triton":
-            return _prox_triton(w_in, w_out, lam, check_finite, in_place)
+            try:
+                return _prox_triton(w_in, w_out, lam, check_finite, in_place)
+            except (ValueError, RuntimeError):
+                raise
+            except Exception as err:
+                if not auto:
+                    raise
+                _disable_triton(err)  # nothing was written: the kernel never launched
         return _prox_sort(w_in, w_out, lam, check_finite, in_place)
 
 
@@ -206,6 +215,19 @@ def _triton_module() -> ModuleType | None:
         else:
             _TRITON = _triton if _triton.available() else False
     return _TRITON if isinstance(_TRITON, ModuleType) else None
+
+
+def _disable_triton(err: Exception) -> None:
+    """After the Triton prox failed to build, ``"auto"`` uses ``"sort"`` from now on (warned
+    once, with the reason)."""
+    global _TRITON
+    _TRITON = False
+    warnings.warn(
+        f'pathnorm: the Triton prox failed here ({type(err).__name__}: {err}); method="auto" '
+        'runs the "sort" prox on CUDA from now on (method="triton" shows the error)',
+        RuntimeWarning,
+        stacklevel=4,
+    )
 
 
 def _prox_kernel(

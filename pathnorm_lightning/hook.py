@@ -238,7 +238,9 @@ class StepHook:
             lr = self._step_size(optimizer, item)
             try:
                 self.update(item.target, lr, self._check_for(item.target))
-            except NonFiniteWeightsError:
+            except _StepError:  # already names its step (a deferred check that came back)
+                raise
+            except NonFiniteWeightsError:  # the update's own check: name the target
                 raise _non_finite(self.owner, item.target.name) from None
         self.num_steps += 1
 
@@ -368,6 +370,10 @@ def prox_pair(target: StepTarget, step: float, check: FiniteCheck) -> None:
     prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)
 
 
+class _StepError(NonFiniteWeightsError):
+    """Non-finite weights, reported by the hook with the target and the step."""
+
+
 def _non_finite(owner: str, name: str, step: int | None = None) -> NonFiniteWeightsError:
     when = "the optimizer step" if step is None else f"optimizer step {step}"
     late = (
@@ -376,7 +382,7 @@ def _non_finite(owner: str, name: str, step: int | None = None) -> NonFiniteWeig
         else " (on CUDA the check reads its flag when it has reached the host, without "
         "stalling the GPU, so training may have gone on for a few steps)"
     )
-    return NonFiniteWeightsError(
+    return _StepError(
         f"{owner}: the weights of {name} contain NaN or inf after {when}{late}; check the "
         "learning rate and the loss for divergence. The prox of non-finite weights is undefined."
     )

@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from test_callbacks import MLP, assert_same_weights, loader, make_data, reference_prox_sgd, trainer
 from test_prox_methods import _random_case
+from test_prox_safety import TIES
 
 import pathnorm_lightning._cuda_graph as G
 import pathnorm_lightning.functional as F
@@ -31,8 +32,8 @@ from pathnorm_lightning import (
     prox_path_norm,
     prox_path_norm_,
 )
-from pathnorm_lightning._common import finite_flag
 from pathnorm_lightning._sort import prox_rows
+from pathnorm_lightning.hook import StepTarget, SyncCheck
 from shared_spec import reference
 
 pytestmark = pytest.mark.skipif(
@@ -48,13 +49,15 @@ def test_auto_is_triton_or_sort_on_cuda() -> None:
 
 @pytest.mark.parametrize(
     ("method", "graphs"),
-    [("sort", "1"), ("sort", "0"), ("auto", "1")],
-    ids=["graph", "sort", "auto"],
+    [("sort", "1"), ("sort", "0"), ("auto", "1"), ("triton", "0")],
+    ids=["graph", "sort", "auto", "triton"],
 )
 def test_exact_on_random_corner_cases_on_cuda(
     method: str, graphs: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATHNORM_CUDA_GRAPHS", graphs)
+    if method == "triton" and F._triton_module() is None:
+        pytest.skip("Triton is not installed")
     rng = np.random.default_rng(20261126)
     for _ in range(600):
         x, y, lam = _random_case(rng)
@@ -253,7 +256,7 @@ def test_callbacks_do_not_stall_the_gpu_at_every_step() -> None:
     try:
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
-            bool(finite_flag([torch.ones(3, device="cuda")]))  # a sync in pathnorm code is seen
+            SyncCheck()(StepTarget("t", (torch.ones(3, device="cuda"),)))  # a pathnorm sync
             assert pathnorm_syncs(record) == 1
             record.clear()
             tr.fit(model, loader(make_data(n=steps * 8)))
@@ -262,3 +265,28 @@ def test_callbacks_do_not_stall_the_gpu_at_every_step() -> None:
     assert cb.num_steps == steps
     # At most the waits for the last flags at the end of the epoch and of the fit.
     assert pathnorm_syncs(record) <= 2
+
+
+@pytest.mark.parametrize("method", ["sort", "triton"])
+def test_ties_and_extreme_magnitudes_on_cuda(method: str) -> None:
+    # The tie rule and the exactness at every magnitude hold on the GPU methods too.
+    if method == "triton" and F._triton_module() is None:
+        pytest.skip("Triton is not installed")
+    for x, y, lam in TIES:
+        xa, ya = np.array(x), np.array(y)
+        v_ref, w_ref = reference.prox_path_norm(xa, ya, lam)
+        for dtype in (torch.float32, torch.float64):
+            new_in, new_out = prox_path_norm(
+                torch.tensor(ya, dtype=dtype, device="cuda"),
+                torch.tensor(xa.T, dtype=dtype, device="cuda"),
+                lam,
+                method=method,  # type: ignore[arg-type]
+            )
+            assert np.array_equal(new_out.double().cpu().numpy().T, v_ref), (x, y, dtype)
+            assert np.array_equal(new_in.double().cpu().numpy(), w_ref), (x, y, dtype)
+    w_in, w_out = _layer(200, 50, 10, 7, torch.float64)
+    want = prox_path_norm(w_in.cpu(), w_out.cpu(), 0.01, method="kernel")
+    for scale in (2.0**-990, 2.0**990):
+        got = prox_path_norm(w_in * scale, w_out * scale, 0.01, method=method)  # type: ignore[arg-type]
+        torch.testing.assert_close(got[0].cpu() / scale, want[0], rtol=0, atol=1e-12)
+        torch.testing.assert_close(got[1].cpu() / scale, want[1], rtol=0, atol=1e-12)
