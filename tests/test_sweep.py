@@ -93,7 +93,7 @@ def test_columns_units_and_ordering(
         "written": 6,
         "remaining": 0,
         "trained": 18,
-        "evaluated": 6,
+        "evaluated": 12,
     }
     assert len(rows) == 18
     assert {(r["regularizer"], r["optimizer"]) for r in rows} == {
