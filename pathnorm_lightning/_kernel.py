@@ -307,28 +307,8 @@ def _best(
     nt_tx = 0.0
     nt_ty = 0.0
     for k in range(1, p + 1):
-        xk = xs[k - 1]
         big_x = cx[k - 1]
-        ax_k = big_x - k * xk  # X_k - k x_k >= 0
-        # Largest j in [0, count] with (k, c_hi + j) feasible (downward closed in l).
-        # Y_l = s_hi + (sum of the first j band entries), y_l = band[j - 1]; tau_hi stands in
-        # for y_l at j = 0 (the true one is larger). The test of w_l >= 0 grows with y_l
-        # (d > 0), so a pair passing with the stand-in is truly feasible, and the minimiser's
-        # pair passes: its lam a* <= tau_hi.
-        lo = -1
-        hi = count + 1
-        while hi - lo > 1:
-            mid = (lo + hi) >> 1
-            big_y = s_hi + cb[mid]
-            yl = tau_hi if mid == 0 else band[mid - 1]
-            lf = float(c_hi + mid)
-            ok = xk + lam2 * lf * ax_k >= lam * big_y
-            ok = ok and yl + lam2 * k * (big_y - lf * yl) >= lam * big_x
-            ok = ok and k * lam2 * lf < 1.0  # d = 1 - k l lam^2 > 0
-            if ok:
-                lo = mid
-            else:
-                hi = mid
+        lo = _band_index(k, xs[k - 1], big_x, lam, c_hi, s_hi, tau_hi, band, cb, count)
         if lo < 0:
             continue
         ly = s_hi + cb[lo]
@@ -360,6 +340,46 @@ def _best(
     if nt_h < best_h:
         return nt_tx, nt_ty
     return best_tx, best_ty
+
+
+@numba.njit(nogil=True)
+def _band_index(
+    k: int,
+    xk: float,
+    big_x: float,
+    lam: float,
+    c_hi: int,
+    s_hi: float,
+    tau_hi: float,
+    band: np.ndarray,
+    cb: np.ndarray,
+    count: int,
+) -> int:  # pragma: no cover - compiled
+    """The largest ``j`` in ``[0, count]`` with ``(k, c_hi + j)`` feasible, or -1 (bisection:
+    the feasible set is downward closed in ``l``).
+
+    ``Y_l = s_hi + (sum of the first j band entries)``, ``y_l = band[j - 1]``; ``tau_hi`` stands
+    in for ``y_l`` at ``j = 0`` (the true one is larger). The test of ``w_l >= 0`` grows with
+    ``y_l`` (``d > 0``), so a pair passing with the stand-in is truly feasible, and the
+    minimiser's pair passes: its ``lam a* <= tau_hi``.
+    """
+    lam2 = lam * lam
+    ax_k = big_x - k * xk  # X_k - k x_k >= 0
+    lo = -1
+    hi = count + 1
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        big_y = s_hi + cb[mid]
+        yl = tau_hi if mid == 0 else band[mid - 1]
+        lf = float(c_hi + mid)
+        ok = xk + lam2 * lf * ax_k >= lam * big_y
+        ok = ok and yl + lam2 * k * (big_y - lf * yl) >= lam * big_x
+        ok = ok and k * lam2 * lf < 1.0  # d = 1 - k l lam^2 > 0
+        if ok:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @numba.njit(nogil=True)

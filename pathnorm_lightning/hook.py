@@ -337,7 +337,7 @@ def attach(
     lam = _prefixed("attach", lambda v: check_scalar(v, "lam"), lam)
     if not isinstance(check_finite, bool):
         raise TypeError(f"attach: check_finite must be a bool, got {check_finite!r}")
-    optimizers = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    optimizers: list[Any] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     layer_pairs = resolve_pairs(model, pairs)
     targets = [pair_target(p.first_name, p.second_name, p.first, p.second) for p in layer_pairs]
 
