@@ -204,7 +204,7 @@ def interval_certified_mask(
 ) -> np.ndarray:
     """Boolean (N,): True where IBP proves that no input in the eps-box within [0, 1] changes
     the predicted class away from ``y`` (see :func:`interval_margin_bounds`)."""
-    return (interval_margin_bounds(weights, biases, x, y, eps, activation) > 0).all(axis=1)
+    return np.asarray((interval_margin_bounds(weights, biases, x, y, eps, activation) > 0).all(1))
 
 
 def interval_certified_error(
