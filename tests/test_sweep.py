@@ -165,6 +165,24 @@ def test_selection_ignores_the_test_set(data: dict[str, S.Prepared], tmp_path: P
     assert any(ra[k]["clean_error_full"] != rb[k]["clean_error_full"] for k in ra)
 
 
+def test_group_order_spreads_every_grid_early() -> None:
+    for n in range(12):
+        assert sorted(S.coarse_to_fine(n)) == list(range(n))
+    assert S.coarse_to_fine(7)[:3] == [3, 1, 5]
+    groups = S.build_groups(S.SweepConfig(), {"mnist": 55000, "kmnist": 6427})
+    assert len(groups) == 2 * 55 and len({g.key for g in groups}) == 110
+    first = [(g.regularizer, g.optimizer, g.lam) for g in groups[:6]]
+    assert first == [
+        ("none", "prox", 0.0),
+        ("l1", "prox", 1e-3),
+        ("path", "prox", 1e-3),
+        ("linf", "prox", 0.2),
+        ("l1", "penalty", 1e-3),
+        ("path", "penalty", 1e-3),
+    ]
+    assert {g.dataset for g in groups[:55]} == {"mnist"}
+
+
 def test_select_lr_ties_and_divergence() -> None:
     g = S.Group("d", "l1", "prox", 1e-3, 1, 10, (0.1, 0.2, 0.5), (0, 1), (0, 1))
     st = S._GroupState(g, 0)
@@ -312,8 +330,8 @@ def test_cli_skips_missing_data_and_dry_run(
     assert "skipping mnist" in err and "none of the datasets is available" in err
     assert S.main(["--datasets", "embedded", "--out", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    # none 1 + l1 11 x 2 + path 11 x 2 + linf 7 groups; 4 lrs at seed 0 + seeds 1, 2
-    assert "52 groups (52 to run): 312 training runs, 156 evaluated" in out
+    # none 1 + l1 12 x 2 + path 11 x 2 + linf 8 groups; 4 lrs at seed 0 + seeds 1, 2
+    assert "55 groups (55 to run): 330 training runs, 165 evaluated" in out
     assert "estimate:" in out
     assert S.main(["merge", str(tmp_path / "x.csv"), str(tmp_path / "missing.csv")]) == 2
     assert "no such results file" in capsys.readouterr().err
