@@ -34,6 +34,7 @@ def _result(reg: str, method: str, lam: float, rng: np.random.Generator) -> dict
         "clean_error": clean,
         "robust_error": robust,
         "certified_error": {k: min(1.0, v + 0.2) for k, v in robust.items()},
+        "certified_error_interval": {k: min(1.0, v + 0.1) for k, v in robust.items()},
         "nonzero_weights_pct": 100 * rng.random(),
         "effective_nonzero_pct": 100 * rng.random(),
         "final_regularized_loss": rng.random(),
@@ -88,6 +89,12 @@ def readability_problems(fig: Figure) -> list[str]:
             pts = ax.transData.transform(coll.get_offsets())
             if any(box.contains(x, y) for x, y in pts):
                 problems.append(f"axes {n}: the legend covers a point of {coll.get_label()!r}")
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    boxes = [leg.get_window_extent(renderer) for leg in legends]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            if _overlaps(a, b):
+                problems.append("two legends overlap")
     return problems
 
 
@@ -116,6 +123,13 @@ def test_the_check_finds_an_overlap_and_a_covering_legend() -> None:
     plt.close(fig)
     assert "axes 0: tick labels overlap" in found
     assert "axes 0: the legend covers a point of 'data'" in found
+    fig, axes = plt.subplots(1, 2, figsize=(4, 2))
+    for ax in axes:
+        ax.plot([0, 1], [0, 1], label="a rather long label that sticks out")
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3))
+    found = readability_problems(fig)
+    plt.close(fig)
+    assert "two legends overlap" in found
 
 
 def test_training_curve_is_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

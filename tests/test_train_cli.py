@@ -426,6 +426,7 @@ def test_reproduce_quick_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     report = (out / "report.md").read_text()
     assert "Prox-SGD ends at a lower regularized loss than SGD" in report
     assert "| embedded | path | Prox-SGD | 0.001 | 1 |" in report
+    assert "certified (interval bound propagation) error at eps 0.05" in report
     # re-running skips finished runs and re-plots
     assert reproduce.main([*args, "--report-only"]) == 0
 
