@@ -612,12 +612,17 @@ def make_subset(
 
 def main(argv: list[str] | None = None) -> None:
     """``python -m pathnorm_experiments.data``: inspect datasets or regenerate the subset."""
-    p = argparse.ArgumentParser(prog="python -m pathnorm_experiments.data", description=__doc__)
-    p.add_argument("--data-dir", default=None, help=f"default: ${ENV_VAR} or ~/.cache/pathnorm")
+    p = argparse.ArgumentParser(
+        prog="python -m pathnorm_experiments.data",
+        description="Check the datasets (MNIST, Fashion-MNIST, KMNIST, the embedded subset), or "
+        "regenerate the embedded MNIST subset deterministically from the real MNIST files.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--data-dir", default=None, help=f"None: ${ENV_VAR}, else ~/.cache/pathnorm")
     p.add_argument("--make-subset", action="store_true", help="regenerate the embedded subset")
-    p.add_argument("--out", default=str(EMBEDDED_PATH))
+    p.add_argument("--out", default=str(EMBEDDED_PATH), help="where --make-subset writes it")
     p.add_argument("--check", nargs="*", default=None, help="load and summarise these datasets")
-    p.add_argument("--allow-partial", action="store_true")
+    p.add_argument("--allow-partial", action="store_true", help="accept KMNIST's partial set")
     args = p.parse_args(argv)
     if args.make_subset:
         path = make_subset(args.data_dir, args.out)

@@ -422,3 +422,11 @@ def test_image_data_module_reads_real_mnist() -> None:
     assert len(loader.dataset) == 60_000  # type: ignore[arg-type]
     x, _ = next(iter(loader))
     assert x.shape == (1000, 784) and float(x.max()) == 1.0
+
+
+def test_data_cli_help_is_plain_text_with_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        D.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "``" not in text and ":class:" not in text
+    assert "regenerate the embedded subset (default: False)" in text
