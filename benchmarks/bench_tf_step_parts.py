@@ -7,7 +7,7 @@ replaced, for the measurement only, by parts of it:
 * ``identity``: the kernels unchanged (what the optimizer's machinery around the prox costs);
 * ``write``: the final soft-threshold of both kernels only (thresholds from ``kernel_out``);
 * ``sums``: ``--sums`` sums per unit over ``kernel_in`` (the long side), each one reduced as the
-  prox reduces its statistics (:func:`pathnorm_tf.functional._reduce_units`), then the write;
+  prox reduces its statistics (:func:`pathnorm_tf._xla.reduce_units`), then the write;
   the band prox needs five such statistics (the band entries counted among them);
 * ``prox``: the real prox.
 
@@ -38,7 +38,7 @@ import tensorflow as tf
 from bench_tf import load_mnist, paper_mlp
 
 import pathnorm_tf.optimizers as optimizers
-from pathnorm_tf import PathNormSGD
+from pathnorm_tf import PathNormSGD, _xla
 from pathnorm_tf import functional as F
 
 Kernels = tuple[tf.Tensor, tf.Tensor]
@@ -55,13 +55,13 @@ def _sums_then_write(k_in: tf.Tensor, k_out: tf.Tensor, lam: Any, sums: int) -> 
     """``sums`` per-unit reductions over ``|k_in|`` of the prox's kinds, then the write; the
     thresholds depend on every sum, so none is optimized away (they are ~1e-12 of a weight)."""
     x1 = tf.reduce_sum(tf.abs(tf.cast(k_out, tf.float64)), 1)  # (n,)
-    (tau,) = F._materialized(tf.cast(tf.cast(lam, tf.float64) * x1, k_in.dtype)[tf.newaxis, :])
+    (tau,) = _xla.materialized(tf.cast(tf.cast(lam, tf.float64) * x1, k_in.dtype)[tf.newaxis, :])
     ay = tf.abs(k_in)
     r = tf.maximum(ay - tau, 0.0)
     kinds = [ay * ay, r * r, r, tf.cast(ay > tau, ay.dtype), tf.where(ay > 0.5 * tau, ay, 0.0)]
     total = tf.zeros([1, int(k_in.shape[1])], tf.float64)
     for i in range(sums):
-        part = F._reduce_units(tf.reduce_sum, kinds[i % len(kinds)] * (1.0 + i), 1)
+        part = _xla.reduce_units(tf.reduce_sum, kinds[i % len(kinds)] * (1.0 + i), 1)
         total += tf.cast(tf.reshape(part, [1, -1]), tf.float64)
     return _write(k_in, k_out, tf.reshape(total, [-1]) * 1e-12)
 

@@ -22,13 +22,15 @@ Requires the TensorFlow backend of Keras.
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any
 
 import keras
 import tensorflow as tf
 
 from pathnorm_tf import pairing
-from pathnorm_tf.functional import _check_scalar, _prox_kernels, _soft_threshold, _warn_if_xla
+from pathnorm_tf._common import check_scalar, soft_threshold, warn_if_xla
+from pathnorm_tf.functional import _prox_kernels
 from pathnorm_tf.functional import project_linf_operator_norm as _project_linf
 
 __all__ = ["PathNormSGD", "ProxOptimizer"]
@@ -46,12 +48,28 @@ def _check_backend(cls_name: str) -> None:
 
 
 def _check_strength(value: Any, name: str, owner: str) -> float:
+    """``lam``/``radius`` as a float: the rule of :func:`pathnorm_tf._common.check_scalar`
+    (``TypeError`` for a non-real, ``ValueError`` for NaN, inf, negative or a shape)."""
     if value is None:
-        raise ValueError(f"{owner} needs {name} (a finite number >= 0), e.g. {name}=1e-4")
+        raise TypeError(f"{owner} needs {name} (a finite number >= 0), e.g. {name}=1e-4")
     if getattr(value, "shape", ()) != ():  # (prox_path_norm also takes a 1-element tensor)
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    # Python, NumPy and 0-d tensor reals, checked as prox_path_norm checks its lam.
-    return float(_check_scalar(value, name))
+        raise ValueError(f"{name} must be a real number, not an array of shape {value.shape}")
+    return float(check_scalar(value, name))
+
+
+def _model_of(variables: list[Any]) -> keras.Model | None:
+    """The model whose ``fit``/``compile`` is building this optimizer, if any: Keras calls
+    ``optimizer.build(self.trainable_variables)`` from the model's own method (through a
+    ``LossScaleOptimizer``'s build at most), and a variable keeps no link to its layer. None in
+    a custom loop (``optimizer.apply`` or ``build`` called directly)."""
+    ids = [id(v) for v in variables]
+    frame = inspect.currentframe()
+    for _ in range(8):
+        frame = frame.f_back if frame is not None else None
+        owner = frame.f_locals.get("self") if frame is not None else None
+        if isinstance(owner, keras.Model) and [id(v) for v in owner.trainable_variables] == ids:
+            return owner
+    return None
 
 
 def _tf_variable(v: Any) -> Any:
@@ -112,7 +130,7 @@ class _KernelRegularizer:
         if regularizer != "path" and pairs_spec != "auto":
             raise ValueError(f'pairs applies to regularizer="path"; for {regularizer!r} use layers')
         if not isinstance(check_finite, bool):
-            raise ValueError(f"check_finite must be a bool, got {check_finite!r}")
+            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         self._regularizer = regularizer
         self._lam = lam_v
         self._radius = radius_v
@@ -147,6 +165,10 @@ class _KernelRegularizer:
 
     def _resolve_targets(self, variables: list[Any]) -> None:
         self._pair_indices, self._layer_indices = self._resolve(variables)
+        if self._regularizer == "path" and self._pairs_spec == "auto":
+            model = _model_of(variables)
+            if model is not None:
+                pairing.check_auto_pairs_in_model(model, variables, self._pair_indices)
         path = self._regularizer == "path"
         spec = self._pairs_spec if path else self._layers_spec
         if not isinstance(spec, str):  # names: record where they resolved, for the config
@@ -215,7 +237,7 @@ class _KernelRegularizer:
     def _read(self, var: Any, name: str) -> tf.Tensor:
         value = tf.convert_to_tensor(var)
         if self._check_finite:
-            _warn_if_xla(f"check_finite=True: that {name} is finite")
+            warn_if_xla(f"check_finite=True: that {name} is finite")
             value = tf.debugging.assert_all_finite(
                 value, f"{name} contains NaN or inf before the prox (training diverged?)"
             )
@@ -239,7 +261,7 @@ class _KernelRegularizer:
         def update() -> None:
             value = self._read(kernel, "kernel")
             if self._regularizer == "l1":
-                kernel.assign(_soft_threshold(value, self._step(learning_rate)))
+                kernel.assign(soft_threshold(value, self._step(learning_rate)))
             else:
                 assert self._radius is not None
                 kernel.assign(_project_linf(value, self._radius))
@@ -358,6 +380,15 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
         if isinstance(inner_optimizer, (PathNormSGD, ProxOptimizer)):
             raise ValueError(
                 "inner_optimizer already applies a prox; wrap a plain optimizer (e.g. SGD, Adam)"
+            )
+        if isinstance(inner_optimizer, keras.optimizers.LossScaleOptimizer):
+            # Its real steps (finite gradients, the end of an accumulation) are decided inside
+            # its apply and not visible from here: the prox would also follow skipped steps.
+            raise ValueError(
+                "ProxOptimizer(LossScaleOptimizer(...)) would apply the prox on the steps the "
+                "loss scaler skips; nest them the other way round, "
+                "LossScaleOptimizer(ProxOptimizer(...)) (what model.compile builds under a "
+                "mixed_float16 policy)"
             )
         if getattr(inner_optimizer, "use_ema", False):
             raise ValueError(

@@ -261,6 +261,58 @@ def _recurrent_between(scan: _Scan, i: int, j: int) -> str | None:
     return next((cell for r, cell in scan.recurrent if min(i, j) < r < max(i, j)), None)
 
 
+def _not_consecutive(a: str, b: str, what: str) -> ValueError:
+    return ValueError(
+        f'pairs="auto": Dense layers {a!r} -> {b!r} are not consecutive: the {what} lies '
+        "between them (a recurrent, frozen, convolution or normalization layer), so they are "
+        "no shallow network and their path-norm bounds nothing. Pass pairs=[...] to choose "
+        "the Dense pairs explicitly"
+    )
+
+
+def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[str]] | None:
+    """A layer with trained variables between the Dense kernels ``i`` and ``j`` (in variable
+    order, which is layer order) other than their own two layers: its path and variables."""
+    own = {_layer_of(variables[i])[0], _layer_of(variables[j])[0]}
+    for r in range(min(i, j) + 1, max(i, j)):
+        layer = _layer_of(variables[r])[0]
+        if layer not in own:
+            names = [
+                _path(v) for v in variables[min(i, j) + 1 : max(i, j)] if _layer_of(v)[0] == layer
+            ]
+            return layer, names
+    return None
+
+
+def check_auto_pairs_in_model(
+    model: Any, variables: Sequence[Any], pairs: Sequence[tuple[int, int]]
+) -> None:
+    """Refuse an auto pair whose two Dense layers have a layer with weights between them in
+    ``model``'s layer order, frozen ones included (the optimizer's variables cannot show a
+    layer whose weights are all frozen).
+
+    Args:
+        model: the Keras model that trains ``variables``.
+        variables: its trainable variables, as the optimizer holds them.
+        pairs: the indices ``resolve_pairs(variables, "auto")`` returned.
+    """
+    leaves = [
+        layer
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if not list(layer._flatten_layers(include_self=False))
+    ]
+    position = {id(w): k for k, layer in enumerate(leaves) for w in layer.weights}
+    for i, j in pairs:
+        a, b = position.get(id(variables[i])), position.get(id(variables[j]))
+        if a is None or b is None:
+            continue
+        for layer in leaves[a + 1 : b]:
+            if layer.weights:
+                state = "frozen " if not any(w.trainable for w in layer.weights) else ""
+                what = f"{state}{type(layer).__name__} {layer.name!r}"
+                raise _not_consecutive(leaves[a].name, leaves[b].name, what)
+
+
 def _check_chain(variables: Sequence[Any], i: int, j: int, a: str, b: str, what: str) -> None:
     m_units = variables[i].shape[1]
     n_inputs = variables[j].shape[0]
@@ -375,11 +427,10 @@ def resolve_pairs(
         for (i, a), (j, b) in zip(kernels[0::2], kernels[1::2], strict=False):
             cell = _recurrent_between(scan, i, j)
             if cell is not None:
-                raise ValueError(
-                    f'pairs="auto": Dense layers {a!r} -> {b!r} are not consecutive: the '
-                    f"recurrent layer {cell!r} lies between them, so they are no shallow "
-                    "network. Pass pairs=[...] to choose the Dense pairs explicitly"
-                )
+                raise _not_consecutive(a, b, f"recurrent layer {cell!r}")
+            between = _layer_between(variables, i, j)
+            if between is not None:
+                raise _not_consecutive(a, b, f"layer {between[0]!r} (it trains {between[1]})")
             _check_chain(variables, i, j, a, b, 'pairs="auto"')
             out.append((i, j))
         if len(kernels) % 2:

@@ -43,13 +43,12 @@ def _layers(rng: np.random.Generator, m: int, n: int, p: int) -> tuple[np.ndarra
     return w_in, w_out
 
 
-# Both sides have several exact methods (torch: compiled kernel, band, whole-row sort; TF: band,
+# Both sides have several exact methods (torch: compiled kernel, whole-row sort; TF: band,
 # sort); every combination must give the same numbers.
 TORCH_METHODS = (
-    ["kernel", "sort", "band"]
-    if "method" in inspect.signature(pnl.prox_path_norm).parameters
-    else [None]
+    ["kernel", "sort"] if "method" in inspect.signature(pnl.prox_path_norm).parameters else [None]
 )
+TF_METHODS = ["band", "sort"]
 
 
 def _torch_prox(w_in: np.ndarray, w_out: np.ndarray, lam: float, method: str | None) -> Any:
@@ -61,7 +60,7 @@ def _torch_prox(w_in: np.ndarray, w_out: np.ndarray, lam: float, method: str | N
 @pytest.mark.parametrize("lam", [1e-3, 0.07, 0.4, 3.0, 1e30])
 @pytest.mark.parametrize(("dtype", "tol"), [("float64", 1e-12), ("float32", 1e-6)])
 @pytest.mark.parametrize("method", TORCH_METHODS)
-@pytest.mark.parametrize("tf_method", ["band", "sort"])
+@pytest.mark.parametrize("tf_method", TF_METHODS)
 def test_prox_agrees(
     shape: tuple[int, int, int],
     lam: float,
@@ -80,6 +79,35 @@ def test_prox_agrees(
         assert got.dtype == want.dtype == np.dtype(dtype)
         assert _rel_err(got, want) <= tol
         np.testing.assert_array_equal(got == 0, want == 0)
+
+
+# Exact ties between candidates (neutral layout: x = outgoing, y = incoming weights of one unit):
+# every method of both backends keeps the first candidate of least objective, in the order
+# (x, 0), (0, y), then the stationary points by increasing k (shared_spec.reference.prox_unit).
+TIES = [
+    (np.array([0.5, -0.25]), np.array([-0.25, 0.5, 0.0]), 1e6),  # ||x||^2 = ||y||^2
+    (np.array([1.0, 0.0]), np.array([0.5, -0.5, 0.5, 0.5]), 50.0),
+    (np.array([0.5, 0.5, -0.5, 0.5]), np.array([0.0, -1.0]), 3.0),  # p > m
+]
+
+
+@pytest.mark.parametrize("case", range(len(TIES)))
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("method", TORCH_METHODS)
+@pytest.mark.parametrize("tf_method", TF_METHODS)
+def test_exact_ties_are_broken_alike(
+    case: int, dtype: str, method: str | None, tf_method: str
+) -> None:
+    x, y, lam = TIES[case]
+    w_in, w_out = y[np.newaxis, :].astype(dtype), x[:, np.newaxis].astype(dtype)  # torch layout
+    t_in, t_out = (t.numpy() for t in _torch_prox(w_in, w_out, lam, method))
+    k_in, k_out = pntf.prox_path_norm(
+        tf.constant(w_in.T), tf.constant(w_out.T), lam, method=tf_method
+    )
+    np.testing.assert_array_equal(t_out, w_out)  # (x, 0): the outgoing weights stay
+    np.testing.assert_array_equal(t_in, 0.0)
+    np.testing.assert_array_equal(k_out.numpy().T, t_out)
+    np.testing.assert_array_equal(k_in.numpy().T, t_in)
 
 
 # Realistic float32 layers (Glorot-uniform, as Keras and the paper's net initialise them), where

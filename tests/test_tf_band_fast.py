@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pathnorm_tf import functional, prox_path_norm
+from pathnorm_tf import _band, _xla, functional, prox_path_norm
 from shared_spec import reference as ref
 
 # (m, n, p): kernel_in (m, n), kernel_out (n, p). Dense layout (m >= p) and the swapped one
@@ -75,9 +75,9 @@ def band_width(k_in: Any, k_out: Any, lam: float) -> int:
     m, p = k_in.shape[0], k_out.shape[1]
     lam = min(lam, functional._LAM_CAP)
     if p > m:
-        b = functional._band_setup(tf.constant(k_in.T), tf.constant(k_out), 0, lam, lam * lam)
+        b = _band.band_setup(tf.constant(k_in.T), tf.constant(k_out), 0, lam, lam * lam)
     else:
-        b = functional._band_setup(tf.constant(k_out), tf.constant(k_in), 1, lam, lam * lam)
+        b = _band.band_setup(tf.constant(k_out), tf.constant(k_in), 1, lam, lam * lam)
     return int(b.width.numpy())
 
 
@@ -135,7 +135,7 @@ def test_cases_cover_every_band_path() -> None:
                 w = band_width(*make_case(shape, kind, seed))
                 for lo, hi in BUCKETS:
                     hit[(lo, hi)] += lo <= w <= hi
-    assert functional._FAST_TIERS == (0, 1, 2, 4, 8, 16) and functional.BAND_BLOCK == 32
+    assert _band.FAST_TIERS == (0, 1, 2, 4, 8, 16) and _band.BAND_BLOCK == 32
     assert all(count >= 3 for count in hit.values()), hit
 
 
@@ -173,9 +173,9 @@ def test_narrow_band_extraction_with_ties(unit_axis: int, kb: int, jit: bool) ->
     assert count.max() == kb  # the block is full in some row
 
     def extract(y_t: tf.Tensor) -> tf.Tensor:
-        b = functional._band_setup(tf.ones([n, 2], tf.float64), y_t, unit_axis, 0.1, 0.01)
+        b = _band.band_setup(tf.ones([n, 2], tf.float64), y_t, unit_axis, 0.1, 0.01)
         b = b._replace(tau_lo=tf.constant(lo), tau_hi=tf.constant(hi), count=tf.constant(count))
-        return functional._narrow_band(b, kb)
+        return _band.narrow_band(b, kb)
 
     fn = tf.function(extract, jit_compile=True) if jit else extract
     got = fn(tf.constant(y if unit_axis == 0 else y.T)).numpy()
@@ -191,7 +191,7 @@ def test_packed_counts_are_exact(dtype: tf.DType, unit_axis: int, m: int) -> Non
     x = rng.standard_normal((n, p))
     y = rng.standard_normal((n, m)) * rng.choice([0.0, 1e-3, 1.0], size=(n, m))
     lam = 0.05
-    b = functional._band_setup(
+    b = _band.band_setup(
         tf.constant(x, dtype),
         tf.constant(y if unit_axis == 0 else y.T, dtype),
         unit_axis,
@@ -217,12 +217,12 @@ def test_sliced_reductions(unit_axis: int, size: int, jit: bool) -> None:
     t_in = tf.constant(t if unit_axis == 0 else t.T)
 
     def reduce(fn: Any) -> Any:
-        return tf.function(lambda u: functional._reduce_units(fn, u, unit_axis), jit_compile=jit)
+        return tf.function(lambda u: _xla.reduce_units(fn, u, unit_axis), jit_compile=jit)
 
     total = reduce(tf.reduce_sum)(t_in).numpy()
     np.testing.assert_allclose(total, t.sum(1, keepdims=True), rtol=1e-13, atol=1e-13)
     np.testing.assert_array_equal(reduce(tf.reduce_max)(t_in).numpy(), t.max(1, keepdims=True))
-    pair = tf.function(lambda u: functional._unit_sums(u, u * u, unit_axis), jit_compile=jit)(t_in)
+    pair = tf.function(lambda u: _xla.unit_sums(u, u * u, unit_axis), jit_compile=jit)(t_in)
     np.testing.assert_allclose(pair[0].numpy(), total, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(pair[1].numpy(), (t * t).sum(1, keepdims=True), rtol=1e-13)
 
@@ -235,9 +235,9 @@ def test_row_sorts(p: int) -> None:
     a = np.abs(rng.choice([0.0, 0.5, 1.0, rng.random()], size=(30, p)))  # ties and zeros
     a[:10] = rng.random((10, p))
     want = -np.sort(-a, axis=1)
-    np.testing.assert_array_equal(functional._sort_rows_desc(tf.constant(a)).numpy(), want)
+    np.testing.assert_array_equal(_xla.sort_rows_desc(tf.constant(a)).numpy(), want)
     for jit in (False, True):
-        sort = tf.function(functional._sort_rows_desc, jit_compile=jit)
+        sort = tf.function(_xla.sort_rows_desc, jit_compile=jit)
         np.testing.assert_array_equal(sort(tf.constant(a)).numpy(), want)
         got32 = sort(tf.constant(a.astype(np.float32))).numpy()
         np.testing.assert_array_equal(got32, want.astype(np.float32))
@@ -250,20 +250,18 @@ def test_short_cumsums_under_xla_equal_cumsum(dtype: tf.DType, cols: int) -> Non
     # reduce-window thunk of its own there); longer rows, and eager code, keep tf.cumsum.
     rng = np.random.default_rng(cols)
     a = tf.constant(rng.standard_normal((7, cols)) * 10.0 ** rng.uniform(-3, 3, (7, cols)), dtype)
-    got = tf.function(functional._cumsum_cols, jit_compile=True)(a).numpy()
+    got = tf.function(_xla.cumsum_cols, jit_compile=True)(a).numpy()
     want = np.cumsum(a.numpy().astype(np.float64), axis=1)
     eps = 2e-7 if dtype == tf.float32 else 4e-16
     bound = cols * eps * np.cumsum(np.abs(a.numpy().astype(np.float64)), axis=1)
     assert np.all(np.abs(got - want) <= bound)
-    eager = functional._cumsum_cols(a).numpy()
+    eager = _xla.cumsum_cols(a).numpy()
     np.testing.assert_array_equal(eager, tf.cumsum(a, axis=1).numpy())
 
 
 def band_bounds(k_in: Any, k_out: Any, lam: float, dtype: tf.DType) -> tuple[Any, Any]:
     """``(tau_lo, tau_hi)`` per unit (n,) as ``_band_setup`` computes them (Dense layout)."""
-    b = functional._band_setup(
-        tf.constant(k_out, dtype), tf.constant(k_in, dtype), 1, lam, lam * lam
-    )
+    b = _band.band_setup(tf.constant(k_out, dtype), tf.constant(k_in, dtype), 1, lam, lam * lam)
     return b.tau_lo.numpy()[:, 0].astype(np.float64), b.tau_hi.numpy()[:, 0].astype(np.float64)
 
 
@@ -338,10 +336,10 @@ def test_argmin_under_xla_is_the_first_least_index(dtype: tf.DType, k: int) -> N
     h[10, :] = np.inf
     want = np.argmin(h, axis=1)[:, None]  # numpy: the first least index too
     for jit in (False, True):
-        got = tf.function(functional._argmin_rows, jit_compile=jit)(tf.constant(h, dtype))
+        got = tf.function(_xla.argmin_rows, jit_compile=jit)(tf.constant(h, dtype))
         np.testing.assert_array_equal(got.numpy(), want)
     nan_row = tf.constant(np.full((1, k), np.nan), dtype)
-    got = tf.function(functional._argmin_rows, jit_compile=True)(nan_row)
+    got = tf.function(_xla.argmin_rows, jit_compile=True)(nan_row)
     assert got.numpy()[0, 0] == k - 1  # in range, as XLA's argmin of a NaN row
 
 
@@ -362,10 +360,10 @@ def test_selects_under_xla_equal_gathers(dtype: tf.DType, q: int) -> None:
     best = np.argmin(np.where(np.isnan(h), np.inf, h), axis=1)
     best[11] = q - 1
     for jit in (False, True):
-        pick = tf.function(functional._pick_rows, jit_compile=jit)
+        pick = tf.function(_xla.pick_rows, jit_compile=jit)
         got = pick(tf.constant(t1, dtype), tf.constant(idx)).numpy()
         np.testing.assert_array_equal(got, np.take_along_axis(t1.astype(got.dtype), idx, 1))
-        at = tf.function(functional._at_least, jit_compile=jit)
+        at = tf.function(_xla.at_least, jit_compile=jit)
         args = (tf.constant(h, dtype), tf.constant(t1, dtype), tf.constant(t2, dtype))
         g1, g2 = (t.numpy()[:, 0] for t in at(*args))
         rows = np.arange(60) if jit else np.arange(60) != 11  # (eagerly: tf.argmin's NaN rule)
@@ -377,7 +375,7 @@ def test_selects_under_xla_equal_gathers(dtype: tf.DType, q: int) -> None:
 def test_materialized_is_bit_exact_under_xla(dtype: tf.DType) -> None:
     # The barrier against XLA's recomputation must be an identity: NaN, infs and -0 included.
     t = np.array([[np.nan, -np.inf, np.inf, -0.0, 0.0, 1e-300, -2.5, 3e38]])
-    f = tf.function(lambda a: functional._materialized(a * 2, a)[0], jit_compile=True)
+    f = tf.function(lambda a: _xla.materialized(a * 2, a)[0], jit_compile=True)
     got = f(tf.constant(t, dtype)).numpy()
     want = (t.astype(dtype.as_numpy_dtype) * 2).astype(got.dtype)
     np.testing.assert_array_equal(got.view(f"u{got.itemsize}"), want.view(f"u{got.itemsize}"))

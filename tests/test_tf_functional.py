@@ -12,7 +12,8 @@ import pytest
 import tensorflow as tf
 
 from pathnorm_tf import (
-    functional,
+    NonFiniteWeightsError,
+    _band,
     path_norm,
     product_bound,
     project_linf_operator_norm,
@@ -86,7 +87,7 @@ def test_band_method_equals_sort_method_also_when_the_band_overflows(
     k_in[rng.random(k_in.shape) < 0.2] = 0.0
     want = [t.numpy() for t in prox_path_norm(k_in, k_out, lam, method="sort")]
     for block in (64, 2, 1):  # 2 and 1: most bands are wider -> whole-row sort fallback
-        monkeypatch.setattr(functional, "BAND_BLOCK", block)
+        monkeypatch.setattr(_band, "BAND_BLOCK", block)
         got = [t.numpy() for t in prox_path_norm(k_in, k_out, lam, method="band")]
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
@@ -96,11 +97,11 @@ def test_band_method_equals_sort_method_also_when_the_band_overflows(
 def test_band_overflow_flag() -> None:
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((8, 2)), rng.standard_normal((8, 20))
-    *_, wide = functional._prox_rows_band(tf.constant(x), tf.constant(y), 0.05, 0.05**2)
+    *_, wide = _band.wide_band(_band.band_setup(tf.constant(x), tf.constant(y), 0, 0.05, 0.05**2))
     assert not bool(wide)  # m = 20 <= BAND_BLOCK: the block always holds the band
-    assert functional.BAND_BLOCK >= 20
+    assert _band.BAND_BLOCK >= 20
     x, y = rng.standard_normal((8, 10)), rng.standard_normal((8, 784))
-    *_, wide = functional._prox_rows_band(tf.constant(x), tf.constant(y), 0.01, 0.01**2)
+    *_, wide = _band.wide_band(_band.band_setup(tf.constant(x), tf.constant(y), 0, 0.01, 0.01**2))
     assert bool(wide)  # lam = 0.01 on unit-scale weights: the band is wider than the block
     got = [t.numpy() for t in prox_path_norm(y.T, x, 0.01)]  # so "auto" redoes it by sorting
     want = [t.numpy() for t in prox_path_norm(y.T, x, 0.01, method="sort")]
@@ -121,7 +122,7 @@ def test_lam_zero_is_identity_and_huge_lam_keeps_one_side() -> None:
     np.testing.assert_array_equal(b.numpy(), k_out)
     a, b = prox_path_norm(k_in, k_out, 1e6)
     for i in range(5):
-        keep_in = np.sum(k_in[:, i] ** 2) >= np.sum(k_out[i] ** 2)
+        keep_in = np.sum(k_in[:, i] ** 2) > np.sum(k_out[i] ** 2)  # a tie keeps (x, 0)
         np.testing.assert_array_equal(a.numpy()[:, i], k_in[:, i] if keep_in else 0.0)
         np.testing.assert_array_equal(b.numpy()[i], 0.0 if keep_in else k_out[i])
 
@@ -255,20 +256,26 @@ BAD_LAMS = [(-0.1, "finite number >= 0"), (float("nan"), "finite"), (float("inf"
 
 
 @pytest.mark.parametrize(
-    ("lam", "match"),
+    ("lam", "error", "match"),
     [
-        *BAD_LAMS,
-        ("x", "real number"),
-        (b"1", "real number"),
-        (None, "real number"),
-        (True, "real number"),
+        *((lam, ValueError, match) for lam, match in BAD_LAMS),
+        ("x", TypeError, "real number"),
+        (b"1", TypeError, "real number"),
+        (None, TypeError, "real number"),
+        (True, TypeError, "real number"),
+        (np.bool_(True), TypeError, "real number"),
+        (1 + 0j, TypeError, "real number"),
+        (tf.constant("0.1"), TypeError, "real number"),
     ],
 )
-def test_bad_lam(lam: object, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
+def test_bad_lam(lam: object, error: type[Exception], match: str) -> None:
+    # Not a real number: TypeError; a real that is NaN, inf or negative: ValueError (as torch).
+    with pytest.raises(error, match=match):
         prox_path_norm(np.ones((2, 2)), np.ones((2, 2)), lam)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         prox_l1(np.ones((2, 2)), lam)  # type: ignore[arg-type]
+    with pytest.raises(error, match=match.replace("lam", "radius")):
+        project_rows_l1_ball(np.ones((2, 2)), lam)  # type: ignore[arg-type]
 
 
 def test_bad_tensor_lam_and_radius() -> None:
@@ -297,11 +304,24 @@ def test_symbolic_lam_is_checked_when_the_graph_runs() -> None:
         (np.array([[np.nan, 1.0]]), np.ones((2, 2)), "kernel_in contains NaN or inf"),
         (np.ones((1, 2)), np.array([[np.inf, 1.0], [1.0, 1.0]]), "kernel_out contains NaN or inf"),
         ("weights", np.ones((2, 2)), "kernel_in must be"),
+        (np.ones((3, 2), np.float16), np.ones((2, 2)), r"same dtype; cast one"),
+        (np.ones((3, 2), np.float32), np.ones((2, 2), np.float64), r"same dtype; cast one"),
     ],
 )
 def test_bad_kernels(k_in: object, k_out: object, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         prox_path_norm(k_in, k_out, 0.1)
+    if "NaN" in match:  # the error has its own type, as on the torch side
+        with pytest.raises(NonFiniteWeightsError):
+            prox_path_norm(k_in, k_out, 0.1)
+
+
+def test_kernels_of_two_dtypes_are_refused_by_every_pair_function() -> None:
+    # Before, float16 + float64 kernels were computed at float16 precision without a word.
+    k_in, k_out = tf.ones((3, 2), tf.float16), tf.ones((2, 2), tf.float64)
+    for fn in (path_norm, product_bound, lambda a, b: prox_path_norm(a, b, 0.1, method="sort")):
+        with pytest.raises(ValueError, match=r"kernel_in \(float16\) and kernel_out \(float64\)"):
+            fn(k_in, k_out)
 
 
 def test_finite_check_is_optional_and_a_graph_assertion() -> None:

@@ -64,6 +64,14 @@ def kernels(model: keras.Model) -> list[np.ndarray]:
     return [layer.kernel.numpy() for layer in model.layers]
 
 
+def prox_first_pair(model: keras.Model, step: float) -> None:
+    """The prox with ``step`` on the model's first two Dense kernels, by hand."""
+    k_in, k_out = model.layers[0].kernel, model.layers[1].kernel
+    new_in, new_out = prox_path_norm(k_in, k_out, step)
+    k_in.assign(new_in)
+    k_out.assign(new_out)
+
+
 def reference_prox(
     k_in: np.ndarray, k_out: np.ndarray, lam: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -108,10 +116,7 @@ def test_short_trajectory_with_momentum_matches_manual_loop() -> None:
     for _ in range(steps):
         opt.apply(grads_of(model, x, y), model.trainable_variables)
         sgd.apply(grads_of(manual, x, y), manual.trainable_variables)
-        k_in, k_out = manual.layers[0].kernel, manual.layers[1].kernel
-        new_in, new_out = prox_path_norm(k_in, k_out, lam * lr)
-        k_in.assign(new_in)
-        k_out.assign(new_out)
+        prox_first_pair(manual, lam * lr)
     for got, want in zip(model.get_weights(), manual.get_weights(), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
         np.testing.assert_array_equal(got == 0, want == 0)
@@ -134,6 +139,61 @@ def test_learning_rate_schedule_sets_the_prox_step() -> None:
         k_out.assign(new_out)
         for got, want in zip(model.get_weights(), manual.get_weights(), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("inner", ["sgd", "adam"])
+def test_prox_optimizer_uses_the_rate_of_the_step_just_taken(inner: str) -> None:
+    # The twin of the PathNormSGD schedule test: reading the rate after the inner step (the
+    # next step's rate, half of this one here) would fail it.
+    x, y = data()
+    lam = 0.6
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.5, decay_steps=1, decay_rate=0.5)
+    make = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam}[inner]
+    model, manual = mlp(), mlp()
+    opt, plain = ProxOptimizer(make(schedule), lam=lam), make(schedule)
+    zeros = 0
+    for step in range(3):
+        opt.apply(grads_of(model, x, y), model.trainable_variables)
+        plain.apply(grads_of(manual, x, y), manual.trainable_variables)
+        prox_first_pair(manual, lam * 0.5 * 0.5**step)
+        for got, want in zip(model.get_weights(), manual.get_weights(), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+            np.testing.assert_array_equal(got == 0, want == 0)
+        zeros += sum(np.count_nonzero(k == 0) for k in kernels(model))
+    assert zeros > 0  # the prox did something at some step
+
+
+def test_prox_optimizer_refuses_a_loss_scale_optimizer_inside() -> None:
+    # It would apply the prox on the steps the loss scaler skips (inf gradients) and on every
+    # micro-batch under accumulation; the error names the nesting that works.
+    inner = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match=re.escape("LossScaleOptimizer(ProxOptimizer(...))")):
+        ProxOptimizer(inner, lam=0.1)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_loss_scale_around_prox_optimizer_proxes_real_steps_only(accumulate: int) -> None:
+    x, y = data()
+    lr, lam = 0.5, 0.3
+    model = mlp()
+    steps = {"gradient_accumulation_steps": accumulate} if accumulate > 1 else {}
+    opt = keras.optimizers.LossScaleOptimizer(
+        ProxOptimizer(keras.optimizers.SGD(lr, **steps), lam=lam)
+    )
+    w0 = model.get_weights()
+    bad = [tf.fill(g.shape, tf.constant(np.inf, g.dtype)) for g in grads_of(model, x, y)]
+    opt.apply(bad, model.trainable_variables)  # skipped by the loss scaler: no step, no prox
+    for got, want in zip(model.get_weights(), w0, strict=True):
+        np.testing.assert_array_equal(got, want)
+    scale = float(opt.dynamic_scale)
+    grads = [g * scale for g in grads_of(model, x, y)]  # as a scaled loss would give them
+    for _ in range(accumulate):
+        opt.apply(grads, model.trainable_variables)
+    stepped = [w - lr * g.numpy() / scale for w, g in zip(w0, grads, strict=True)]
+    exp_in, exp_out = reference_prox(stepped[0], stepped[2], lam * lr)
+    got = model.get_weights()
+    np.testing.assert_allclose(got[0], exp_in, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got[2], exp_out, rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("wrapped", [False, True])
@@ -254,6 +314,51 @@ def _frozen_model() -> keras.Model:
     model = mlp((5, 4, CLASSES), names=True)
     model.layers[0].trainable = False
     return model
+
+
+def _between_model(kind: str) -> keras.Model:
+    """``d1 -> (something) -> d3`` whose Dense sizes chain, so only the layer between can tell
+    "auto" that d1 and d3 are no shallow network."""
+    keras.utils.set_random_seed(0)
+    middle: Any = {
+        "frozen dense": keras.layers.Dense(4, name="d2"),
+        "frozen kernel": keras.layers.Dense(4, name="d2"),
+        "batchnorm": keras.layers.BatchNormalization(name="bn"),
+        "frozen batchnorm": keras.layers.BatchNormalization(name="bn"),
+        "layernorm": keras.layers.LayerNormalization(name="ln"),
+    }[kind]
+    layers = [keras.layers.Dense(4, name="d1"), middle, keras.layers.Dense(4, name="d3")]
+    model = keras.Sequential([keras.Input((X_DIM,)), *layers], name="net")
+    if kind in ("frozen dense", "frozen batchnorm"):
+        middle.trainable = False
+    if kind == "frozen kernel":
+        middle.kernel.trainable = False
+    return model
+
+
+@pytest.mark.parametrize(
+    ("kind", "match"),
+    [
+        ("frozen dense", "the frozen Dense 'd2' lies between them"),
+        ("frozen kernel", r"the layer 'net/d2' \(it trains \['net/d2/bias'\]\) lies between"),
+        ("batchnorm", r"the layer 'net/bn' \(it trains \['net/bn/gamma', 'net/bn/beta'\]\)"),
+        ("frozen batchnorm", "the frozen BatchNormalization 'bn' lies between them"),
+        ("layernorm", r"the layer 'net/ln' \(it trains"),
+    ],
+)
+def test_auto_does_not_pair_across_a_layer_between(kind: str, match: str) -> None:
+    # Before, "auto" paired d1 with d3 here: a frozen layer, or one whose maps are not Dense,
+    # breaks the chain (as on the torch side). Explicit pairs stay the user's choice.
+    x, y = data()
+    model = _between_model(kind)
+    model.compile(PathNormSGD(0.1, lam=0.1), loss_fn())
+    with pytest.raises(ValueError, match=match):
+        model.fit(x, y, epochs=1, verbose=0)
+    model = _between_model(kind)
+    opt = PathNormSGD(0.1, lam=0.1, pairs=[("d1", "d3")])
+    model.compile(opt, loss_fn())
+    model.fit(x, y, epochs=1, verbose=0)
+    assert opt.regularized_pairs == [("net/d1/kernel", "net/d3/kernel")]
 
 
 PAIRING_ERRORS = [
@@ -478,17 +583,19 @@ def test_einsum_dense_with_a_2d_kernel_counts_as_dense() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({}, ValueError, "PathNormSGD needs lam"),
+        ({}, TypeError, "PathNormSGD needs lam"),
         ({"lam": -1.0}, ValueError, "lam must be a finite number >= 0"),
         ({"lam": float("nan")}, ValueError, "lam must be a finite number >= 0"),
-        ({"lam": "1e-3"}, ValueError, "lam must be a real number"),
+        ({"lam": "1e-3"}, TypeError, "lam must be a real number"),
+        ({"lam": "a"}, TypeError, "lam must be a real number"),
+        ({"lam": 1j}, TypeError, "lam must be a real number"),
         ({"lam": 0.1, "pairs": "all"}, ValueError, 'pairs must be "auto"'),
         ({"lam": 0.1, "pairs": []}, ValueError, "non-empty list"),
         ({"lam": 0.1, "pairs": [("a", "b", "c")]}, ValueError, r"\(first_layer, second_layer\)"),
         ({"lam": 0.1, "pairs": [("a", 3)]}, TypeError, "expected a layer name"),
         ({"lam": 0.1, "pairs": [("a", "")]}, ValueError, "must not be empty"),
-        ({"lam": 0.1, "check_finite": 1}, ValueError, "check_finite must be a bool"),
-        ({"lam": np.bool_(True)}, ValueError, "lam must be a real number"),
+        ({"lam": 0.1, "check_finite": 1}, TypeError, "check_finite must be a bool"),
+        ({"lam": np.bool_(True)}, TypeError, "lam must be a real number"),
         ({"lam": tf.constant([0.1])}, ValueError, "lam must be a real number"),
         ({"lam": np.float32("nan")}, ValueError, "lam must be a finite number >= 0"),
     ],
@@ -832,9 +939,15 @@ def test_baseline_on_chosen_layers_only() -> None:
     ("args", "kwargs", "error", "match"),
     [
         ((), {"lam": 0.1}, TypeError, "inner_optimizer must be a keras.optimizers.Optimizer"),
-        ((keras.optimizers.SGD(0.1),), {}, ValueError, "ProxOptimizer needs lam"),
+        ((keras.optimizers.SGD(0.1),), {}, TypeError, "ProxOptimizer needs lam"),
         ((keras.optimizers.SGD(0.1),), {"lam": 0.1, "regularizer": "l2"}, ValueError, "one of"),
-        ((keras.optimizers.SGD(0.1),), {"regularizer": "linf"}, ValueError, "needs radius"),
+        ((keras.optimizers.SGD(0.1),), {"regularizer": "linf"}, TypeError, "needs radius"),
+        (
+            (keras.optimizers.SGD(0.1),),
+            {"regularizer": "linf", "radius": "1"},
+            TypeError,
+            "radius must be a real number",
+        ),
         (
             (keras.optimizers.SGD(0.1),),
             {"regularizer": "linf", "lam": 0.1},

@@ -1,4 +1,5 @@
-"""A Keras callback that reports sparsity and the Lipschitz bounds in ``logs``.
+"""Metrics of the regularized network: sparsity and the Lipschitz bounds, and a Keras callback
+that adds them to ``logs``.
 
 Keys (the same names and definitions as ``pathnorm_lightning``'s logged metrics):
 
@@ -58,10 +59,11 @@ def path_norm_bound(kernels: list[Any]) -> float:
 
 
 def product_bound(kernels: list[Any]) -> float:
-    """``sum|K_L| * prod_{l<L} ||K_l||_{inf->inf}`` (largest column l1 norm of a Dense kernel)."""
+    """``sum|K_L| * prod_{l<L} ||K_l||_{inf->inf}`` (largest column l1 norm of a Dense kernel;
+    0 for a kernel with no column)."""
     value = tf.reduce_sum(_abs64(kernels[-1]))
     for k in kernels[:-1]:
-        value = value * tf.reduce_max(tf.reduce_sum(_abs64(k), 0))
+        value = value * tf.reduce_max(tf.concat([tf.reduce_sum(_abs64(k), 0), [0.0]], 0))
     return float(value)
 
 

@@ -1,0 +1,184 @@
+"""The ``"sort"`` method: the shortest exact algorithm, read this one first.
+
+Every minimiser of the unit problem (x = outgoing, y = incoming weights of one hidden unit)::
+
+    min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
+
+is a trivial point ``(x, 0)`` or ``(0, y)``, or a stationary point fixed by its support sizes
+``(k, l)``: ``v`` keeps the top-k of ``|x|`` shrunk by ``lam ||w||_1``, ``w`` the top-l of
+``|y|`` shrunk by ``lam ||v||_1``. For each k only the largest feasible ``l = L(k)`` can win,
+found by a bisection of ``ceil(log2(m + 2))`` fixed steps over whole sorted rows; the least
+objective over the candidates is the minimum. Ties: the first candidate of least objective wins,
+in the order ``(x, 0)``, ``(0, y)``, then ``(k, L(k))`` by increasing k (the order of
+``shared_spec.reference.prox_unit``).
+
+References:
+    Latorre, Rolland, Hallak, Cevher, *Efficient Proximal Mapping of the 1-path-norm of
+    Shallow Networks*, ICML 2020 (Algorithm 2; docs/errata.md lists what its printed form
+    misses).
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+
+from pathnorm_tf._xla import argmin_rows, sort_rows_desc
+
+
+def prefix_sums(a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """For |values| ``a`` (n, q): ``c[:, k]`` = sum of the k largest, ``c2`` of their squares,
+    ``top[:, k]`` = the k-th largest (index 0 padded with 0); each (n, q + 1)."""
+    s = sort_rows_desc(a)
+    zero = tf.zeros_like(s[:, :1])
+    c = tf.concat([zero, tf.cumsum(s, axis=1)], 1)
+    c2 = tf.concat([zero, tf.cumsum(s * s, axis=1)], 1)
+    top = tf.concat([zero, s], 1)
+    return c, c2, top
+
+
+def candidate_objective(
+    big_x: tf.Tensor,
+    ly2: tf.Tensor,
+    cx2: tf.Tensor,
+    ly: tf.Tensor,
+    k: tf.Tensor,
+    lf: tf.Tensor,
+    t_v: tf.Tensor,
+    t_w: tf.Tensor,
+    lam: tf.Tensor,
+) -> tf.Tensor:
+    """Objective (up to 1/2 (||x||^2 + ||y||^2)) of the point that support sizes ``(k, l)``
+    and thresholds ``t_v = lam b``, ``t_w = lam a`` produce, from that point's own l1 norms
+    ``X_k - k t_v`` and ``Y_l - l t_w`` (as the torch side): near ``d = 1 - k l lam^2 = 0``,
+    ``a`` and ``b`` carry rounding amplified by ``1 / d``, and the closed form in ``a, b``
+    could misrank nearly equal candidates."""
+    nv = tf.maximum(big_x - k * t_v, 0.0)
+    nw = tf.maximum(ly - lf * t_w, 0.0)
+    return 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2 - ly2) + lam * nv * nw
+
+
+def prox_rows(
+    x: tf.Tensor,
+    y: tf.Tensor,
+    lam: float | tf.Tensor,
+    lam2: float | tf.Tensor,
+    swapped: bool = False,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights.
+
+    Args:
+        x: the outgoing weights (n, p), float.
+        y: the incoming weights (n, m), same dtype.
+        lam: the prox step, in [0, 2].
+        lam2: ``lam * lam``, rounded once.
+        swapped: ``x`` holds the incoming and ``y`` the outgoing weights (the caller swapped
+            them); only the tie order depends on it.
+
+    Returns:
+        The per-row soft-threshold levels ``(t_v, t_w)``, each (n, 1) (``inf``: the row
+        becomes 0): ``v = S(x, t_v)``, ``w = S(y, t_w)``.
+    """
+    p, m = int(x.shape[1]), int(y.shape[1])
+    if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
+        t_w, t_v = prox_rows(y, x, lam, lam2, not swapped)
+        return t_v, t_w
+    dtype = x.dtype
+    ax, ay = tf.abs(x), tf.abs(y)
+    cx, cx2, xk = prefix_sums(ax)  # xk[:, k] = k-th largest |x|
+    cy, cy2, yl = prefix_sums(ay)
+    zero = tf.zeros_like(cx[:, :1])
+
+    # --- Candidates (k, L(k)) for k = 0..p: k is the column index. ---
+    k_int = tf.range(p + 1)[tf.newaxis, :]
+    k = tf.cast(k_int, dtype)  # (1, p + 1), broadcast against (n, p + 1)
+    kx = cx  # X_k for every k
+    big_l = largest_feasible_l(cx, xk, cy, yl, lam, lam2)
+
+    lf = tf.cast(big_l, dtype)
+    d = 1.0 - k * lf * lam2
+    ly = tf.gather(cy, big_l, axis=1, batch_dims=1)
+    a = tf.maximum((kx - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
+    b = tf.maximum((ly - lf * lam * kx) / d, 0.0)  # ||w||_1 of the candidate
+    h = candidate_objective(
+        kx, tf.gather(cy2, big_l, axis=1, batch_dims=1), cx2, ly, k, lf, lam * b, lam * a, lam
+    )
+
+    # --- The trivial point (x, 0); column 0 (k = 0, L(0) = m) is (0, y). ---
+    ks = k_int + tf.zeros_like(big_l)
+    x_zero = (-0.5 * cx2[:, p:], cx[:, p:], zero, ks[:, p:], tf.zeros_like(big_l[:, :1]))
+    h, a, b, ks, ls = (
+        tie_order(c, c0, swapped) for c, c0 in zip((h, a, b, ks, big_l), x_zero, strict=True)
+    )
+
+    # --- Selection: the least objective, first index on ties. ---
+    best = argmin_rows(h)
+    a_star = tf.gather(a, best, axis=1, batch_dims=1)
+    b_star = tf.gather(b, best, axis=1, batch_dims=1)
+    v_keep = tf.gather(ks, best, axis=1, batch_dims=1) > 0
+    w_keep = tf.gather(ls, best, axis=1, batch_dims=1) > 0
+    inf = tf.constant(float("inf"), dtype)
+    return tf.where(v_keep, lam * b_star, inf), tf.where(w_keep, lam * a_star, inf)
+
+
+def largest_feasible_l(
+    cx: tf.Tensor,
+    xk: tf.Tensor,
+    cy: tf.Tensor,
+    yl: tf.Tensor,
+    lam: float | tf.Tensor,
+    lam2: float | tf.Tensor,
+) -> tf.Tensor:
+    """``L(k)``, the largest feasible ``l`` in [0, m] for every k = 0..p, by bisection: l = 0
+    is always feasible and the feasible set is downward closed in l, so a fixed number of
+    halvings (``ceil(log2(m + 2))``, static) is exact.
+
+    Args:
+        cx, xk: :func:`prefix_sums` of ``|x|`` (sums and k-th largest), (n, p + 1).
+        cy, yl: the same of ``|y|``, (n, m + 1).
+        lam, lam2: the prox step and its square.
+
+    Returns:
+        ``L(k)`` as int32, (n, p + 1).
+    """
+    m = int(cy.shape[1]) - 1
+    k_int = tf.range(int(cx.shape[1]))[tf.newaxis, :]
+    k = tf.cast(k_int, cx.dtype)
+
+    def feasible(l_idx: tf.Tensor) -> tf.Tensor:
+        # (k, l) is feasible iff k l lam^2 < 1 and the last kept entries of both candidate
+        # vectors are >= 0; multiplied through by d = 1 - k l lam^2 > 0 to avoid dividing.
+        lf = tf.cast(l_idx, cx.dtype)
+        d = 1.0 - k * lf * lam2
+        ly = tf.gather(cy, l_idx, axis=1, batch_dims=1)
+        y_last = tf.gather(yl, l_idx, axis=1, batch_dims=1)
+        v_ok = (k_int == 0) | (d * xk + lam2 * lf * cx - lam * ly >= 0)
+        w_ok = (l_idx == 0) | (d * y_last + lam2 * k * ly - lam * cx >= 0)
+        return (d > 0) & v_ok & w_ok
+
+    lo = tf.zeros_like(cx, dtype=tf.int32)
+    hi = tf.fill(tf.shape(lo), tf.constant(m + 1, tf.int32))
+    for _ in range(max(1, math.ceil(math.log2(m + 2)))):  # length depends on log2(m) only
+        mid = (lo + hi) // 2
+        ok = feasible(tf.minimum(mid, m))
+        lo = tf.where(ok, mid, lo)
+        hi = tf.where(ok, hi, mid)
+    return lo
+
+
+def tie_order(pairs: tf.Tensor, x_zero: tf.Tensor, swapped: bool) -> tf.Tensor:
+    """Candidate columns in the order of the tie rule: ``(x, 0)``, ``(0, y)``, then the
+    stationary points by increasing support size of the outgoing weights.
+
+    Args:
+        pairs: (n, q + 1) per candidate ``(0, y)`` (column 0), then ``(k, L(k))`` for
+            k = 1..q of the enumerated side.
+        x_zero: (n, 1) the candidate ``(x, 0)`` (all of the enumerated side kept).
+        swapped: the enumerated side holds the *incoming* weights: then ``(0, y)`` and
+            ``(x, 0)`` of the original roles are ``x_zero`` and column 0, and increasing k of
+            the enumerated side is decreasing outgoing support.
+    """
+    if not swapped:
+        return tf.concat([x_zero, pairs], 1)
+    return tf.concat([pairs[:, :1], x_zero, tf.reverse(pairs[:, 1:], [1])], 1)

@@ -1,0 +1,133 @@
+"""pathnorm_tf.functional at the edges: every finite magnitude, exact ties, empty layers."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pathnorm_tf import path_norm, product_bound, prox_path_norm
+from shared_spec import reference as ref
+
+METHODS = ["band", "sort", "auto"]
+
+
+def prox_fn(method: str, jit: bool, lam: float) -> Callable[..., tuple[tf.Tensor, tf.Tensor]]:
+    def fn(k_in: tf.Tensor, k_out: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return prox_path_norm(k_in, k_out, lam, method=method, check_finite=False)
+
+    return tf.function(fn, jit_compile=True) if jit else fn
+
+
+def reference_keras(
+    k_in: np.ndarray, k_out: np.ndarray, lam: float
+) -> tuple[np.ndarray, np.ndarray]:
+    v, w = ref.prox_path_norm(k_out, k_in.T, lam)
+    return w.T, v
+
+
+# --- every finite magnitude (scale equivariance per unit) ------------------------------------
+
+
+def scaled_units(scales: np.ndarray, m: int, p: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Unit-scale normal kernels (Keras layout), hidden unit i multiplied by ``scales[i]``."""
+    rng = np.random.default_rng(seed)
+    n = len(scales)
+    k_in = rng.standard_normal((m, n)) * scales[np.newaxis, :]
+    k_out = rng.standard_normal((n, p)) * scales[:, np.newaxis]
+    return k_in, k_out
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("shape", [(9, 3), (3, 9)], ids=["m>p", "p>m"])
+def test_float64_is_exact_from_1e_minus_300_to_1e300(method: str, shape: tuple[int, int]) -> None:
+    # Before, squared norms overflowed (>~1e154) or underflowed (<~1e-160) in float64 and the
+    # prox came out far from the minimiser. prox(s x, s y) = s prox(x, y) with the same lam.
+    scales = 10.0 ** np.arange(-300, 301, 50, dtype=np.float64)
+    lam = 0.15
+    m, p = shape
+    k_in, k_out = scaled_units(scales, m, p, seed=0)
+    unit_in, unit_out = reference_keras(k_in / scales, k_out / scales[:, None], lam)
+    want_in, want_out = unit_in * scales, unit_out * scales[:, None]
+    assert 0 < np.count_nonzero(want_in) < want_in.size  # a prox that keeps and zeroes entries
+    got_in, got_out = (t.numpy() for t in prox_fn(method, False, lam)(k_in, k_out))
+    np.testing.assert_allclose(got_in / scales, unit_in, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got_out / scales[:, None], unit_out, rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(got_in == 0, want_in == 0)
+    np.testing.assert_array_equal(got_out == 0, want_out == 0)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("method", METHODS)
+def test_float32_is_exact_over_its_whole_range_subnormals_included(method: str, jit: bool) -> None:
+    # Before, the float32 band came out up to 3x the optimal objective at <~1e-18 or >~1e19.
+    exps = np.array([-149, -140, -128, -124, -120, -75, -60, -30, 0, 30, 60, 90, 110, 120])
+    scales = 2.0 ** exps.astype(np.float64) * 1.3  # (not a power of two)
+    lam = 0.15
+    k_in, k_out = scaled_units(scales, 40, 4, seed=1)
+    k_in, k_out = k_in.astype(np.float32), k_out.astype(np.float32)  # subnormals round here
+    # TensorFlow runs its CPU kernels with denormals-are-zero and flush-to-zero: in every op
+    # (a Dense layer's matmul as the prox) a subnormal float32 is 0, and a result below the
+    # smallest normal number becomes 0. The prox is exact for the weights as TF sees them.
+    tiny = np.finfo(np.float32).tiny  # 2^-126
+    flushed = [np.where(np.abs(k) < tiny, 0.0, k.astype(np.float64)) for k in (k_in, k_out)]
+    want_in, want_out = reference_keras(*flushed, lam)
+    got_in, got_out = (t.numpy() for t in prox_fn(method, jit, lam)(k_in, k_out))
+    assert got_in.dtype == np.float32
+    unit_max = np.maximum(np.abs(k_in).max(0), np.abs(k_out).max(1))  # per hidden unit
+    bound_in, bound_out = 1e-6 * unit_max + tiny, (1e-6 * unit_max + tiny)[:, None]
+    np.testing.assert_array_less(np.abs(got_in - want_in), np.broadcast_to(bound_in, k_in.shape))
+    np.testing.assert_array_less(
+        np.abs(got_out - want_out), np.broadcast_to(bound_out, k_out.shape)
+    )
+    normal = unit_max >= 2.0**-100  # where every kept entry rounds to a nonzero float32
+    np.testing.assert_array_equal((got_in == 0)[:, normal], (want_in == 0)[:, normal])
+    assert 0 < np.count_nonzero(want_in) < want_in.size
+
+
+# --- exact ties: the first candidate wins, (x, 0), (0, y), then by increasing k -------------
+
+# Neutral layout: x = outgoing (kernel_out row), y = incoming (kernel_in column) of one unit.
+TIES = {
+    # ||x||^2 = ||y||^2 = 0.3125 and lam so large that only the trivial points remain
+    "issue": (np.array([[0.5, -0.25]]), np.array([[-0.25, 0.5, 0.0]]), 1e6),
+    "equal-norms": (np.array([[1.0, 0.0]]), np.array([[0.5, -0.5, 0.5, 0.5]]), 50.0),
+    # p > m: the methods enumerate the incoming side (roles swapped inside)
+    "swapped": (np.array([[0.5, 0.5, -0.5, 0.5]]), np.array([[0.0, -1.0]]), 3.0),
+}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("case", sorted(TIES))
+def test_exact_ties_keep_the_outgoing_side(
+    case: str, method: str, jit: bool, dtype: type[np.floating]
+) -> None:
+    x, y, lam = TIES[case]
+    v_ref, w_ref, _ = ref.prox_unit(x[0], y[0], lam)  # the reference's order: (x, 0) first
+    np.testing.assert_array_equal(v_ref, x[0])
+    np.testing.assert_array_equal(w_ref, 0.0)
+    k_in, k_out = y.T.astype(dtype), x.astype(dtype)  # Keras layout
+    new_in, new_out = prox_fn(method, jit, lam)(k_in, k_out)
+    np.testing.assert_array_equal(new_out.numpy(), k_out)  # v = x
+    np.testing.assert_array_equal(new_in.numpy(), np.zeros_like(k_in))  # w = 0
+
+
+# --- empty layers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("m", "n", "p"), [(3, 0, 2), (0, 2, 3), (3, 2, 0)])
+def test_bounds_of_an_empty_layer_are_zero(m: int, n: int, p: int) -> None:
+    # Before, product_bound returned NaN (0 * the max over no column, -inf) for n = 0.
+    k_in, k_out = tf.zeros((m, n), tf.float64), tf.zeros((n, p), tf.float64)
+    assert float(product_bound(k_in, k_out)) == 0.0
+    assert float(path_norm(k_in, k_out)) == 0.0
+    new_in, new_out = prox_path_norm(k_in, k_out, 0.1)
+    assert new_in.shape == (m, n) and new_out.shape == (n, p)
