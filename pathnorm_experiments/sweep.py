@@ -644,8 +644,13 @@ class _Task:
     weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
 
-def _worker_init(device: str) -> None:
+def _worker_init(device: str, data: Mapping[str, Prepared] | None = None) -> None:
+    """One thread; the datasets (inherited through fork, or passed to a spawned worker) on
+    ``device``."""
     torch.set_num_threads(1)
+    if data is not None:
+        _DATA.clear()
+        _DATA.update(data)
     if device != "cpu":
         for name, p in list(_DATA.items()):
             _DATA[name] = Prepared(p.name, *(getattr(p, f).to(device) for f in _TENSOR_FIELDS))
@@ -934,6 +939,7 @@ def run_sweep(
     device: str = "cpu",
     stop_after: float | None = None,
     log: Any = None,
+    start_method: str | None = None,
 ) -> dict[str, int]:
     """Run the grid's unfinished groups (of one shard), appending each group's rows when done.
 
@@ -947,6 +953,7 @@ def run_sweep(
         device: ``"cpu"`` or a CUDA device for the workers' tensors.
         stop_after: seconds after which no new task starts (the running ones finish).
         log: a text stream for progress lines (default stdout).
+        start_method: how workers start (default: ``fork`` on CPU, ``spawn`` on CUDA).
 
     Returns:
         Counts: ``groups`` (in this shard), ``done_before``, ``written`` (groups written now),
@@ -958,6 +965,8 @@ def run_sweep(
     if shard is not None and not 1 <= shard[0] <= shard[1]:
         raise ValueError(f"shard must be K/N with 1 <= K <= N, got {shard[0]}/{shard[1]}")
     log = log or sys.stdout
+    if start_method is None:
+        start_method = "fork" if device == "cpu" else "spawn"
     machine = machine or default_machine(device)
     out.mkdir(parents=True, exist_ok=True)
     groups = build_groups(cfg, {k: v.n_train for k, v in data.items()})
@@ -985,9 +994,11 @@ def run_sweep(
     else:
         pool = cf.ProcessPoolExecutor(
             jobs,
-            mp_context=multiprocessing.get_context("fork"),
+            mp_context=multiprocessing.get_context(start_method),
             initializer=_worker_init,
-            initargs=(device,),
+            # fork shares the parent's tensors; a spawned worker (CUDA cannot be used in a
+            # forked child once the parent initialised it) gets its own copy
+            initargs=(device, None if start_method == "fork" else dict(data)),
         )
     t_start = time.perf_counter()
     states = [_GroupState(g, i) for i, g in enumerate(todo)]
