@@ -62,7 +62,7 @@ from torch.nn import functional as F
 
 from pathnorm_experiments import certify, ibp
 from pathnorm_experiments.config import float_key, initial_weights, shuffle_orders
-from pathnorm_experiments.data import DataError, Dataset, load_dataset
+from pathnorm_experiments.data import N_CLASSES, DataError, Dataset, load_dataset
 from pathnorm_lightning.functional import (
     path_norm,
     project_rows_l1_ball,
@@ -486,7 +486,7 @@ def train_run(
     Returns:
         The trained parameters, or None when a weight became NaN or infinite.
     """
-    widths = (data.x_train.shape[1], cfg.hidden, int(data.y_train.max()) + 1)
+    widths = (data.x_train.shape[1], cfg.hidden, N_CLASSES)
     device = data.x_train.device
     ws, bs = [], []
     for w, b in initial_weights(widths, spec.seed):
@@ -622,6 +622,14 @@ def evaluate_run(
             w_np, b_np, x_np, y_np, eps, "elu", logits=logits, lip=lip
         )
         cert_ibp = ibp.certified_mask(ws, bs, x, y, eps)
+        broken = strong.cpu().numpy()
+        if (broken & cert_lip).any() or (broken & cert_ibp.cpu().numpy()).any():
+            # a sound certificate never meets a successful attack: this is a bug, not a result
+            raise RuntimeError(
+                f"eps {k}: an attack broke {int((broken & cert_lip).sum())} examples the "
+                f"Lipschitz certificate and {int((broken & cert_ibp.cpu().numpy()).sum())} the "
+                "interval certificate certified"
+            )
         n = x.shape[0]
         out[f"robust_error@{k}"] = 100.0 * float(paper.sum()) / n
         out[f"robust_error_strong@{k}"] = 100.0 * float(strong.sum()) / n
