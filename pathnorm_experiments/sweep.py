@@ -88,6 +88,7 @@ __all__ = [
     "row_key",
     "run_sweep",
     "stratified_indices",
+    "summarize",
     "train_run",
 ]
 
@@ -771,6 +772,40 @@ def read_rows(path: Path) -> list[dict[str, str]]:
             f"starting {COLUMNS[:3]}, got {reader.fieldnames}); move the file away or merge it"
         )
     return list(reader)
+
+
+def summarize(
+    rows: Sequence[Mapping[str, str]],
+) -> dict[tuple[str, str, str, float], dict[str, Any]]:
+    """The selected runs of each (dataset, regularizer, optimizer, lam), over their seeds.
+
+    Args:
+        rows: rows of :func:`read_rows`.
+
+    Returns:
+        Per group: ``lr`` (the selected one), ``seeds``, ``n_train`` and, for every numeric
+        column, ``(mean, min, max)`` over the seeds (the spread a verdict should carry);
+        empty cells (diverged runs) are left out of the statistics.
+    """
+    groups: dict[tuple[str, str, str, float], list[Mapping[str, str]]] = {}
+    for r in rows:
+        if r["selected"] == "1":
+            key = (r["dataset"], r["regularizer"], r["optimizer"], float(r["lam"]))
+            groups.setdefault(key, []).append(r)
+    numeric = [c for c in COLUMNS[COLUMNS.index("val_error") :] if c != "machine"]
+    out: dict[tuple[str, str, str, float], dict[str, Any]] = {}
+    for key, rs in sorted(groups.items()):
+        stats: dict[str, Any] = {
+            "lr": float(rs[0]["lr"]),
+            "seeds": sorted(int(r["seed"]) for r in rs),
+            "n_train": int(rs[0]["n_train"]),
+        }
+        for c in numeric:
+            vals = [float(r[c]) for r in rs if r[c] not in ("", "nan")]
+            if vals:
+                stats[c] = (float(np.mean(vals)), min(vals), max(vals))
+        out[key] = stats
+    return out
 
 
 def merge(inputs: Sequence[Path], output: Path) -> int:

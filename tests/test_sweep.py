@@ -183,6 +183,18 @@ def test_group_order_spreads_every_grid_early() -> None:
     assert {g.dataset for g in groups[:55]} == {"mnist"}
 
 
+def test_summarize_selected_runs(full_run: tuple[Path, dict[str, int]]) -> None:
+    rows = S.read_rows(full_run[0])
+    summary = S.summarize(rows)
+    assert len(summary) == 6
+    st = summary[("embedded", "path", "prox", 2e-3)]
+    sel = [r for r in rows if r["regularizer"] == "path" and r["optimizer"] == "prox"]
+    sel = [r for r in sel if r["selected"] == "1"]
+    assert st["seeds"] == [0, 1] and st["lr"] == float(sel[0]["lr"])
+    vals = [float(r["robust_error@0.1"]) for r in sel]
+    assert st["robust_error@0.1"] == pytest.approx((np.mean(vals), min(vals), max(vals)))
+
+
 def test_select_lr_ties_and_divergence() -> None:
     g = S.Group("d", "l1", "prox", 1e-3, 1, 10, (0.1, 0.2, 0.5), (0, 1), (0, 1))
     st = S._GroupState(g, 0)
