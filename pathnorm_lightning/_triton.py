@@ -166,7 +166,7 @@ def _launch_shape(n: int, block_p: int, block_m: int) -> tuple[int, int, int]:
         units = max(1, min((1 << 16) // per_unit, _pow2(n)))
     else:
         units = max(1, 4096 // per_unit)
-    warps = 4 if block_m * units <= 2048 else 8 if block_m * units <= 4096 else 16
+    warps = 4 if block_m * units <= 2048 else 16  # (fewer registers per thread: no spills)
     return units, block_k, warps
 
 
@@ -222,19 +222,22 @@ def prox_inplace(
     units, block_k, warps = _launch_shape(n, block_p, block_m)
     grid = (triton_cdiv(n, units),)
     band = _BAND if block_m >= _BAND_MIN_BLOCK else 0
-    scratch = (
-        torch.empty(grid[0] * units * band, dtype=torch.float64, device=w_in.device)
-        if band
-        else w_in.detach()  # unused
-    )
-    kernel[grid](
+    dev = w_in.device
+    dummy = w_in.detach()  # for pointer arguments a configuration does not use
+    slots = grid[0] * units
+    scratch = torch.empty(slots * band, dtype=torch.float64, device=dev) if band else dummy
+    need = torch.empty(slots, dtype=torch.int32, device=dev) if band else dummy
+    args = (
         *short,
         *long_,
         n,
-        lam_t if lam_t is not None else w_in.detach(),  # unused when lam is a number
+        lam_t if lam_t is not None else dummy,
         lam_bits,
-        flag if flag is not None else w_in.detach(),  # unused without a flag
+        flag if flag is not None else dummy,
         scratch,
+        need,
+    )
+    consts = dict(
         LAM_FROM_PTR=lam_t is not None,
         HAS_FLAG=flag is not None,
         SWAPPED=swapped,
@@ -244,14 +247,41 @@ def prox_inplace(
         BLOCK_P=block_p,
         BLOCK_M=block_m,
         BLOCK_K=block_k,
-        BAND=band,
+        BAND=max(band, 1),
         BAND_K=max(1, min(block_p, _TILE // max(band, 1))),
         LOG_U=units.bit_length() - 1,
         LOG_P=block_p.bit_length() - 1,
         LOG_M=block_m.bit_length() - 1,
         LOG_BAND=max(band, 1).bit_length() - 1,
-        num_warps=warps,
     )
+    if band:  # the band search, then the full search of the units it left (usually none)
+        kernel[grid](*args, 1, MODE=1, num_warps=warps, **consts)
+        walk = triton_cdiv(grid[0], _programs(dev))  # units per program, usually none to solve
+        kernel[(triton_cdiv(grid[0], walk),)](
+            *args, walk, MODE=2, num_warps=_full_warps(warps), **consts
+        )
+    else:
+        kernel[grid](*args, 1, MODE=0, num_warps=_full_warps(warps), **consts)
+
+
+_PROGRAMS: dict[torch.device, int] = {}
+
+
+def _programs(device: torch.device) -> int:
+    """Programs for the deferred-units pass: two per multiprocessor on a GPU (one in the
+    interpreter, which runs them one after another)."""
+    if device not in _PROGRAMS:
+        if device.type == "cuda":
+            _PROGRAMS[device] = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+        else:
+            _PROGRAMS[device] = 1
+    return _PROGRAMS[device]
+
+
+def _full_warps(warps: int) -> int:
+    """Warps for the full search: twice the band search's (it holds the whole sorted long side
+    and its prefix sums in registers), at most 16."""
+    return min(2 * warps, 16)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -274,11 +304,12 @@ def _kernel() -> Any:
             _to_bf16=jit(_to_bf16_fn),
             _sorted_abs=jit(_sorted_abs_fn),
             _search=jit(_search_fn),
+            _solve=jit(_solve_fn),
         )
         # Integer arguments are not specialised (Triton would compile a variant for every
         # combination of values equal to 1 or divisible by 16): one compilation per dtype,
         # block configuration and flags.
-        ints = ["s_unit", "s_elem", "P", "l_unit", "l_elem", "M", "N", "lam_bits"]
+        ints = ["s_unit", "s_elem", "P", "l_unit", "l_elem", "M", "N", "lam_bits", "R"]
         _KERNELS[interpret] = triton.jit(do_not_specialize=ints)(_prox_units)
     return _KERNELS[interpret]
 
@@ -294,6 +325,7 @@ _flip: Any = None
 _to_bf16: Any = None
 _sorted_abs: Any = None
 _search: Any = None
+_solve: Any = None
 
 
 def _to_bf16_fn(x):  # pragma: no cover - compiled by Triton
@@ -373,8 +405,6 @@ def _search_fn(
     op = tl.arange(0, BLOCK_P)
     kr = tl.arange(0, BLOCK_K)
     cidx = tl.arange(0, NCOL)[None, None, :]
-    by = big_y - lcol * ycol  # Y_l - l y_l >= 0
-    lam2_l = (lam2 * lcol)[:, None, :]
     for k0 in range(0, P, BLOCK_K):
         kidx = k0 + kr  # k - 1
         pick_k = (kidx[:, None] == op[None, :])[None, :, :]  # (1, BLOCK_K, BLOCK_P)
@@ -386,7 +416,10 @@ def _search_fn(
         k_lam2 = kf * lam2
         # (UNITS, BLOCK_K, NCOL): the pairs (k, l) of this block of k. Feasible iff the last
         # kept entries of both candidate vectors are >= 0 and d = 1 - k l lam^2 > 0.
-        ok = xk[:, :, None] + lam2_l * ax_k[:, :, None] >= lam * big_y[:, None, :]
+        by = big_y - lcol * ycol  # Y_l - l y_l >= 0 (per block: fewer live registers)
+        ok = (
+            xk[:, :, None] + (lam2 * lcol)[:, None, :] * ax_k[:, :, None] >= lam * big_y[:, None, :]
+        )
         ok &= ycol[:, None, :] + k_lam2[:, :, None] * by[:, None, :] >= (lam * big_x)[:, :, None]
         ok &= k_lam2[:, :, None] * lcol[:, None, :] < 1.0
         ok &= col_ok[:, None, :]
@@ -417,7 +450,9 @@ def _search_fn(
     return best_h, best_ts, best_tl
 
 
-def _prox_units(
+def _solve_fn(
+    u,  # (UNITS,) the units of this block
+    u_ok,  # which of them to solve
     s_ptr,  # the shorter side of every unit: entries at s_ptr + unit * s_unit + j * s_elem
     s_unit,
     s_elem,
@@ -430,7 +465,9 @@ def _prox_units(
     lam_ptr,
     lam_bits,
     flag_ptr,
-    band_ptr,  # float64 scratch, BAND per unit (when BAND > 0)
+    band_ptr,  # float64 scratch, BAND per unit (mode 1)
+    need_ptr,  # int32 per unit: 1 where the band search left the unit to the full one
+    MODE: tl.constexpr,  # 0: full search; 1: band search, or defer; 2: the deferred units
     LAM_FROM_PTR: tl.constexpr,
     HAS_FLAG: tl.constexpr,
     SWAPPED: tl.constexpr,  # the shorter side is w_in's rows (else w_out's columns)
@@ -440,17 +477,16 @@ def _prox_units(
     BLOCK_P: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_K: tl.constexpr,  # k per tile of the full search
-    BAND: tl.constexpr,  # columns of the band search (0: always the full search)
+    BAND: tl.constexpr,  # columns of the band search
     BAND_K: tl.constexpr,  # k per tile of the band search
     LOG_U: tl.constexpr,  # log2(UNITS)
     LOG_P: tl.constexpr,  # log2(BLOCK_P)
     LOG_M: tl.constexpr,
     LOG_BAND: tl.constexpr,
 ):  # pragma: no cover - compiled by Triton
+    """The prox of the units ``u`` where ``u_ok``, written in place (see the module doc)."""
     f64 = tl.float64
     inf = float("inf")
-    u = tl.program_id(0) * UNITS + tl.arange(0, UNITS)
-    u_ok = u < N
     u64 = u.to(tl.int64)
     op = tl.arange(0, BLOCK_P)
     om = tl.arange(0, BLOCK_M)
@@ -470,7 +506,7 @@ def _prox_units(
     # NaN fails every comparison: `< inf` is false exactly for NaN and +-inf.
     bad_s = tl.max(tl.where(abs_s < inf, 0, 1), axis=1)
     bad_l = tl.max(tl.where(abs_l < inf, 0, 1), axis=1)
-    if HAS_FLAG:
+    if HAS_FLAG and MODE != 2:  # (a deferred unit was flagged by the band search)
         if SWAPPED:
             code = bad_s * 1 + bad_l * 2  # short = w_in (1), long = w_out (2)
         else:
@@ -519,57 +555,57 @@ def _prox_units(
         best_ts = tl.where(take, infs, zero)
         best_tl = tl.where(take, zero, infs)
 
-    if BAND > 0:
+    if MODE == 1:
         # Band search. A non-trivial minimiser thresholds the long side at lam a <= lam ||x||_1
         # (a = ||v||_1), so its support holds every entry above tau > lam ||x||_1, and no zero
         # (a zero stays zero only at a = 0, the point (0, y)): only the band (0, tau] needs
         # sorting, with the smallest entry above tau (column 0: l = the count above tau).
-        # Taken when every unit's band fits BAND columns; else the full search below.
+        # Taken when every unit's band fits BAND columns; else the units are left untouched
+        # for the full search (mode 2, the next launch).
         tau = lam * x1 * (1.0 + 1.0 / 65536)  # far above the rounding of a
         above = ya > tau[:, None]
         inband = (ya > 0.0) & (ya <= tau[:, None]) & l_mask
         c_hi = tl.sum(above.to(tl.int32), axis=1)
-        top = tl.min(tl.where(above, ya, inf), axis=1)
         has_top = c_hi > 0
         n_col = tl.sum(inband.to(tl.int32), axis=1) + has_top.to(tl.int32)
-        use_band = tl.max(n_col) <= BAND
-    else:
-        use_band: tl.constexpr = False  # a constexpr: the branch below is not compiled
-    if use_band:
-        top = tl.where(has_top, top, 0.0)
-        s_hi = tl.sum(tl.where(above, ya, 0.0), axis=1) - top  # without the column-0 entry
-        q_hi = tl.sum(tl.where(above, ya * ya, 0.0), axis=1) - top * top
-        base = (c_hi - has_top.to(tl.int32)).to(f64)
-        # Gather the columns through global scratch (a scatter into registers has no
-        # Triton form), then sort them.
-        row = band_ptr + u64 * BAND
-        slot = tl.cumsum(inband.to(tl.int32), axis=1) - 1 + has_top.to(tl.int32)[:, None]
-        tl.store(row, top, mask=has_top & u_ok)
-        tl.store(row[:, None] + slot, ya, mask=inband)
-        tl.debug_barrier()  # the block's stores are visible to all of its threads
-        ob = tl.arange(0, BAND)
-        col_ok = ob[None, :] < n_col[:, None]
-        band = tl.load(row[:, None] + ob[None, :], mask=col_ok & u_ok[:, None], other=0.0)
-        zb = _sort_desc(band.to(tl.int64, bitcast=True), LOG_U + LOG_BAND, LOG_BAND)
-        zb = zb.to(f64, bitcast=True)
-        best_h, best_ts, best_tl = _search(
-            xs,
-            cx,
-            cx2,
-            zb,
-            s_hi[:, None] + tl.cumsum(zb, axis=1),
-            q_hi[:, None] + tl.cumsum(zb * zb, axis=1),
-            base[:, None] + (ob + 1).to(f64)[None, :],
-            col_ok,
-            lam,
-            P,
-            best_h,
-            best_ts,
-            best_tl,
-            BLOCK_P,
-            BAND,
-            BAND_K,
-        )
+        use_band = tl.max(n_col, axis=0) <= BAND
+        tl.store(need_ptr + u, tl.where(use_band, 0, 1) + tl.zeros([UNITS], tl.int32), mask=u_ok)
+        u_ok = u_ok & (tl.zeros([UNITS], tl.int32) + use_band.to(tl.int32) != 0)
+        if use_band:
+            top = tl.where(has_top, tl.min(tl.where(above, ya, inf), axis=1), 0.0)
+            s_hi = tl.sum(tl.where(above, ya, 0.0), axis=1) - top  # without column 0's entry
+            q_hi = tl.sum(tl.where(above, ya * ya, 0.0), axis=1) - top * top
+            base = (c_hi - has_top.to(tl.int32)).to(f64)
+            # Gather the columns through global scratch (a scatter into registers has no
+            # Triton form), then sort them.
+            row = band_ptr + u64 * BAND
+            slot = tl.cumsum(inband.to(tl.int32), axis=1) - 1 + has_top.to(tl.int32)[:, None]
+            tl.store(row, top, mask=has_top & u_ok)
+            tl.store(row[:, None] + slot, ya, mask=inband)
+            tl.debug_barrier()  # the block's stores are visible to all of its threads
+            ob = tl.arange(0, BAND)
+            col_ok = ob[None, :] < n_col[:, None]
+            band = tl.load(row[:, None] + ob[None, :], mask=col_ok & u_ok[:, None], other=0.0)
+            zb = _sort_desc(band.to(tl.int64, bitcast=True), LOG_U + LOG_BAND, LOG_BAND)
+            zb = zb.to(f64, bitcast=True)
+            best_h, best_ts, best_tl = _search(
+                xs,
+                cx,
+                cx2,
+                zb,
+                s_hi[:, None] + tl.cumsum(zb, axis=1),
+                q_hi[:, None] + tl.cumsum(zb * zb, axis=1),
+                base[:, None] + (ob + 1).to(f64)[None, :],
+                col_ok,
+                lam,
+                P,
+                best_h,
+                best_ts,
+                best_tl,
+                BLOCK_P,
+                BAND,
+                BAND_K,
+            )
     else:
         # Full search: the long side sorted whole, every l = 1..M a column.
         ys = _sorted_abs(abs_l, WIDE, LOG_U + LOG_M, LOG_M) * up1[:, None] * up2[:, None]
@@ -596,8 +632,11 @@ def _prox_units(
     # the side, as it should), then z - clip(z, -t, t) = sign(z) max(|z| - t, 0).
     ts = (best_ts * down1 * down2)[:, None]
     tls = (best_tl * down1 * down2)[:, None]
-    zs64 = zs.to(f64)
-    zl64 = zl.to(f64)
+    s_mask &= u_ok[:, None]
+    l_mask &= u_ok[:, None]
+    # Read again rather than kept in registers through the search (cache hits).
+    zs64 = tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(f64)
+    zl64 = tl.load(l_ptr + l_off, mask=l_mask, other=0.0).to(f64)
     new_s = zs64 - tl.minimum(tl.maximum(zs64, -ts), ts)
     new_l = zl64 - tl.minimum(tl.maximum(zl64, -tls), tls)
     if not WIDE:  # rounded once to float32 (as the CPU kernel and torch's casts do)
@@ -608,3 +647,86 @@ def _prox_units(
         new_l = _to_bf16(new_l)
     tl.store(s_ptr + s_off, new_s, mask=s_mask)
     tl.store(l_ptr + l_off, new_l, mask=l_mask)
+
+
+def _prox_units(
+    s_ptr,  # the shorter side of every unit: entries at s_ptr + unit * s_unit + j * s_elem
+    s_unit,
+    s_elem,
+    P,
+    l_ptr,  # the longer side
+    l_unit,
+    l_elem,
+    M,
+    N,  # units
+    lam_ptr,
+    lam_bits,
+    flag_ptr,
+    band_ptr,  # float64 scratch, BAND per unit (mode 1)
+    need_ptr,  # int32 per unit: 1 where the band search left the unit to the full one
+    R,  # blocks of units per program (mode 2; else 1)
+    MODE: tl.constexpr,  # 0: full search; 1: band search, or defer; 2: the deferred units
+    LAM_FROM_PTR: tl.constexpr,
+    HAS_FLAG: tl.constexpr,
+    SWAPPED: tl.constexpr,  # the shorter side is w_in's rows (else w_out's columns)
+    WIDE: tl.constexpr,  # float64 weights (else float32 or narrower: sorted as float32)
+    BF16: tl.constexpr,  # bfloat16 weights
+    UNITS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # k per tile of the full search
+    BAND: tl.constexpr,  # columns of the band search
+    BAND_K: tl.constexpr,  # k per tile of the band search
+    LOG_U: tl.constexpr,  # log2(UNITS)
+    LOG_P: tl.constexpr,  # log2(BLOCK_P)
+    LOG_M: tl.constexpr,
+    LOG_BAND: tl.constexpr,
+):  # pragma: no cover - compiled by Triton
+    """The kernel: ``R`` blocks of ``UNITS`` units per program. Mode 2 walks many units per
+    program and solves only those the band search deferred (usually none): a few programs with
+    little to do, rather than one per unit."""
+    if MODE == 2:
+        steps = R
+    else:
+        steps: tl.constexpr = 1  # a loop of one step, folded away
+    for j in range(0, steps):
+        first = (tl.program_id(0) * steps + j) * UNITS
+        u = first + tl.arange(0, UNITS)
+        go = first < N
+        if MODE == 2:  # (mode 1 decided for whole blocks: its first unit speaks for all)
+            go = go & (tl.load(need_ptr + first, mask=go, other=0) != 0)
+        if go:
+            _solve(
+                u,
+                u < N,
+                s_ptr,
+                s_unit,
+                s_elem,
+                P,
+                l_ptr,
+                l_unit,
+                l_elem,
+                M,
+                N,
+                lam_ptr,
+                lam_bits,
+                flag_ptr,
+                band_ptr,
+                need_ptr,
+                MODE,
+                LAM_FROM_PTR,
+                HAS_FLAG,
+                SWAPPED,
+                WIDE,
+                BF16,
+                UNITS,
+                BLOCK_P,
+                BLOCK_M,
+                BLOCK_K,
+                BAND,
+                BAND_K,
+                LOG_U,
+                LOG_P,
+                LOG_M,
+                LOG_BAND,
+            )

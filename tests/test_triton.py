@@ -156,6 +156,16 @@ def test_band_search_where_the_band_fits_else_the_full_search(
         assert_exact(x, y, lam, *run(x, y, lam))
         if not CUDA:
             assert seen and set(seen) == {ncol}, (lam, seen)
+    # One unit per program, every other unit with a wide band (its incoming weights all at or
+    # below lam ||x||_1): one launch solves half the units by the band search and leaves the
+    # others to the second, which walks all units and solves only those.
+    real_shape = _triton._launch_shape
+    monkeypatch.setattr(_triton, "_launch_shape", lambda *a: (1, *real_shape(*a)[1:]))
+    y[::2] *= 1e-6
+    seen.clear()
+    assert_exact(x, y, 1e-3, *run(x, y, 1e-3))
+    if not CUDA:
+        assert seen.count(16) == 12 and seen.count(64) == 12, seen
 
 
 def test_tiny_huge_and_zero_lam() -> None:
