@@ -204,8 +204,9 @@ def pgd_attack(
     def objective(z: tf.Tensor) -> tf.Tensor:
         if loss == "ce":
             return ce(y, z)
-        zy = tf.reduce_max(tf.where(onehot, z, -np.inf), 1)
-        other = tf.reduce_max(tf.where(onehot, -np.inf, z), 1)
+        neg_inf = tf.constant(-np.inf, z.dtype)  # a bare -np.inf would be float32
+        zy = tf.reduce_max(tf.where(onehot, z, neg_inf), 1)
+        other = tf.reduce_max(tf.where(onehot, neg_inf, z), 1)
         return tf.reduce_sum(other - zy)
 
     @tf.function

@@ -231,7 +231,7 @@ def robust_error(
         wrong.append(w)
     model.train(was_training)
     mask = torch.cat(wrong)
-    return mask if return_mask else float(mask.float().mean())
+    return mask if return_mask else float(mask.double().mean())
 
 
 def _weights_numpy(model: nn.Module) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -272,7 +272,7 @@ def evaluate(
                 loss="margin",
                 return_mask=True,
             )
-        robust[float_key(e)] = float(wrong.float().mean())
+        robust[float_key(e)] = float(wrong.double().mean())  # exact k/n, as NumPy gives
     x_tr, y_tr = torch.from_numpy(data.x_train).to(dtype), torch.from_numpy(data.y_train)
     if cfg.eval_train_samples is not None:
         x_tr, y_tr = x_tr[: cfg.eval_train_samples], y_tr[: cfg.eval_train_samples]
@@ -284,8 +284,8 @@ def evaluate(
         data,
         weights,
         biases,
-        clean_error=float(wrong_clean.float().mean()),
-        clean_error_attacked=float(wrong_clean[:n_adv].float().mean()),
+        clean_error=float(wrong_clean.double().mean()),
+        clean_error_attacked=float(wrong_clean[:n_adv].double().mean()),
         robust_error=robust,
         train_ce=ce,
         n_adv=n_adv,

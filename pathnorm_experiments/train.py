@@ -59,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     p = argparse.ArgumentParser(
         prog="pathnorm-train",
-        description="Train an MLP with 1-path-norm / l1 / layer-wise linf regularization "
-        "(proximal SGD or penalty SGD), then report clean, PGD-robust and certified error.",
+        description="Train an MLP with 1-path-norm / l1 / layer-wise linf regularization\n"
+        "(proximal SGD or penalty SGD), then report clean, PGD-robust and certified error\n"
+        "(Lipschitz and interval bound propagation).",
         epilog=EXAMPLES,
         formatter_class=_Formatter,
     )
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--hidden",
         type=_hidden,
-        default=(200,),
+        default="200",  # argparse passes a string default through type: (200,)
         help="hidden widths, e.g. 200 or 400,200,100 (path needs an odd count)",
     )
     p.add_argument("--activation", choices=ACTIVATIONS, default="elu", help="hidden activation")
