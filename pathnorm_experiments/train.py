@@ -176,6 +176,11 @@ def check_out(out: str | Path, overwrite: bool) -> None:
 
 def _backend(args: argparse.Namespace) -> str:
     """The backend to run (``auto`` resolved), after checking its packages are installed."""
+    if args.backend == "auto" and missing_modules(("torch",)) and missing_modules(("tensorflow",)):
+        raise MissingDependency(
+            'pathnorm-train needs a backend, and neither is installed: pip install -e ".[torch]" '
+            '(PyTorch) or pip install -e ".[tf-cpu]" (TensorFlow and Keras) in the pathnorm checkout'
+        )
     backend = default_backend() if args.backend == "auto" else args.backend
     if backend == "torch" and args.engine == "lightning":
         require(("torch", "lightning"), "--backend torch (with --engine lightning)")

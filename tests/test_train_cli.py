@@ -138,8 +138,14 @@ TF_HINT = (
         (
             ("torch", "tensorflow"),
             [],
-            '--backend torch (with --engine lightning) needs PyTorch, which is not installed: '
-            'install it with pip install -e ".[torch]" in the pathnorm checkout',
+            'pathnorm-train needs a backend, and neither is installed: pip install -e ".[torch]" '
+            '(PyTorch) or pip install -e ".[tf-cpu]" (TensorFlow and Keras) in the pathnorm checkout',
+        ),
+        (
+            ("torch",),
+            ["--backend", "torch", "--engine", "loop"],
+            '--backend torch needs PyTorch, which is not installed: install it with pip install -e '
+            '".[torch]" in the pathnorm checkout',
         ),
         (
             ("lightning",),
@@ -148,7 +154,7 @@ TF_HINT = (
             'install it with pip install -e ".[torch]" in the pathnorm checkout',
         ),
     ],
-    ids=["torch-only-asks-tf", "no-keras", "nothing", "no-lightning"],
+    ids=["torch-only-asks-tf", "no-keras", "nothing", "no-torch-loop", "no-lightning"],
 )  # fmt: skip
 def test_missing_backend_is_one_line_naming_the_extra(
     tmp_path: Path,
