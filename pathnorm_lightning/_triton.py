@@ -7,19 +7,27 @@ and ``y = w_in[i, :]`` (incoming). Per unit the prox solves::
 
     min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
 
-One program handles a block of units, each loaded whole into registers (both sides, strided
-reads: no copies or transposes). Per unit, with the shorter side enumerated (``k`` entries
-kept) and the longer one searched (``l`` entries kept):
+One program handles a block of units (one unit for wide layers), each loaded whole into
+registers (both sides, strided reads: no copies or transposes). Per unit, with the shorter side
+enumerated (``k`` entries kept) and the longer one searched (``l`` entries kept):
 
-1. ``|x|`` and ``|y|`` sorted descending (``tl.sort``), the unit scaled by a power of two so
-   that its largest magnitude lies in [1, 2): the prox is scale-equivariant
-   (``prox_lam(s x, s y) = s prox_lam(x, y)``, the same ``lam``), the scaling is exact, and
-   the squares below can neither overflow nor underflow at any finite weight;
-2. prefix sums of the sorted values and of their squares (``tl.cumsum``), in float64 whatever
-   the weights' dtype (the CPU kernel's guarantee: a float32 result is the float32 rounding of
-   thresholds computed in float64);
-3. for every ``k``, ``L(k)``: the largest feasible ``l``, from the feasibility tests of all
-   pairs ``(k, l)`` of a block of ``k`` at once (a 2-D tile; the feasible set is downward
+1. the unit scaled by a power of two so that its largest magnitude lies in [1, 2): the prox is
+   scale-equivariant (``prox_lam(s x, s y) = s prox_lam(x, y)``, the same ``lam``), the
+   scaling is exact, and no square below can overflow or underflow at any finite weight;
+2. the short side sorted descending (a bitonic network in registers, the one of ``tl.sort``
+   with each compare-and-swap done by one sum over its pair) and its prefix sums of values and
+   squares, in float64 whatever the weights' dtype (the CPU kernel's guarantee: a float32
+   result is the float32 rounding of thresholds computed in float64);
+3. the long side's columns ``l`` with their last kept entry ``y_l``, prefix sums ``Y_l`` and
+   sums of squares. Band search (long sides of 256 or more): a non-trivial minimiser
+   thresholds the long side at ``lam a <= lam ||x||_1`` (``a = ||v||_1``), so its support holds
+   every entry above ``tau = lam ||x||_1 (1 + 2^-16)`` and no zero; only the band ``(0, tau]``
+   (in training a handful of entries) is gathered through global scratch and sorted, after
+   the smallest entry above ``tau``. A block of units whose band has more than 63 entries is
+   left untouched, and a second launch runs the full search on those units only: the whole
+   long side sorted, every ``l`` a column (also the only search for shorter long sides);
+4. for every ``k``, ``L(k)``: the largest feasible ``l`` among the columns, from the tests of
+   all pairs ``(k, l)`` of a block of ``k`` at once (a tile; the feasible set is downward
    closed, Lemma 4 of the paper, and the objective decreases along it, Lemma 8, so
    ``(k, L(k))`` is the only candidate for ``k``). ``(k, l)`` is feasible iff
    ``d = 1 - k l lam^2 > 0`` and the last kept entries of both candidate vectors are >= 0,
@@ -27,12 +35,12 @@ kept) and the longer one searched (``l`` entries kept):
 
        x_k + lam^2 l (X_k - k x_k) >= lam Y_l      y_l + lam^2 k (Y_l - l y_l) >= lam X_k
 
-4. each candidate's objective in closed form from its own l1 norms, and the first minimum in
+5. each candidate's objective in closed form from its own l1 norms, and the first minimum in
    the order ``(x, 0)``, ``(0, y)``, then ``(k, L(k))`` by increasing ``k`` (``k`` counts the
    kept entries of the shorter side), strict ``<``: the tie rule of the exhaustive reference;
-5. the soft-thresholds, written in place: ``v = sign(x) max(|x| - lam b, 0)`` and
-   ``w = sign(y) max(|y| - lam a, 0)`` (``a = ||v||_1``, ``b = ||w||_1``), computed in float64
-   and rounded once to the weights' dtype.
+6. the soft-thresholds, written in place: ``v = sign(x) max(|x| - lam b, 0)`` and
+   ``w = sign(y) max(|y| - lam a, 0)`` (``b = ||w||_1``), computed in float64 and rounded
+   once to the weights' dtype (half precision through float32, as torch casts).
 
 Nothing is read back on the host: ``lam`` may be a device tensor (read by the kernel, so a
 captured CUDA graph replays with new values), and non-finite weights are reported through an
@@ -52,8 +60,8 @@ from torch import Tensor
 
 __all__ = ["MAX_SIDE", "available", "prox_inplace", "supports"]
 
-# The longest side a unit may have: both sides live in registers (the long one with two
-# float64 prefix sums), past this they spill and a sort-based method is the better choice.
+# The longest side a unit may have: the full search holds the long side and two float64 prefix
+# sums in registers; past this it spills, and a sort-based method is the better choice.
 MAX_SIDE = 8192
 
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
@@ -175,8 +183,10 @@ def prox_inplace(
 ) -> None:
     """Exact prox of ``lam * path_norm(w_in, w_out)``, written into ``w_in`` and ``w_out``.
 
-    One kernel launch; no host synchronisation, so it can be captured in a CUDA graph (after
-    a first call outside the capture has compiled the kernel for these shapes).
+    One kernel launch, two for long sides of 256 or more (the band search, then the full
+    search of the units it left, usually none); no host synchronisation, so the call can be
+    captured in a CUDA graph (after a first call outside the capture has compiled the kernel
+    for these shapes).
 
     Args:
         w_in: (n, m) weight of the first layer; overwritten.
@@ -220,7 +230,7 @@ def prox_inplace(
         short, long_ = (x_ptr, x_unit, x_elem, p), (y_ptr, y_unit, y_elem, m)
     block_p, block_m = _block(short[3]), _block(long_[3])
     units, block_k, warps = _launch_shape(n, block_p, block_m)
-    grid = (triton_cdiv(n, units),)
+    grid = (_cdiv(n, units),)
     band = _BAND if block_m >= _BAND_MIN_BLOCK else 0
     dev = w_in.device
     dummy = w_in.detach()  # for pointer arguments a configuration does not use
@@ -256,10 +266,8 @@ def prox_inplace(
     )
     if band:  # the band search, then the full search of the units it left (usually none)
         kernel[grid](*args, 1, MODE=1, num_warps=warps, **consts)
-        walk = triton_cdiv(grid[0], _programs(dev))  # units per program, usually none to solve
-        kernel[(triton_cdiv(grid[0], walk),)](
-            *args, walk, MODE=2, num_warps=_full_warps(warps), **consts
-        )
+        walk = _cdiv(grid[0], _programs(dev))  # units per program, usually none to solve
+        kernel[(_cdiv(grid[0], walk),)](*args, walk, MODE=2, num_warps=_full_warps(warps), **consts)
     else:
         kernel[grid](*args, 1, MODE=0, num_warps=_full_warps(warps), **consts)
 
@@ -284,7 +292,7 @@ def _full_warps(warps: int) -> int:
     return min(2 * warps, 16)
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -688,7 +696,7 @@ def _prox_units(
     if MODE == 2:
         steps = R
     else:
-        steps: tl.constexpr = 1  # a loop of one step, folded away
+        steps: tl.constexpr = 1  # type: ignore[no-redef]  # one step: the loop folds away
     for j in range(0, steps):
         first = (tl.program_id(0) * steps + j) * UNITS
         u = first + tl.arange(0, UNITS)
