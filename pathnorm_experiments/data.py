@@ -78,7 +78,7 @@ def _f(name: str, count: int, sha: str | None, kind: str) -> FileSpec:
     return FileSpec(name, count, sha, kind)
 
 
-# Checksums: /work/shared/data/README.md (each verified against the authors' published md5s).
+# SHA-256 of the files the datasets' authors publish (each checked against their published md5s).
 DATASETS: dict[str, DatasetSpec] = {
     "mnist": DatasetSpec(
         name="mnist",

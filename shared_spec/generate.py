@@ -38,7 +38,7 @@ TOLERANCE: dict[str, dict[str, float]] = {
 #: implementation that rounds in that dtype (see :func:`reference.minimiser_margin`).
 REL_MARGIN = {"float64": 1e-12, "float32": 1e-6}
 
-# The authors' conformance vector (ERRATA.md), torch layout: W1 = w_in (3, 4), W2 = w_out (2, 3).
+# The authors' conformance vector (docs/errata.md), torch layout: W1 = w_in (3, 4), W2 = w_out (2, 3).
 ERRATA_LAM = 0.1
 ERRATA_W1 = [
     [0.4116, 0.1772, -0.2248, 0.1030],
@@ -186,7 +186,7 @@ def errata_case() -> dict[str, Any]:
     w_in, w_out = np.array(ERRATA_W1), np.array(ERRATA_W2)
     case = prox_case(
         "errata_conformance",
-        "The authors' conformance vector (ERRATA.md), lam = 0.1; torch layout there: "
+        "The authors' conformance vector (docs/errata.md), lam = 0.1; torch layout there: "
         "W1 = w_in (3x4) = Y, W2 = w_out (2x3) = X.T. Expected values are the exact "
         "reference output; the printed 4-decimal values agree to 1e-4.",
         w_out.T,
