@@ -14,12 +14,20 @@ it), so each call sees the same input. Also printed: the largest difference betw
 and the sort results (float32), and the kernel's launch configuration.
 
     python benchmarks/bench_triton.py [--shapes 784-200-10,784-1000-10,4096-4096-10] [--lam 1e-3]
+    python benchmarks/bench_triton.py --compile-only [--arch 90]   # no GPU needed
+
+``--compile-only`` compiles the kernel's launches for those shapes (float32, with the
+non-finite flag) ahead of time for a CUDA architecture with Triton's own compiler and ptxas,
+and prints the compile time (0 when Triton's cache holds it) and each launch's registers and
+spills: it catches compile errors and register spills on a machine without a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
 import time
 from collections.abc import Callable
 
@@ -110,14 +118,81 @@ def bench_shape(m: int, n: int, p: int, lam: float) -> dict[str, float | str]:
     return row
 
 
+def compile_only(shapes: list[tuple[int, int, int]], arch: int) -> None:
+    """Compile the launches of ``prox_inplace`` for these shapes for ``sm_<arch>`` (no GPU)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernel = _triton._kernel()
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    print(f"# ahead-of-time compilation for sm_{arch}, triton {triton.__version__}, float32")
+    for m, n, p in shapes:
+        block_p, block_m = _triton._block(min(m, p)), _triton._block(max(m, p))
+        units, block_k, warps = _triton._launch_shape(n, block_p, block_m)
+        band = _triton._BAND if block_m >= _triton._BAND_MIN_BLOCK else 0
+        consts = {
+            "LAM_FROM_PTR": False,
+            "HAS_FLAG": True,
+            "SWAPPED": p > m,
+            "WIDE": False,
+            "BF16": False,
+            "UNITS": units,
+            "BLOCK_P": block_p,
+            "BLOCK_M": block_m,
+            "BLOCK_K": block_k,
+            "BAND": max(band, 1),
+            "BAND_K": max(1, min(block_p, _triton._TILE // max(band, 1))),
+            "LOG_U": units.bit_length() - 1,
+            "LOG_P": block_p.bit_length() - 1,
+            "LOG_M": block_m.bit_length() - 1,
+            "LOG_BAND": max(band, 1).bit_length() - 1,
+        }
+        sig = {name: "i32" for name in ("s_unit", "s_elem", "P", "l_unit", "l_elem", "M", "N")}
+        sig |= {"s_ptr": "*fp32", "l_ptr": "*fp32", "lam_ptr": "*fp32", "lam_bits": "i64"}
+        sig |= {"flag_ptr": "*i32", "band_ptr": "*fp64", "need_ptr": "*i32", "R": "i32"}
+        full = _triton._full_warps(warps)
+        for mode, w in ((1, warps), (2, full)) if band else ((0, full),):
+            cs = {"MODE": mode, **consts}
+            signature = {a: sig.get(a, "constexpr") for a in kernel.arg_names}
+            src = ASTSource(
+                fn=kernel,
+                signature=signature,
+                constexprs={(kernel.arg_names.index(c),): v for c, v in cs.items()},
+            )
+            t0 = time.perf_counter()
+            compiled = triton.compile(
+                src, target=GPUTarget("cuda", arch, 32), options={"num_warps": w}
+            )
+            seconds = time.perf_counter() - t0
+            cubin = f"/tmp/pathnorm_triton_{os.getpid()}.cubin"
+            with open(cubin, "wb") as f:
+                f.write(compiled.asm["cubin"])
+            usage = subprocess.run(
+                [os.path.join(bin_dir, "cuobjdump"), "--dump-resource-usage", cubin],
+                capture_output=True,
+                text=True,
+            ).stdout
+            os.remove(cubin)
+            regs = [
+                line.split("CONSTANT")[0].strip() for line in usage.splitlines() if "REG" in line
+            ]
+            print(f"{m}-{n}-{p} mode {mode}, {w} warps: {seconds:.1f} s, {' '.join(regs)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shapes", default="784-200-10,784-1000-10,4096-4096-10")
     ap.add_argument("--lam", type=float, default=1e-3, help="prox step (lr * lambda)")
+    ap.add_argument("--compile-only", action="store_true", help="compile ahead of time only")
+    ap.add_argument("--arch", type=int, default=90, help="CUDA architecture for --compile-only")
     args = ap.parse_args()
+    shapes = [tuple(int(v) for v in s.split("-")) for s in args.shapes.split(",")]
+    if args.compile_only:
+        compile_only(shapes, args.arch)  # type: ignore[arg-type]
+        return
     if not torch.cuda.is_available() or not _triton.available():
         raise SystemExit("needs a CUDA device and triton")
-    shapes = [tuple(int(v) for v in s.split("-")) for s in args.shapes.split(",")]
     rows = [bench_shape(m, n, p, args.lam) for m, n, p in shapes]
     import triton
 
