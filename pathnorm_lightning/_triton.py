@@ -173,7 +173,7 @@ def _launch_shape(n: int, block_p: int, block_m: int) -> tuple[int, int, int]:
     if _interpreting():
         units = max(1, min((1 << 16) // per_unit, _pow2(n)))
     else:
-        units = max(1, 4096 // per_unit)
+        units = max(1, 2048 // per_unit)
     warps = 4 if block_m * units <= 2048 else 16  # (fewer registers per thread: no spills)
     return units, block_k, warps
 
