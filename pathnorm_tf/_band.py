@@ -30,13 +30,13 @@ from pathnorm_tf._xla import (
 )
 
 # Static width of the widest band block (a top_k); if a band is wider, the whole-row sort is
-# used. (On Glorot-initialised 784-200-10 kernels the band holds <= 8 entries for lam <= 1e-4
-# and <= 16 for lam = 1e-3; in training mostly 0 to 2 entries in a handful of rows.)
+# used.
 BAND_BLOCK = 32
 # Narrow bands (at most this many entries in every unit) are extracted by repeated max
 # reductions over the long side instead of a top_k (which XLA on CPU runs as a slow partial
-# sort of every row); each extra entry costs two reductions.
-FAST_TIERS = (0, 1, 2, 4, 8, 16)
+# sort of every row); each extra entry costs two reductions. Training steps have bands of 0 to
+# 2 entries; wider ones (a larger prox step) take the top_k block.
+FAST_TIERS = (0, 1, 2)
 # Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
 _BAND_FULL_LIMIT = 1 << 15
 
@@ -401,6 +401,5 @@ def prox_band(b: Band) -> tuple[tf.Tensor, tf.Tensor]:
         kb = tiers[i]
         return tf.cond(b.width <= kb, lambda: narrow(kb), lambda: tier(i + 1))
 
-    # (One tf.switch_case over the tiers ran about 0.02 ms faster per train step, but XLA took
-    # minutes instead of seconds to compile it for a 512-512-512 pair: the chain stays.)
+    # (nested conds, not one tf.switch_case: XLA compiles a switch over large blocks very slowly)
     return tier(0)

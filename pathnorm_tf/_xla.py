@@ -79,9 +79,8 @@ def argmin_rows(h: tf.Tensor) -> tf.Tensor:
     """Per row the first index of the least value, as a column (n, 1) of int32 (``tf.argmin``).
 
     Under XLA the same index from two plain reductions: the least value, then the least index
-    holding it. XLA on CPU runs an argmin as a variadic reduction (value and index), several
-    times slower; this saved about 0.007 ms per Keras train step of 784-200-10. A row whose
-    least value is NaN gives the last index, as XLA's argmin does for a row of NaNs.
+    holding it (XLA on CPU runs an argmin as a slower variadic reduction of value and index).
+    A row whose least value is NaN gives the last index, as XLA's argmin does for a row of NaNs.
     """
     if not tracing_for_xla():
         return tf.argmin(h, axis=1, output_type=tf.int32)[:, tf.newaxis]
@@ -94,8 +93,8 @@ def argmin_rows(h: tf.Tensor) -> tf.Tensor:
 def cumsum_cols(a: tf.Tensor) -> tf.Tensor:
     """``tf.cumsum(a, axis=1)`` for the short rows of the band method (p, band widths). Under
     XLA up to ``_UNROLL_CUMSUM`` columns are summed by one masked, fused reduction: XLA on
-    CPU runs a cumsum as a reduce-window thunk of its own (about 1 us each; the band method has
-    several), while a chain of adds becomes one small thunk per column. (A non-finite entry
+    CPU runs a cumsum as a reduce-window thunk of its own, while a chain of adds becomes one
+    small thunk per column. (A non-finite entry
     spoils its row's earlier sums too, through inf * 0; the prox of such a row is undefined.)"""
     cols = int(a.shape[1])
     if cols > _UNROLL_CUMSUM or cols == 0 or not tracing_for_xla():
@@ -134,8 +133,7 @@ def sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
 def _bitonic_sort_desc(a: tf.Tensor) -> tf.Tensor:
     """Each row of ``a`` (>= 0, shape (n, q)) sorted descending by a bitonic network.
 
-    XLA on CPU sorts through a comparator-driven TopK (about 90 ns per element on a
-    512 x 512 block); the network is ``log2(q') (log2(q') + 1) / 2`` elementwise max/min
+    XLA on CPU sorts through a comparator-driven TopK, which is slow; the network is ``log2(q') (log2(q') + 1) / 2`` elementwise max/min
     stages (``q'``: q rounded up to a power of two, padded with -1), exact like any sort.
     """
     n, q = int(a.shape[0]), int(a.shape[1])
