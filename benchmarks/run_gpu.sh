@@ -40,11 +40,11 @@ timeout 90 "$PY" benchmarks/bench_triton.py --shapes 784-200-10,784-1000-10,4096
 step "tests on the GPU: test_triton.py in four processes (Triton compiles each kernel configuration once per process, on one core), test_cuda.py"
 T=tests/test_triton.py
 ONE="spec_vectors or float32 or scale or tiny or lam_from"
-GROUPS=("random_units" "$ONE" "paper_shapes"
+TEST_GROUPS=("random_units" "$ONE" "paper_shapes"
     "not (random_units or paper_shapes or $ONE)")
 pids=()
 for i in 0 1 2 3; do
-    timeout 170 "$PY" -m pytest -q -p no:cacheprovider "$T" -k "${GROUPS[$i]}" \
+    timeout 170 "$PY" -m pytest -q -p no:cacheprovider "$T" -k "${TEST_GROUPS[$i]}" \
         >"$OUT/tests_triton_$i.log" 2>&1 &
     pids+=($!)
 done
