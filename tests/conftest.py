@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Iterator
 
 import pytest
+
+if importlib.util.find_spec("triton") is not None:
+    # Without a GPU, the Triton prox runs under Triton's interpreter, which must be chosen
+    # before triton is first imported (torch's compiler, which Lightning loads, imports it).
+    # Importing triton before TensorFlow matters too: triton's LLVM loaded after TensorFlow's
+    # aborts the process, and any test module may load TensorFlow first.
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import triton  # noqa: F401
 
 
 @pytest.fixture
