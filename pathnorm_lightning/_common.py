@@ -91,7 +91,9 @@ def check_writable(weights: Sequence[tuple[Tensor, str]]) -> None:
     with a stride-0 dimension (``expand``), or two tensors sharing memory (``w`` passed twice,
     views of one storage, tied weights). Checked before anything is written."""
     for w, name in weights:
-        if any(s == 0 and n > 1 for n, s in zip(w.shape, w.stride(), strict=True)):
+        if not w.is_contiguous() and any(
+            s == 0 and n > 1 for n, s in zip(w.shape, w.stride(), strict=True)
+        ):
             raise ValueError(
                 f"{name} is an expanded tensor (stride 0: several entries share one memory "
                 "location), so an in-place update cannot give each entry its own value; pass "
@@ -107,10 +109,9 @@ def check_writable(weights: Sequence[tuple[Tensor, str]]) -> None:
 
 
 def shares_memory(a: Tensor, b: Tensor) -> bool:
-    """Whether the memory spans of ``a`` and ``b`` intersect (conservative for strided views)."""
+    """Whether the memory spans of ``a`` and ``b`` intersect (conservative for strided views;
+    live tensors whose address ranges intersect share one allocation)."""
     if a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta":
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
 
     def span(w: Tensor) -> tuple[int, int]:
