@@ -9,7 +9,8 @@ script prints the median seconds per step of each and the ratio bare / sweep (>=
 target). The sweep also spends a fixed time per run on its metrics (validation, test and
 sparsity); its share over a 20-epoch run is printed too.
 
-    python benchmarks/bench_sweep.py [--data-dir DIR] [--repeats 5] [--epochs-per-run 20]
+    python benchmarks/bench_sweep.py [--data-dir DIR] [--repeats 5] [--epochs-per-run 20] \
+        [--cases none/prox l1/prox path/prox path/penalty linf/prox]
 
 DIR holds mnist/ (default ../shared/data); random data of MNIST's shape when absent.
 """
@@ -84,6 +85,12 @@ def main() -> None:
     p.add_argument("--data-dir", type=Path, default=SHARED_DATA)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--epochs-per-run", type=int, default=20)
+    p.add_argument(
+        "--cases",
+        nargs="+",
+        default=[f"{r}/{o}" for r, o, _ in CASES],
+        choices=[f"{r}/{o}" for r, o, _ in CASES],
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     try:
@@ -112,6 +119,8 @@ def main() -> None:
     print(f"{'case':<14} {'bare ms/step':>12} {'sweep ms/step':>13} {'ratio':>6}")
     ratios, sweep_times = [], []
     for reg, opt, lam in CASES:
+        if f"{reg}/{opt}" not in args.cases:
+            continue
         spec = RunSpec("mnist", reg, opt, lam, 0.1, 0, 1, n)
         bare_epoch(prep.x_train[:1000], prep.y_train[:1000], order[order < 1000], reg, opt, lam)
         train_run(spec, prep, cfg, steps=10)  # warm-up both (numba, allocator)
