@@ -22,8 +22,8 @@ y)`` for the same ``lam``), so each unit is scaled by a power of two to a larges
 its thresholds are computed there and scaled back onto the original weights.
 
 References:
-    Latorre, Rolland, Cevher, "Lipschitz constant estimation of neural networks via sparse
-    polynomial optimization" (path-norm prox, Algorithm 2 and its lemmas); errata in
+    Latorre, Rolland, Hallak, Cevher, "Efficient Proximal Mapping of the 1-path-norm of
+    Shallow Networks", ICML 2020 (Lemmas 4 and 8, Algorithm 2); its errata in
     ``docs/errata.md``.
 """
 
