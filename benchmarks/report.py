@@ -91,10 +91,10 @@ To re-measure, run a benchmark through `record` (it writes the header), then reb
 NOTES = """\
 ## How the prox chooses its algorithm
 
-`method="auto"` takes the compiled kernel on CPU (numba installed) and the whole-row-sort
-algorithm in tensor ops otherwise and on accelerators (no host sync; on CUDA replayed as a
-CUDA graph from the second call with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs
-off). Keras runs the band algorithm in tf ops by default, `method="sort"` on request.
+`method="auto"` takes the compiled kernel on CPU (numba installed), the Triton kernel on CUDA
+(Triton installed, as it is with CUDA builds of torch), and otherwise the whole-row-sort
+algorithm in tensor ops (no host sync; on CUDA replayed as a CUDA graph from the second call
+with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the band algorithm in tf ops by default, `method="sort"` on request.
 
 ## Where the time goes
 
@@ -107,10 +107,12 @@ off). Keras runs the band algorithm in tf ops by default, `method="sort"` on req
   over `kernel_in` and runs the small per-unit steps as separate thunks; `bench_tf_step_parts.py`
   splits the prox's cost inside a train step into these parts. Going below that needs a fused
   custom kernel, which the pure-tf-ops design excludes (`docs/keras.md`).
-- **CUDA**: for small layers, the graph's small kernels (a few microseconds each; the binary
-  search for the support sizes takes `bit_length(m)` steps of about a dozen kernels); for
-  4096-4096-10, memory traffic: two whole-row sorts and a dozen passes over `(n, m)` arrays,
-  whose intermediates the graph keeps (the "graph MiB" column).
+- **CUDA**: the Triton kernel is one launch (a second one only for units whose band of
+  candidate entries is wide), so on small layers its cost is the launch from Python: replayed
+  in a CUDA graph it takes a few microseconds. The tensor-op sort prox, its fallback, runs a
+  few hundred small kernels (the binary search for the support sizes takes `bit_length(m)`
+  steps of about a dozen kernels). In a Lightning epoch, what the GPU prox adds is mostly
+  host-side: the callback's checks and the finiteness flag's launches, per step.
 
 ## One-time costs
 
@@ -135,14 +137,14 @@ GROUPS = (
                 "CPU, 1 thread",
                 "The paper's shapes, then the time as `n`, `m` and `p` double from 784-200-10.",
             ),
-            Entry(
-                "prox_cuda",
-                "CUDA",
-                "The whole-row-sort prox replayed as a CUDA graph; also with its finiteness "
-                "check (one host sync per call), eagerly without the graph, and the memory the "
-                "cached graph keeps.",
-            ),
         ),
+    ),
+    Group(
+        "bench_triton.py",
+        "The prox on CUDA (float32, `lam = 1e-3`): the Triton kernel called eagerly and "
+        "replayed in a CUDA graph, the tensor-op sort prox replayed as a CUDA graph, what "
+        '`method="auto"` runs, and one SGD step at batch 100, all in one process.',
+        (Entry("prox_triton", "CUDA", ""),),
     ),
     Group(
         "bench_tf.py",
@@ -307,6 +309,15 @@ def targets(runs: dict[str, Run]) -> list[tuple[str, str, bool]]:
     for label, name in (("Lightning", "epoch_lightning"), ("Keras (XLA)", "epoch_keras")):
         value = ratio(runs, name)
         rows.append((f"{label} epoch <= 1.2x the plain epoch", value, number(value, name) <= 1.2))
+    for shape in ("784-200-10", "784-1000-10"):
+        value = cell(runs, "prox_triton", {"shape": shape}, "triton/SGD")
+        met = number(value, f"prox_triton.md, {shape}") <= 1.0
+        rows.append((f"CUDA {shape}: prox <= 1.0 SGD step", value, met))
+    value = cell(runs, "prox_triton", {"shape": "4096-4096-10"}, "triton ms")
+    rows.append(("CUDA 4096-4096-10: prox <= 0.5 ms", f"{value} ms", number(value, "4096") <= 0.5))
+    value = ratio(runs, "epoch_lightning_gpu")
+    met = number(value, "epoch_lightning_gpu") <= 1.1
+    rows.append(("Lightning GPU epoch <= 1.10x the plain epoch", value, met))
     return rows
 
 
@@ -368,20 +379,23 @@ def render_readme_table(runs: dict[str, Run]) -> str:
     """The README's one performance table: the prox on the paper's shapes, per backend."""
     rows = [
         "| shape (m-n-p) | torch, CPU kernel: ms (/ SGD step) | Keras, XLA: ms | "
-        "torch, CUDA graph: ms (/ SGD step) |",
+        "torch, CUDA (Triton): ms (/ SGD step) |",
         "|---|---:|---:|---:|",
     ]
+    gpu_shapes = {r.get("shape") for t in tables(runs["prox_triton"].body) for r in t}
     for shape in PAPER_SHAPES:
         cpu = cell(runs, "prox_cpu", {"shape": shape}, "prox ms")
         cpu_r = cell(runs, "prox_cpu", {"shape": shape}, "prox/SGD")
         tf = cell(runs, "prox_tf", {"shape (m-n-p)": shape, "method": "band"}, "xla (in loop) (ms)")
-        gpu = cell(runs, "prox_cuda", {"shape": shape}, "prox ms")
-        gpu_r = cell(runs, "prox_cuda", {"shape": shape}, "prox/SGD")
-        rows.append(f"| {shape} | {cpu} ({cpu_r}) | {tf} | {gpu} ({gpu_r}) |")
+        gpu = "not measured"
+        if shape in gpu_shapes:
+            gpu = cell(runs, "prox_triton", {"shape": shape}, "triton ms")
+            gpu += f" ({cell(runs, 'prox_triton', {'shape': shape}, 'triton/SGD')})"
+        rows.append(f"| {shape} | {cpu} ({cpu_r}) | {tf} | {gpu} |")
     cpu, tf_cpu = runs["prox_cpu"].header["machine"], runs["prox_tf"].header["machine"]
     where = f"CPU: {cpu}" if cpu == tf_cpu else f"torch CPU: {cpu}; Keras: {tf_cpu}"
     machines = (
-        f"{where}; GPU: {runs['prox_cuda'].header['machine']}. In training, one MNIST epoch "
+        f"{where}; GPU: {runs['prox_triton'].header['machine']}. In training, one MNIST epoch "
         f"with the prox after every step takes {ratio(runs, 'epoch_lightning')} the plain epoch "
         f"in Lightning (`PathNormProx`) and {ratio(runs, 'epoch_keras')} in Keras "
         "(`PathNormSGD`, XLA)."
