@@ -38,7 +38,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from pathnorm_tf._band import band_setup, prox_band
+from pathnorm_tf._band import Band, band_setup, prox_band
 from pathnorm_tf._common import (
     NonFiniteWeightsError,
     Scalar,
@@ -123,15 +123,12 @@ def _lam_and_square(lam: float | tf.Tensor) -> tuple[float | tf.Tensor, float | 
     return lam64, lam64 * lam64
 
 
-def _unit_scales(k_in: tf.Tensor, k_out: tf.Tensor) -> tf.Tensor:
-    """Per unit a power of two ``s`` (n, 1) in the kernels' dtype that brings the unit's largest
-    magnitude into [1, 2) (into [2^-23, 4) or [2^-52, 4) at the ends of the range, where ``s``
-    is clipped to a normal number): multiplying by it is exact, and no square or sum of the
-    scaled unit overflows or loses its leading bits to underflow."""
-    dt = k_in.dtype
-    big = tf.maximum(
-        reduce_units(tf.reduce_max, tf.abs(k_in), 1), tf.reduce_max(tf.abs(k_out), 1, keepdims=True)
-    )
+def _scales(big: tf.Tensor, zero_to_one: bool) -> tf.Tensor:
+    """Per unit a power of two ``s`` (``big``'s shape and dtype) that brings ``big`` (the
+    unit's largest magnitude) into [1, 2), clipped to the normal numbers (into [2^-23, 4) or
+    [2^-52, 4) at the ends of the range): multiplying by it is exact. ``zero_to_one``: ``s = 1``
+    where ``big`` is 0 (or subnormal, which TensorFlow treats as 0)."""
+    dt = big.dtype
     mant, bias = (23, 127) if dt == tf.float32 else (52, 1023)
     int_t = BITS[dt]
     exponent = tf.bitwise.bitwise_and(
@@ -139,8 +136,17 @@ def _unit_scales(k_in: tf.Tensor, k_out: tf.Tensor) -> tf.Tensor:
         tf.constant(2 * bias + 1, int_t),
     )  # the biased exponent field: 0 for zero and subnormals, 2 bias + 1 for inf and NaN
     power = tf.clip_by_value(2 * bias - exponent, 1, 2 * bias - 1)  # biased exponent of 2^-e
+    if zero_to_one:
+        power = tf.where(tf.equal(exponent, 0), tf.constant(bias, int_t), power)
     (s,) = materialized(tf.bitcast(tf.bitwise.left_shift(power, tf.constant(mant, int_t)), dt))
     return s
+
+
+def _unit_scales(k_in: tf.Tensor, k_out: tf.Tensor) -> tf.Tensor:
+    """:func:`_scales` (n, 1) of each unit's largest magnitude over both kernels (a pass over
+    both: for the rare call whose sums leave the range)."""
+    big_in = reduce_units(tf.reduce_max, tf.abs(k_in), 1)
+    return _scales(tf.maximum(big_in, tf.reduce_max(tf.abs(k_out), 1, keepdims=True)), False)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -149,32 +155,64 @@ def _prox_kernels(
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """:func:`prox_path_norm` without input checks (Dense layout, static shapes).
 
-    Each unit is scaled by :func:`_unit_scales`; the per-unit work (the short side, the sums
-    over the long side, the candidates) runs in float64, and the thresholds, scaled back, are
-    applied to the original kernels, so that the result is the exact prox rounded once to the
-    weights' dtype. The long side stays in its own precision where that is exact (comparisons,
-    slices, maxima).
+    The per-unit work (the short side, the candidates) runs in float64, and the thresholds are
+    applied to the kernels by :func:`_soft_threshold_exact`, so that the result is the exact
+    prox rounded once to the weights' dtype. Every unit is first scaled by a power of two
+    (exact; the prox is scale-equivariant with the same lam), from its short side's largest
+    entry (no pass over the long side): squares of the long side that then underflow are below
+    the objective's resolution. Where a long-side sum still leaves the range (the long side
+    beyond ~2^60 times the short one, or a short side of zeros facing tiny entries), the
+    whole-row sort runs instead on units scaled by their largest entry over both sides.
     """
-    cd = tf.float64
     ld = compute_dtype(k_in.dtype)  # the long side's storage
-    lam_c, lam2_c = _lam_and_square(lam)
+    lam, lam2 = _lam_and_square(lam)
     k_in_c = tf.cast(tf.stop_gradient(k_in), ld)  # (m, n): hidden unit i is column i
     k_out_c = tf.cast(tf.stop_gradient(k_out), ld)  # (n, p): hidden unit i is row i
     m, n = int(k_in_c.shape[0]), int(k_in_c.shape[1])
     p = int(k_out_c.shape[1])
-    s = _unit_scales(k_in_c, k_out_c)
-    x = k_out_c * s  # (n, p)
-    y = k_in_c * tf.reshape(s, [1, n])  # (m, n)
+
+    def scaled(s: tf.Tensor, thresholds: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        t_out, t_in = thresholds(k_in_c * tf.reshape(s, [1, n]), k_out_c * s)
+        s64 = tf.cast(s, tf.float64)
+        return t_out / s64, t_in / s64
+
+    def sort(a: tf.Tensor, b: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return prox_rows(tf.cast(b, tf.float64), tf.cast(tf.transpose(a), tf.float64), lam, lam2)
+
+    def rescue() -> tuple[tf.Tensor, tf.Tensor]:
+        return scaled(_unit_scales(k_in_c, k_out_c), sort)
+
     if method == "sort":
-        t_out, t_in = prox_rows(tf.cast(x, cd), tf.cast(tf.transpose(y), cd), lam_c, lam2_c)
-    elif p > m:  # the band method enumerates the short side: swap roles (a symmetric problem)
-        t_in, t_out = prox_band(band_setup(tf.cast(tf.transpose(y), cd), x, 0, lam_c, lam2_c, True))
-    else:  # the long side stays in the Dense layout: no transpose of the big kernel
-        t_out, t_in = prox_band(band_setup(tf.cast(x, cd), y, 1, lam_c, lam2_c))
-    s64 = tf.cast(s, cd)
-    new_in = _soft_threshold_exact(k_in_c, tf.reshape(t_in / s64, [1, n]))
-    new_out = _soft_threshold_exact(k_out_c, t_out / s64)
+        t_out, t_in = rescue()
+    else:
+        short = tf.reduce_max(tf.abs(k_in_c), 0)[:, None] if p > m else k_out_c
+        s = _scales(tf.reduce_max(tf.abs(short), 1, keepdims=True), True)
+        problem = _band_problem(k_in_c * tf.reshape(s, [1, n]), k_out_c * s, lam, lam2)
+
+        def band() -> tuple[tf.Tensor, tf.Tensor]:
+            return scaled(s, lambda a, b: _band_thresholds(problem))
+
+        t_out, t_in = tf.cond(problem.in_range, band, rescue)
+    new_in = _soft_threshold_exact(k_in_c, tf.reshape(t_in, [1, n]))
+    new_out = _soft_threshold_exact(k_out_c, t_out)
     return tf.cast(new_in, k_in.dtype), tf.cast(new_out, k_out.dtype)
+
+
+def _band_problem(
+    k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
+) -> Band:
+    """The band method's setup for two Dense kernels: the shorter side is enumerated (the
+    problem is symmetric), the longer one stays in its Dense layout (no transpose)."""
+    m, p = int(k_in.shape[0]), int(k_out.shape[1])
+    if p > m:
+        return band_setup(tf.cast(tf.transpose(k_in), tf.float64), k_out, 0, lam, lam2, True)
+    return band_setup(tf.cast(k_out, tf.float64), k_in, 1, lam, lam2)
+
+
+def _band_thresholds(problem: Band) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(t_out, t_in)`` (n, 1) of :func:`_band_problem`'s problem."""
+    t_x, t_y = prox_band(problem)
+    return (t_y, t_x) if problem.swapped else (t_x, t_y)
 
 
 def _soft_threshold_exact(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:

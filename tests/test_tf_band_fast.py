@@ -32,7 +32,7 @@ SHAPES = [(40, 6, 3), (5, 4, 9), (67, 5, 1), (100, 4, 2)]
 KINDS = ["glorot", "ties", "zeros", "range", "boundary"]
 SEEDS = range(12)
 # Band widths that select each extraction path of _prox_band (BAND_BLOCK = 32).
-BUCKETS = [(0, 0), (1, 1), (2, 2), (3, 32), (33, 10**9)]
+BUCKETS = [(0, 0), (1, 1), (2, 2), (3, 4), (5, 32), (33, 10**9)]
 
 
 def make_case(shape: tuple[int, int, int], kind: str, seed: int) -> tuple[Any, Any, float]:
@@ -135,7 +135,7 @@ def test_cases_cover_every_band_path() -> None:
                 w = band_width(*make_case(shape, kind, seed))
                 for lo, hi in BUCKETS:
                     hit[(lo, hi)] += lo <= w <= hi
-    assert _band.FAST_TIERS == (0, 1, 2) and _band.BAND_BLOCK == 32
+    assert _band.FAST_TIERS == (0, 1, 2, 4) and _band.BAND_BLOCK == 32
     assert all(count >= 3 for count in hit.values()), hit
 
 

@@ -67,7 +67,8 @@ def test_float64_is_exact_from_1e_minus_300_to_1e300(method: str, shape: tuple[i
 @pytest.mark.parametrize("method", METHODS)
 def test_float32_is_exact_over_its_whole_range_subnormals_included(method: str, jit: bool) -> None:
     # Before, the float32 band came out up to 3x the optimal objective at <~1e-18 or >~1e19.
-    exps = np.array([-149, -140, -128, -124, -120, -75, -60, -30, 0, 30, 60, 90, 110, 120])
+    # (2^125: the unit's long-side sums overflow float32, so the scaled fallback runs)
+    exps = np.array([-149, -140, -128, -124, -120, -75, -60, -30, 0, 30, 60, 90, 120, 125])
     scales = 2.0 ** exps.astype(np.float64) * 1.3  # (not a power of two)
     lam = 0.15
     k_in, k_out = scaled_units(scales, 40, 4, seed=1)
@@ -131,3 +132,15 @@ def test_bounds_of_an_empty_layer_are_zero(m: int, n: int, p: int) -> None:
     assert float(path_norm(k_in, k_out)) == 0.0
     new_in, new_out = prox_path_norm(k_in, k_out, 0.1)
     assert new_in.shape == (m, n) and new_out.shape == (n, p)
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
+@pytest.mark.parametrize("method", METHODS)
+def test_zero_outgoing_weights_keep_tiny_incoming_ones(method: str, jit: bool) -> None:
+    # x = 0 leaves nothing to scale by, and the squares of these y underflow float32 (they are
+    # ~2^-70): ||y||^2 must not be lost, or (x, 0) = (0, 0) would tie with (0, y) and win.
+    y = np.array([[3.0, -1.0, 2.0], [0.0, 0.0, 0.0]], np.float32).T * np.float32(2.0**-70)
+    x = np.zeros((2, 4), np.float32)
+    new_in, new_out = prox_fn(method, jit, 1e6)(y, x)
+    np.testing.assert_array_equal(new_in.numpy(), y)  # (0, y) for the first unit
+    np.testing.assert_array_equal(new_out.numpy(), x)
