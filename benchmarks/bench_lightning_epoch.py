@@ -1,9 +1,9 @@
 """Epoch time of the paper's MLP in a Lightning Trainer, with and without PathNormProx.
 
 The network is 784-200-10 with ELU, trained with SGD at batch size 100 on the 60,000 MNIST
-training images (``--data-dir``, default ``../shared/data``, read by the checked loader of
-``pathnorm_experiments.data``; random tensors of the same shape when the files are absent). Plain and PathNormProx epochs alternate in one process, so both
-see the same machine load; the script prints the median epoch times and their ratio.
+training images (``--data-dir``, default ``$PATHNORM_DATA_DIR``, read by the checked loader
+of ``pathnorm_experiments.data``; random tensors of the same shape when the files are absent).
+Plain and PathNormProx epochs alternate in one process, so both see the same machine load; the script prints the median epoch times and their ratio.
 
     python benchmarks/bench_lightning_epoch.py [--repeats 3] [--lam 1e-4] [--lr 0.1]
 """
@@ -27,7 +27,7 @@ from pathnorm_experiments.data import DataError, load_dataset
 from pathnorm_lightning import PathNormProx, prox_path_norm
 
 # The project's shared data folder when the repository sits beside it (as on the dev machines).
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ENV_DATA = os.environ.get("PATHNORM_DATA_DIR")
 
 
 def load_mnist_train(data_dir: Path | None) -> tuple[Tensor, Tensor] | None:
@@ -90,8 +90,8 @@ def main() -> None:
     parser.add_argument(
         "--data-dir",
         type=Path,
-        default=SHARED_DATA if SHARED_DATA.is_dir() else None,
-        help="folder holding mnist/*.gz (default: ../shared/data, else $PATHNORM_DATA_DIR)",
+        default=Path(ENV_DATA) if ENV_DATA else None,
+        help="folder holding mnist/*.gz (default: $PATHNORM_DATA_DIR)",
     )
     parser.add_argument("--repeats", type=int, default=3, help="epochs per configuration")
     parser.add_argument("--lam", type=float, default=1e-4)

@@ -7,12 +7,12 @@
 #
 # jsonschema (for the spec vectors) is installed from the wheels in .whl/ when the machine lacks
 # it and has no package index (bring .whl/ along). DATA_DIR holds mnist/*.gz for the Lightning
-# epoch (default ../shared/data; synthetic data of MNIST's shape when absent). Logs go to $OUT
+# epoch (default $PATHNORM_DATA_DIR; synthetic data of MNIST's shape when absent). Logs go to $OUT
 # (default ./gpu_out). Each step has its own time limit, so one that hangs cannot eat the rest.
 set -u
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_out}"
-DATA="${1:-../shared/data}"
+DATA="${1:-${PATHNORM_DATA_DIR:-}}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY="${PYTHON:-python3}"
@@ -59,7 +59,7 @@ done
 step "Lightning epoch on the GPU (PathNormProx with method auto; with and without its check)"
 for flag in "" --no-check-finite; do
     timeout 50 "$PY" benchmarks/bench_lightning_epoch.py --accelerator gpu --repeats 3 \
-        --data-dir "$DATA" $flag 2>&1 | grep -E "repeat|median|ratio|alone|torch|Error" \
+        ${DATA:+--data-dir "$DATA"} $flag 2>&1 | grep -E "repeat|median|ratio|alone|torch|Error" \
         | tee -a "$OUT/lightning_gpu.log"
 done
 step "done"
