@@ -63,7 +63,7 @@ class Band(NamedTuple):
     count: tf.Tensor  # band entries per unit (float)
     width: tf.Tensor  # 0-d: the largest count
     swapped: bool  # x holds the incoming weights (only the tie order depends on it)
-    in_range: tf.Tensor  # 0-d: no long-side sum overflowed, no sum of squares underflowed
+    in_range: tf.Tensor  # (n, 1): no long-side sum overflowed, no sum of squares underflowed
 
     def unit(self, t: tf.Tensor) -> tf.Tensor:
         return unit(t, self.unit_axis)
@@ -138,15 +138,14 @@ def band_setup(
 
 
 def _sums_in_range(ysq: tf.Tensor, s_hi: tf.Tensor, c_hi: tf.Tensor) -> tf.Tensor:
-    """Whether every unit's long-side sums are usable (0-d bool): finite, and ``||y||^2`` not
+    """Whether each unit's long-side sums are usable ((n, 1) bool): finite, and ``||y||^2`` not
     lost to underflow, which Cauchy-Schwarz exposes: the ``c_hi`` entries above ``tau_hi``,
     summing to ``s_hi``, alone give ``c_hi ||y||^2 >= s_hi^2`` (halved for rounding).
 
     With ``x`` scaled to a largest entry near 1 (see ``pathnorm_tf.functional``), squares of
     ``y`` that underflow are below the objective's resolution, except where ``x = 0``: then
     ``tau_hi = 0``, every nonzero entry is above it, and the test catches the loss."""
-    ok = tf.math.is_finite(ysq) & tf.math.is_finite(s_hi) & (c_hi * ysq >= 0.5 * s_hi * s_hi)
-    return tf.reduce_all(ok)
+    return tf.math.is_finite(ysq) & tf.math.is_finite(s_hi) & (c_hi * ysq >= 0.5 * s_hi * s_hi)
 
 
 def _tau_lo(

@@ -157,12 +157,13 @@ def _prox_kernels(
 
     The per-unit work (the short side, the candidates) runs in float64, and the thresholds are
     applied to the kernels by :func:`_soft_threshold_exact`, so that the result is the exact
-    prox rounded once to the weights' dtype. Every unit is first scaled by a power of two
-    (exact; the prox is scale-equivariant with the same lam), from its short side's largest
-    entry (no pass over the long side): squares of the long side that then underflow are below
-    the objective's resolution. Where a long-side sum still leaves the range (the long side
-    beyond ~2^60 times the short one, or a short side of zeros facing tiny entries), the
-    whole-row sort runs instead on units scaled by their largest entry over both sides.
+    prox rounded once to the weights' dtype. The prox is scale-equivariant (same lam): the
+    sort scales every unit by a power of two from its largest entry; the band, by one from its
+    short side's largest entry (no pass over the long side), after which long-side squares
+    that underflow are below the objective's resolution. A unit whose short side is 0 keeps
+    its long side (exact, whatever its sums). A unit whose long-side sums still leave the
+    range (its long side beyond ~2^60 times its short side in float32, ~2^500 in float64)
+    comes out NaN rather than wrong.
     """
     ld = compute_dtype(k_in.dtype)  # the long side's storage
     lam, lam2 = _lam_and_square(lam)
@@ -170,31 +171,28 @@ def _prox_kernels(
     k_out_c = tf.cast(tf.stop_gradient(k_out), ld)  # (n, p): hidden unit i is row i
     m, n = int(k_in_c.shape[0]), int(k_in_c.shape[1])
     p = int(k_out_c.shape[1])
-
-    def scaled(s: tf.Tensor, thresholds: Any) -> tuple[tf.Tensor, tf.Tensor]:
-        t_out, t_in = thresholds(k_in_c * tf.reshape(s, [1, n]), k_out_c * s)
-        s64 = tf.cast(s, tf.float64)
-        return t_out / s64, t_in / s64
-
-    def sort(a: tf.Tensor, b: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        return prox_rows(tf.cast(b, tf.float64), tf.cast(tf.transpose(a), tf.float64), lam, lam2)
-
-    def rescue() -> tuple[tf.Tensor, tf.Tensor]:
-        return scaled(_unit_scales(k_in_c, k_out_c), sort)
-
+    valid = None  # (n, 1): units computed (the others come out NaN)
     if method == "sort":
-        t_out, t_in = rescue()
+        s = _unit_scales(k_in_c, k_out_c)
+        x, y = tf.cast(k_out_c * s, tf.float64), tf.cast(tf.transpose(k_in_c) * s, tf.float64)
+        t_out, t_in = prox_rows(x, y, lam, lam2)
     else:
         short = tf.reduce_max(tf.abs(k_in_c), 0)[:, None] if p > m else k_out_c
-        s = _scales(tf.reduce_max(tf.abs(short), 1, keepdims=True), True)
+        big = tf.reduce_max(tf.abs(short), 1, keepdims=True)
+        s = _scales(big, True)
         problem = _band_problem(k_in_c * tf.reshape(s, [1, n]), k_out_c * s, lam, lam2)
-
-        def band() -> tuple[tf.Tensor, tf.Tensor]:
-            return scaled(s, lambda a, b: _band_thresholds(problem))
-
-        t_out, t_in = tf.cond(problem.in_range, band, rescue)
+        t_out, t_in = _band_thresholds(problem)
+        # a zero short side: the long side stays (the minimiser is (x, 0) or (0, y))
+        t_out, t_in = (tf.where(big > 0, t, tf.zeros_like(t)) for t in (t_out, t_in))
+        valid = problem.in_range | tf.equal(big, 0)
+    s64 = tf.cast(s, tf.float64)
+    t_out, t_in = t_out / s64, t_in / s64
     new_in = _soft_threshold_exact(k_in_c, tf.reshape(t_in, [1, n]))
     new_out = _soft_threshold_exact(k_out_c, t_out)
+    if valid is not None:
+        nan = tf.constant(float("nan"), ld)
+        new_in = tf.where(tf.reshape(valid, [1, n]), new_in, nan)
+        new_out = tf.where(valid, new_out, nan)
     return tf.cast(new_in, k_in.dtype), tf.cast(new_out, k_out.dtype)
 
 
