@@ -23,7 +23,7 @@ if not CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton", reason="triton is not installed (pip install triton)")
 
-from pathnorm_lightning import _triton  # noqa: E402
+from pathnorm_lightning import _triton, _triton_kernels  # noqa: E402
 from shared_spec import reference  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -139,13 +139,13 @@ def test_band_search_where_the_band_fits_else_the_full_search(
     seen: list[int] = []
     if not CUDA:  # the interpreter looks the helper up at every call: record what runs
         _triton._kernel()
-        real = _triton._search
+        real = _triton_kernels._search
 
         def spy(*args: object) -> object:
             seen.append(int(args[14]))  # NCOL: the columns searched
             return real(*args)
 
-        monkeypatch.setattr(_triton, "_search", spy)
+        monkeypatch.setattr(_triton_kernels, "_search", spy)
     rng = np.random.default_rng(4)
     x, y = rng.normal(size=(24, 3)), rng.normal(size=(24, 40))
     y[:, :5] = 0.0  # zeros are never in the band
