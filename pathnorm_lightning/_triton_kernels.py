@@ -66,6 +66,10 @@ _flip: Any = None
 _to_bf16: Any = None
 _sorted_abs: Any = None
 _search: Any = None
+_scale: Any = None
+_trivial: Any = None
+_band: Any = None
+_soft_threshold: Any = None
 _solve: Any = None
 
 
@@ -86,6 +90,10 @@ def build(triton: Any) -> Any:
         _to_bf16=jit(_to_bf16_fn),
         _sorted_abs=jit(_sorted_abs_fn),
         _search=jit(_search_fn),
+        _scale=jit(_scale_fn),
+        _trivial=jit(_trivial_fn),
+        _band=jit(_band_fn),
+        _soft_threshold=jit(_soft_threshold_fn),
         _solve=jit(_solve_fn),
     )
     # Integer arguments are not specialised (Triton would compile a variant for every
@@ -217,6 +225,140 @@ def _search_fn(
     return best_h, best_ts, best_tl
 
 
+def _scale_fn(abs_s, abs_l):  # pragma: no cover - compiled by Triton
+    """``(up1, up2, down1, down2)``: the unit scaled by ``2^sh = up1 up2``, ``sh = 1023 -`` (the
+    biased exponent of its largest magnitude), lands its largest in [1, 2); two factors so that
+    each stays a normal float64. ``down1 down2 = 2^-sh`` scales back."""
+    f64 = tl.float64
+    big = tl.maximum(tl.max(abs_s, axis=1), tl.max(abs_l, axis=1)).to(f64)
+    expo = (big.to(tl.int64, bitcast=True) >> 52) & 2047
+    sh = 1023 - expo
+    s1 = sh >> 1
+    s2 = sh - s1
+    up1 = ((s1 + 1023) << 52).to(f64, bitcast=True)
+    up2 = ((s2 + 1023) << 52).to(f64, bitcast=True)
+    down1 = ((1023 - s1) << 52).to(f64, bitcast=True)
+    down2 = ((1023 - s2) << 52).to(f64, bitcast=True)
+    return up1, up2, down1, down2
+
+
+def _trivial_fn(
+    xsq, ysq, SWAPPED: tl.constexpr, UNITS: tl.constexpr
+):  # pragma: no cover - compiled by Triton
+    """``(best_h, best_ts, best_tl)`` of the trivial points, in the reference's order: (x, 0)
+    first, then (0, y) if strictly better. Thresholds: ``t_s`` for the short side, ``t_l`` for
+    the long one (inf: all zero)."""
+    f64 = tl.float64
+    inf = float("inf")
+    h_s = -0.5 * xsq  # keep the short side, zero the long one
+    h_l = -0.5 * ysq
+    zero = tl.zeros([UNITS], f64)
+    infs = tl.full([UNITS], inf, f64)
+    if SWAPPED:  # x is the long side: keep-long comes first
+        take = h_s < h_l
+        best_h = tl.where(take, h_s, h_l)
+        best_ts = tl.where(take, zero, infs)
+        best_tl = tl.where(take, infs, zero)
+    else:
+        take = h_l < h_s
+        best_h = tl.where(take, h_l, h_s)
+        best_ts = tl.where(take, infs, zero)
+        best_tl = tl.where(take, zero, infs)
+    return best_h, best_ts, best_tl
+
+
+def _band_fn(
+    u,
+    u_ok,
+    l_mask,
+    ya,  # (UNITS, BLOCK_M) the long side's magnitudes, scaled, unsorted
+    xs,  # the short side sorted, scaled, and its prefix sums
+    cx,
+    cx2,
+    x1,  # ||x||_1 (scaled)
+    lam,
+    P,
+    band_ptr,
+    need_ptr,
+    best_h,
+    best_ts,
+    best_tl,
+    UNITS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BAND: tl.constexpr,
+    BAND_K: tl.constexpr,
+    LOG_U: tl.constexpr,
+    LOG_BAND: tl.constexpr,
+):  # pragma: no cover - compiled by Triton
+    """The band search (mode 1): ``(u_ok, best_h, best_ts, best_tl)``, ``u_ok`` cleared for the
+    units it leaves to the full search (mode 2, the next launch; marked in ``need_ptr``)."""
+    f64 = tl.float64
+    inf = float("inf")
+    # A non-trivial minimiser thresholds the long side at lam a <= lam ||x||_1 (a = ||v||_1),
+    # so its support holds every entry above tau > lam ||x||_1, and no zero (a zero stays zero
+    # only at a = 0, the point (0, y)): only the band (0, tau] needs sorting, with the smallest
+    # entry above tau (column 0: l = the count above tau). Taken when every unit's band fits
+    # BAND columns; else the units are left untouched for the full search.
+    tau = lam * x1 * (1.0 + 1.0 / 65536)  # far above the rounding of a
+    above = ya > tau[:, None]
+    inband = (ya > 0.0) & (ya <= tau[:, None]) & l_mask
+    c_hi = tl.sum(above.to(tl.int32), axis=1)
+    has_top = c_hi > 0
+    n_col = tl.sum(inband.to(tl.int32), axis=1) + has_top.to(tl.int32)
+    use_band = tl.max(n_col, axis=0) <= BAND
+    tl.store(need_ptr + u, tl.where(use_band, 0, 1) + tl.zeros([UNITS], tl.int32), mask=u_ok)
+    u_ok = u_ok & (tl.zeros([UNITS], tl.int32) + use_band.to(tl.int32) != 0)
+    if use_band:
+        top = tl.where(has_top, tl.min(tl.where(above, ya, inf), axis=1), 0.0)
+        s_hi = tl.sum(tl.where(above, ya, 0.0), axis=1) - top  # without column 0's entry
+        q_hi = tl.sum(tl.where(above, ya * ya, 0.0), axis=1) - top * top
+        base = (c_hi - has_top.to(tl.int32)).to(f64)
+        # Gather the columns through global scratch (a scatter into registers has no Triton
+        # form), then sort them.
+        row = band_ptr + u.to(tl.int64) * BAND
+        slot = tl.cumsum(inband.to(tl.int32), axis=1) - 1 + has_top.to(tl.int32)[:, None]
+        tl.store(row, top, mask=has_top & u_ok)
+        tl.store(row[:, None] + slot, ya, mask=inband)
+        tl.debug_barrier()  # the block's stores are visible to all of its threads
+        ob = tl.arange(0, BAND)
+        col_ok = ob[None, :] < n_col[:, None]
+        band = tl.load(row[:, None] + ob[None, :], mask=col_ok & u_ok[:, None], other=0.0)
+        zb = _sort_desc(band.to(tl.int64, bitcast=True), LOG_U + LOG_BAND, LOG_BAND)
+        zb = zb.to(f64, bitcast=True)
+        best_h, best_ts, best_tl = _search(
+            xs,
+            cx,
+            cx2,
+            zb,
+            s_hi[:, None] + tl.cumsum(zb, axis=1),
+            q_hi[:, None] + tl.cumsum(zb * zb, axis=1),
+            base[:, None] + (ob + 1).to(f64)[None, :],
+            col_ok,
+            lam,
+            P,
+            best_h,
+            best_ts,
+            best_tl,
+            BLOCK_P,
+            BAND,
+            BAND_K,
+        )
+    return u_ok, best_h, best_ts, best_tl
+
+
+def _soft_threshold_fn(z, t, WIDE: tl.constexpr, BF16: tl.constexpr):  # pragma: no cover
+    """``z - clip(z, -t, t) = sign(z) max(|z| - t, 0)`` in float64, rounded once to the weights'
+    dtype: float32 as the CPU kernel and torch's casts do, bfloat16 then to nearest on the bits
+    (Triton's interpreter truncates)."""
+    z64 = z.to(tl.float64)
+    new = z64 - tl.minimum(tl.maximum(z64, -t), t)
+    if not WIDE:
+        new = new.to(tl.float32)
+    if BF16:
+        new = _to_bf16(new)
+    return new
+
+
 def _solve_fn(
     u,  # (UNITS,) the units of this block
     u_ok,  # which of them to solve
@@ -280,18 +422,7 @@ def _solve_fn(
             code = bad_s * 2 + bad_l * 1
         tl.atomic_or(flag_ptr + tl.zeros([UNITS], tl.int32), code, mask=code != 0)
 
-    # Scale by 2^sh, sh = 1023 - (biased exponent of the largest magnitude): the largest lands
-    # in [1, 2). Applied as two factors 2^s1 2^s2 so that each stays a normal float64.
-    big = tl.maximum(tl.max(abs_s, axis=1), tl.max(abs_l, axis=1)).to(f64)
-    expo = (big.to(tl.int64, bitcast=True) >> 52) & 2047
-    sh = 1023 - expo
-    s1 = sh >> 1
-    s2 = sh - s1
-    up1 = ((s1 + 1023) << 52).to(f64, bitcast=True)
-    up2 = ((s2 + 1023) << 52).to(f64, bitcast=True)
-    down1 = ((1023 - s1) << 52).to(f64, bitcast=True)
-    down2 = ((1023 - s2) << 52).to(f64, bitcast=True)
-
+    up1, up2, down1, down2 = _scale(abs_s, abs_l)
     xs = _sorted_abs(abs_s, WIDE, LOG_U + LOG_P, LOG_P) * up1[:, None] * up2[:, None]
     cx = tl.cumsum(xs, axis=1)  # cx[:, k - 1] = X_k, the sum of the k largest
     cx2 = tl.cumsum(xs * xs, axis=1)
@@ -305,74 +436,31 @@ def _solve_fn(
     else:
         lam = lam_bits.to(tl.int64).to(f64, bitcast=True)
 
-    # The trivial points, in the reference's order: (x, 0) first, then (0, y) if strictly
-    # better. Thresholds: t_s for the short side, t_l for the long one (inf: all zero).
-    h_s = -0.5 * xsq  # keep the short side, zero the long one
-    h_l = -0.5 * ysq
-    zero = tl.zeros([UNITS], f64)
-    infs = tl.full([UNITS], inf, f64)
-    if SWAPPED:  # x is the long side: keep-long comes first
-        take = h_s < h_l
-        best_h = tl.where(take, h_s, h_l)
-        best_ts = tl.where(take, zero, infs)
-        best_tl = tl.where(take, infs, zero)
-    else:
-        take = h_l < h_s
-        best_h = tl.where(take, h_l, h_s)
-        best_ts = tl.where(take, infs, zero)
-        best_tl = tl.where(take, zero, infs)
-
+    best_h, best_ts, best_tl = _trivial(xsq, ysq, SWAPPED, UNITS)
     if MODE == 1:
-        # Band search. A non-trivial minimiser thresholds the long side at lam a <= lam ||x||_1
-        # (a = ||v||_1), so its support holds every entry above tau > lam ||x||_1, and no zero
-        # (a zero stays zero only at a = 0, the point (0, y)): only the band (0, tau] needs
-        # sorting, with the smallest entry above tau (column 0: l = the count above tau).
-        # Taken when every unit's band fits BAND columns; else the units are left untouched
-        # for the full search (mode 2, the next launch).
-        tau = lam * x1 * (1.0 + 1.0 / 65536)  # far above the rounding of a
-        above = ya > tau[:, None]
-        inband = (ya > 0.0) & (ya <= tau[:, None]) & l_mask
-        c_hi = tl.sum(above.to(tl.int32), axis=1)
-        has_top = c_hi > 0
-        n_col = tl.sum(inband.to(tl.int32), axis=1) + has_top.to(tl.int32)
-        use_band = tl.max(n_col, axis=0) <= BAND
-        tl.store(need_ptr + u, tl.where(use_band, 0, 1) + tl.zeros([UNITS], tl.int32), mask=u_ok)
-        u_ok = u_ok & (tl.zeros([UNITS], tl.int32) + use_band.to(tl.int32) != 0)
-        if use_band:
-            top = tl.where(has_top, tl.min(tl.where(above, ya, inf), axis=1), 0.0)
-            s_hi = tl.sum(tl.where(above, ya, 0.0), axis=1) - top  # without column 0's entry
-            q_hi = tl.sum(tl.where(above, ya * ya, 0.0), axis=1) - top * top
-            base = (c_hi - has_top.to(tl.int32)).to(f64)
-            # Gather the columns through global scratch (a scatter into registers has no
-            # Triton form), then sort them.
-            row = band_ptr + u64 * BAND
-            slot = tl.cumsum(inband.to(tl.int32), axis=1) - 1 + has_top.to(tl.int32)[:, None]
-            tl.store(row, top, mask=has_top & u_ok)
-            tl.store(row[:, None] + slot, ya, mask=inband)
-            tl.debug_barrier()  # the block's stores are visible to all of its threads
-            ob = tl.arange(0, BAND)
-            col_ok = ob[None, :] < n_col[:, None]
-            band = tl.load(row[:, None] + ob[None, :], mask=col_ok & u_ok[:, None], other=0.0)
-            zb = _sort_desc(band.to(tl.int64, bitcast=True), LOG_U + LOG_BAND, LOG_BAND)
-            zb = zb.to(f64, bitcast=True)
-            best_h, best_ts, best_tl = _search(
-                xs,
-                cx,
-                cx2,
-                zb,
-                s_hi[:, None] + tl.cumsum(zb, axis=1),
-                q_hi[:, None] + tl.cumsum(zb * zb, axis=1),
-                base[:, None] + (ob + 1).to(f64)[None, :],
-                col_ok,
-                lam,
-                P,
-                best_h,
-                best_ts,
-                best_tl,
-                BLOCK_P,
-                BAND,
-                BAND_K,
-            )
+        u_ok, best_h, best_ts, best_tl = _band(
+            u,
+            u_ok,
+            l_mask,
+            ya,
+            xs,
+            cx,
+            cx2,
+            x1,
+            lam,
+            P,
+            band_ptr,
+            need_ptr,
+            best_h,
+            best_ts,
+            best_tl,
+            UNITS,
+            BLOCK_P,
+            BAND,
+            BAND_K,
+            LOG_U,
+            LOG_BAND,
+        )
     else:
         # Full search: the long side sorted whole, every l = 1..M a column.
         ys = _sorted_abs(abs_l, WIDE, LOG_U + LOG_M, LOG_M) * up1[:, None] * up2[:, None]
@@ -396,24 +484,16 @@ def _solve_fn(
         )
 
     # Back to the weights' scale (t = inf stays inf; a threshold past the float64 range zeroes
-    # the side, as it should), then z - clip(z, -t, t) = sign(z) max(|z| - t, 0).
+    # the side, as it should).
     ts = (best_ts * down1 * down2)[:, None]
     tls = (best_tl * down1 * down2)[:, None]
     s_mask &= u_ok[:, None]
     l_mask &= u_ok[:, None]
     # Read again rather than kept in registers through the search (cache hits).
-    zs64 = tl.load(s_ptr + s_off, mask=s_mask, other=0.0).to(f64)
-    zl64 = tl.load(l_ptr + l_off, mask=l_mask, other=0.0).to(f64)
-    new_s = zs64 - tl.minimum(tl.maximum(zs64, -ts), ts)
-    new_l = zl64 - tl.minimum(tl.maximum(zl64, -tls), tls)
-    if not WIDE:  # rounded once to float32 (as the CPU kernel and torch's casts do)
-        new_s = new_s.to(tl.float32)
-        new_l = new_l.to(tl.float32)
-    if BF16:  # then to nearest bfloat16 on the bits (Triton's interpreter truncates)
-        new_s = _to_bf16(new_s)
-        new_l = _to_bf16(new_l)
-    tl.store(s_ptr + s_off, new_s, mask=s_mask)
-    tl.store(l_ptr + l_off, new_l, mask=l_mask)
+    zs = tl.load(s_ptr + s_off, mask=s_mask, other=0.0)
+    zl = tl.load(l_ptr + l_off, mask=l_mask, other=0.0)
+    tl.store(s_ptr + s_off, _soft_threshold(zs, ts, WIDE, BF16), mask=s_mask)
+    tl.store(l_ptr + l_off, _soft_threshold(zl, tls, WIDE, BF16), mask=l_mask)
 
 
 def _prox_units(
