@@ -12,7 +12,7 @@ sparsity); its share over a 20-epoch run is printed too.
     python benchmarks/bench_sweep.py [--data-dir DIR] [--repeats 5] [--epochs-per-run 20] \
         [--cases none/prox l1/prox path/prox path/penalty linf/prox]
 
-DIR holds mnist/ (default ../shared/data); random data of MNIST's shape when absent.
+DIR holds mnist/ (default $PATHNORM_DATA_DIR); random data of MNIST's shape when absent.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from pathnorm_lightning.functional import (
     prox_path_norm_,
 )
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+ENV_DATA = os.environ.get("PATHNORM_DATA_DIR")
 CASES = (
     ("none", "prox", 0.0),
     ("l1", "prox", 1e-3),
@@ -82,7 +82,7 @@ def bare_epoch(x: Tensor, y: Tensor, order: np.ndarray, reg: str, opt: str, lam:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=Path, default=SHARED_DATA)
+    p.add_argument("--data-dir", type=Path, default=Path(ENV_DATA) if ENV_DATA else None)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--epochs-per-run", type=int, default=20)
     p.add_argument(
