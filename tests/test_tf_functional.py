@@ -23,7 +23,7 @@ from pathnorm_tf import (
 )
 from shared_spec import reference as ref
 
-# The authors' conformance vector (ERRATA.md), torch layout; Keras kernels are the transposes.
+# The authors' conformance vector (docs/errata.md), torch layout; Keras kernels are the transposes.
 W1 = np.array(
     [
         [0.4116, 0.1772, -0.2248, 0.1030],
