@@ -11,12 +11,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-try:  # torch's compiler stack first: with triton installed, it and TensorFlow each bring an LLVM,
-    # and loading triton's after TensorFlow's aborts the process (duplicate LLVM options).
-    import torch._dynamo  # noqa: F401
-except ImportError:  # a Keras-only install
-    pass
-
 import keras
 import numpy as np
 import pytest
