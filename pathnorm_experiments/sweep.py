@@ -65,7 +65,6 @@ from pathnorm_experiments.config import float_key, initial_weights, shuffle_orde
 from pathnorm_experiments.data import N_CLASSES, DataError, Dataset, load_dataset
 from pathnorm_lightning.functional import (
     path_norm,
-    project_rows_l1_ball,
     project_rows_l1_ball_,
     prox_l1_,
     prox_path_norm_,
@@ -528,15 +527,8 @@ def _prox_(ws: Sequence[Tensor], reg: str, lam: float, lr: float) -> None:
         for i in range(0, len(ws), 2):
             prox_path_norm_(ws[i], ws[i + 1], lr * lam, check_finite=False)
     elif reg == "linf":
-        radius = 1.0 / lam
         for w in ws:
-            # the projection leaves a row inside the ball as it is (the same test, in the
-            # weights' dtype): only the rows outside are sorted, with the same result
-            outside = torch.nonzero(w.abs().sum(1) > radius).flatten()
-            if outside.numel() == w.shape[0]:
-                project_rows_l1_ball_(w, radius)
-            elif outside.numel():
-                w[outside] = project_rows_l1_ball(w[outside], radius)
+            project_rows_l1_ball_(w, 1.0 / lam)
 
 
 def _error_pct(ws: Sequence[Tensor], bs: Sequence[Tensor], x: Tensor, y: Tensor) -> float:

@@ -13,10 +13,13 @@ Exception types (the same in the Keras package):
 
 from __future__ import annotations
 
+import functools
+import importlib
 import itertools
 import math
 import numbers
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -120,6 +123,16 @@ def shares_memory(a: Tensor, b: Tensor) -> bool:
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
+
+
+@functools.cache
+def optional_module(name: str) -> ModuleType | None:
+    """The module ``name``, or None when it (or a package it needs, e.g. numba) cannot be
+    imported; imported once."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        return None
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:

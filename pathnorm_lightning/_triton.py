@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from pathnorm_lightning import _triton_kernels
+from pathnorm_lightning._common import optional_module
 
 __all__ = ["MAX_SIDE", "available", "prox_inplace", "supports"]
 
@@ -43,20 +44,11 @@ _TILE = 8192
 _BAND = 64
 _BAND_MIN_BLOCK = 256
 
-_TRITON: Any = None  # the triton module once imported, False when it cannot be imported
 _KERNELS: dict[bool, Any] = {}  # the jitted kernel, per interpreter mode
 
 
 def _triton() -> Any:
-    global _TRITON
-    if _TRITON is None:
-        try:
-            import triton
-        except ImportError:
-            _TRITON = False
-        else:
-            _TRITON = triton
-    return _TRITON or None
+    return optional_module("triton")
 
 
 def _interpreting() -> bool:

@@ -24,6 +24,7 @@ This module checks arguments and dispatches; the algorithms live in private modu
 
 from __future__ import annotations
 
+import functools
 import warnings
 from types import ModuleType
 from typing import Literal
@@ -39,6 +40,7 @@ from pathnorm_lightning._common import (
     check_scalar,
     check_writable,
     compute_dtype,
+    optional_module,
 )
 from pathnorm_lightning._common import (
     check_finite as _check_finite,
@@ -187,41 +189,30 @@ def _resolve_method(method: str, w_in: Tensor, w_out: Tensor) -> str:
     return method
 
 
-_KERNEL: object = None  # the compiled kernel module once imported, False if numba is missing
-_TRITON: object = None  # likewise for Triton
+_TRITON_FAILED = False  # set when the Triton prox failed to build here: "auto" avoids it
 
 
 def _kernel_module() -> ModuleType | None:
     """``pathnorm_lightning._kernel`` (numba), or None when numba is not installed."""
-    global _KERNEL
-    if _KERNEL is None:
-        try:
-            from pathnorm_lightning import _kernel
-        except ImportError:
-            _KERNEL = False
-        else:
-            _KERNEL = _kernel
-    return _KERNEL if isinstance(_KERNEL, ModuleType) else None
+    return optional_module("pathnorm_lightning._kernel")
 
 
 def _triton_module() -> ModuleType | None:
     """``pathnorm_lightning._triton`` when it imports and Triton can run here, else None."""
-    global _TRITON
-    if _TRITON is None:
-        try:
-            from pathnorm_lightning import _triton
-        except ImportError:
-            _TRITON = False
-        else:
-            _TRITON = _triton if _triton.available() else False
-    return _TRITON if isinstance(_TRITON, ModuleType) else None
+    return None if _TRITON_FAILED else _triton_ready()
+
+
+@functools.cache
+def _triton_ready() -> ModuleType | None:
+    triton = optional_module("pathnorm_lightning._triton")
+    return triton if triton is not None and triton.available() else None
 
 
 def _disable_triton(err: Exception) -> None:
     """After the Triton prox failed to build, ``"auto"`` uses ``"sort"`` from now on (warned
     once, with the reason)."""
-    global _TRITON
-    _TRITON = False
+    global _TRITON_FAILED
+    _TRITON_FAILED = True
     warnings.warn(
         f'pathnorm: the Triton prox failed here ({type(err).__name__}: {err}); method="auto" '
         'runs the "sort" prox on CUDA from now on (method="triton" shows the error)',

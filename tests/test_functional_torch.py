@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from pathnorm_lightning import (
     NonFiniteWeightsError,
+    _baselines,
     path_norm,
     product_bound,
     project_rows_l1_ball,
@@ -501,3 +502,28 @@ def test_unchecked_non_finite_units_leave_the_others_exact(
         ref_in, ref_out = prox_path_norm(w_in[keep], w_out[:, keep], lam, method=method)
         assert torch.equal(new_in[keep], ref_in)
         assert torch.equal(new_out[:, keep], ref_out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_project_rows_kernel_and_sort_agree_with_reference(dtype: torch.dtype) -> None:
+    """The compiled projection (numba, CPU) and the sort-based one (CUDA, or no numba) against
+    the reference, on rows with ties, zeros, one entry and magnitudes from 1e-30 to 1e30."""
+    kernel = pytest.importorskip("pathnorm_lightning._kernel_ball", reason="needs numba")
+    rng = np.random.default_rng(7)
+    for case in range(400):
+        n, m = int(rng.integers(1, 6)), int(rng.integers(1, 30))
+        w = rng.standard_normal((n, m)) * 10.0 ** rng.integers(-30, 31)
+        if case % 3 == 0:  # ties and zeros
+            w = np.round(w / np.abs(w).max() * 3) * np.abs(w).max()
+        radius = float(np.abs(w).sum(1).mean() * rng.choice([0.01, 0.3, 0.9, 1.0, 2.0]))
+        if radius == 0.0:
+            continue
+        want = ref.project_rows_l1_ball(w, radius)
+        t = torch.tensor(w, dtype=dtype)
+        got_kernel = t.clone()
+        kernel.project_rows_(got_kernel, radius)
+        got_sort = _baselines.project_rows_sort(t, radius)
+        rtol = 1e-5 if dtype == torch.float32 else 1e-12
+        scale = np.abs(w).max(1, keepdims=True) * rtol
+        for got in (got_kernel, got_sort):
+            assert (np.abs(got.double().numpy() - want) <= scale).all(), (case, radius)

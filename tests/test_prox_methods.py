@@ -187,7 +187,7 @@ def test_kernel_is_the_cpu_default_and_sort_the_fallback_without_numba(
     monkeypatch.setattr(F, "_prox_sort", spy_sort)
     auto = prox_path_norm(w_in, w_out, 0.01)
     assert calls == ["kernel"] and all(torch.equal(a, b) for a, b in zip(auto, kernel, strict=True))
-    monkeypatch.setattr(F, "_KERNEL", False)  # as if numba were not installed
+    monkeypatch.setattr(F, "_kernel_module", lambda: None)  # as if numba were not installed
     auto = prox_path_norm(w_in, w_out, 0.01)
     assert calls == ["kernel", "sort"]
     assert all(torch.equal(a, b) for a, b in zip(auto, sort, strict=True))
