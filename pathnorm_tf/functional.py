@@ -161,9 +161,9 @@ def _prox_kernels(
     sort scales every unit by a power of two from its largest entry; the band, by one from its
     short side's largest entry (no pass over the long side), after which long-side squares
     that underflow are below the objective's resolution. A unit whose short side is 0 keeps
-    its long side (exact, whatever its sums). A unit whose long-side sums still leave the
-    range (its long side beyond ~2^60 times its short side in float32, ~2^500 in float64)
-    comes out NaN rather than wrong.
+    its long side (exact, whatever its sums). Units whose long-side sums still leave the range
+    (a long side beyond ~2^60 times its short side in float32, ~2^500 in float64) take the
+    sort method's thresholds, in a branch that runs only when there is such a unit.
     """
     ld = compute_dtype(k_in.dtype)  # the long side's storage
     lam, lam2 = _lam_and_square(lam)
@@ -171,11 +171,8 @@ def _prox_kernels(
     k_out_c = tf.cast(tf.stop_gradient(k_out), ld)  # (n, p): hidden unit i is row i
     m, n = int(k_in_c.shape[0]), int(k_in_c.shape[1])
     p = int(k_out_c.shape[1])
-    valid = None  # (n, 1): units computed (the others come out NaN)
     if method == "sort":
-        s = _unit_scales(k_in_c, k_out_c)
-        x, y = tf.cast(k_out_c * s, tf.float64), tf.cast(tf.transpose(k_in_c) * s, tf.float64)
-        t_out, t_in = prox_rows(x, y, lam, lam2)
+        t_out, t_in = _sort_thresholds(k_in_c, k_out_c, lam, lam2)
     else:
         short = tf.reduce_max(tf.abs(k_in_c), 0)[:, None] if p > m else k_out_c
         big = tf.reduce_max(tf.abs(short), 1, keepdims=True)
@@ -183,17 +180,31 @@ def _prox_kernels(
         problem = _band_problem(k_in_c * tf.reshape(s, [1, n]), k_out_c * s, lam, lam2)
         t_out, t_in = _band_thresholds(problem)
         # a zero short side: the long side stays (the minimiser is (x, 0) or (0, y))
-        t_out, t_in = (tf.where(big > 0, t, tf.zeros_like(t)) for t in (t_out, t_in))
+        s64 = tf.cast(s, tf.float64)
+        t_out, t_in = (tf.where(big > 0, t / s64, tf.zeros_like(t)) for t in (t_out, t_in))
         valid = problem.in_range | tf.equal(big, 0)
-    s64 = tf.cast(s, tf.float64)
-    t_out, t_in = t_out / s64, t_in / s64
+
+        def band_then_sort() -> tuple[tf.Tensor, tf.Tensor]:
+            # the rare units whose long-side sums left the range: the sort method's thresholds
+            sorted_out, sorted_in = _sort_thresholds(k_in_c, k_out_c, lam, lam2)
+            return tf.where(valid, t_out, sorted_out), tf.where(valid, t_in, sorted_in)
+
+        t_out, t_in = tf.cond(tf.reduce_all(valid), lambda: (t_out, t_in), band_then_sort)
     new_in = _soft_threshold_exact(k_in_c, tf.reshape(t_in, [1, n]))
     new_out = _soft_threshold_exact(k_out_c, t_out)
-    if valid is not None:
-        nan = tf.constant(float("nan"), ld)
-        new_in = tf.where(tf.reshape(valid, [1, n]), new_in, nan)
-        new_out = tf.where(valid, new_out, nan)
     return tf.cast(new_in, k_in.dtype), tf.cast(new_out, k_out.dtype)
+
+
+def _sort_thresholds(
+    k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(t_out, t_in)`` (n, 1) by the sort method, each unit scaled by a power of two from its
+    largest entry over both sides (exact at every finite magnitude)."""
+    s = _unit_scales(k_in, k_out)
+    x, y = tf.cast(k_out * s, tf.float64), tf.cast(tf.transpose(k_in) * s, tf.float64)
+    t_out, t_in = prox_rows(x, y, lam, lam2)
+    s64 = tf.cast(s, tf.float64)
+    return t_out / s64, t_in / s64
 
 
 def _band_problem(
