@@ -21,8 +21,10 @@ Requires the TensorFlow backend of Keras.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import inspect
+import warnings
 from typing import Any
 
 import keras
@@ -57,12 +59,20 @@ def _check_strength(value: Any, name: str, owner: str) -> float:
     return float(check_scalar(value, name))
 
 
+# The model that ``verify_pairs`` builds an optimizer for (a custom loop's way to show it).
+_MODEL_HINT: contextvars.ContextVar[Any] = contextvars.ContextVar("model_hint", default=None)
+
+
 def _model_of(variables: list[Any]) -> keras.Model | None:
     """The model whose ``fit``/``compile`` is building this optimizer, if any: Keras calls
     ``optimizer.build(self.trainable_variables)`` from the model's own method (through a
     ``LossScaleOptimizer``'s build at most), and a variable keeps no link to its layer. None in
-    a custom loop (``optimizer.apply`` or ``build`` called directly)."""
+    a custom loop (``optimizer.apply`` or ``build`` called directly) unless it goes through
+    ``verify_pairs(model)``."""
     ids = [id(v) for v in variables]
+    hint = _MODEL_HINT.get()
+    if hint is not None and [id(v) for v in hint.trainable_variables] == ids:
+        return hint
     frame = inspect.currentframe()
     for _ in range(8):
         frame = frame.f_back if frame is not None else None
@@ -101,6 +111,8 @@ class _KernelRegularizer:
     _layer_indices: tuple[int, ...]
     _record: pairing.Record | None
     _trainable_variables: list[Any]
+    built: bool
+    build: Any  # keras.optimizers.Optimizer's
 
     def _init_regularizer(
         self,
@@ -169,11 +181,35 @@ class _KernelRegularizer:
             model = _model_of(variables)
             if model is not None:
                 pairing.check_auto_pairs_in_model(model, variables, self._pair_indices)
+            else:
+                warnings.warn(
+                    f'pairs="auto" paired {self.regularized_pairs} without seeing the model (the '
+                    "optimizer was built outside model.fit): a frozen layer between two Dense "
+                    "layers is invisible in the trained variables. Call "
+                    "optimizer.verify_pairs(model) before the first step, or pass pairs=[...].",
+                    stacklevel=4,
+                )
         path = self._regularizer == "path"
         spec = self._pairs_spec if path else self._layers_spec
         if not isinstance(spec, str):  # names: record where they resolved, for the config
             found = self._pair_indices if path else self._layer_indices
             self._record = pairing.record_of(variables, spec, found)
+
+    def verify_pairs(self, model: keras.Model) -> None:
+        """Build the optimizer for ``model`` (custom loops; ``fit`` does this itself), checking
+        ``pairs="auto"`` against the model's layers: a layer with weights between a pair,
+        frozen or not, is refused, and a pair the model's graph does not confirm is warned
+        about. Call it before the first step; once built, only the check runs."""
+        if not isinstance(model, keras.Model):
+            raise TypeError(f"verify_pairs takes the keras.Model being trained, got {model!r}")
+        if not self.built:
+            token = _MODEL_HINT.set(model)
+            try:
+                self.build(model.trainable_variables)
+            finally:
+                _MODEL_HINT.reset(token)
+        elif self._regularizer == "path" and self._pairs_spec == "auto":
+            pairing.check_auto_pairs_in_model(model, self._trainable_variables, self._pair_indices)
 
     def regularized_chains(self, variables: list[Any]) -> list[list[Any]]:
         """The kernels the regularizer acts on, as forward chains (for the metrics).

@@ -289,7 +289,8 @@ def check_auto_pairs_in_model(
 ) -> None:
     """Refuse an auto pair whose two Dense layers have a layer with weights between them in
     ``model``'s layer order, frozen ones included (the optimizer's variables cannot show a
-    layer whose weights are all frozen).
+    layer whose weights are all frozen); warn about pairs that the model's graph does not
+    confirm (the second layer fed by the first through pointwise layers only).
 
     Args:
         model: the Keras model that trains ``variables``.
@@ -302,15 +303,60 @@ def check_auto_pairs_in_model(
         if not list(layer._flatten_layers(include_self=False))
     ]
     position = {id(w): k for k, layer in enumerate(leaves) for w in layer.weights}
+    unverified = []
     for i, j in pairs:
         a, b = position.get(id(variables[i])), position.get(id(variables[j]))
         if a is None or b is None:
+            unverified.append((_layer_of(variables[i])[0], _layer_of(variables[j])[0]))
             continue
         for layer in leaves[a + 1 : b]:
             if layer.weights:
                 state = "frozen " if not any(w.trainable for w in layer.weights) else ""
                 what = f"{state}{type(layer).__name__} {layer.name!r}"
                 raise _not_consecutive(leaves[a].name, leaves[b].name, what)
+        if not _fed_by(leaves[b], leaves[a]):
+            unverified.append((leaves[a].name, leaves[b].name))
+    if unverified:
+        warnings.warn(
+            f'pairs="auto" paired {unverified} from the order of the model\'s layers, which need '
+            "not be the order call() runs them in; the model's graph does not confirm them (the "
+            "second layer's input does not come from the first through activations or dropout "
+            "only). Pass pairs=[(first, second), ...] explicitly to confirm them.",
+            stacklevel=4,
+        )
+
+
+# Layers that act entry by entry and hold no weights: between two Dense layers they keep the
+# pair a shallow network (``Activation`` unless its function mixes entries, as softmax does).
+_POINTWISE = frozenset(
+    {"ReLU", "LeakyReLU", "ELU", "Activation", "Dropout", "AlphaDropout", "GaussianDropout",
+     "GaussianNoise", "Identity"}
+)  # fmt: skip
+_MIXING = frozenset({"softmax", "log_softmax"})
+
+
+def _pointwise(layer: Any) -> bool:
+    name = type(layer).__name__
+    if name not in _POINTWISE or layer.weights:
+        return False
+    return getattr(getattr(layer, "activation", None), "__name__", "") not in _MIXING
+
+
+def _fed_by(second: Any, first: Any) -> bool:
+    """Whether, in the model's graph, every call of ``second`` takes the output of ``first``
+    through pointwise layers only (False where there is no graph: a subclassed model)."""
+    nodes = list(getattr(second, "_inbound_nodes", ()))
+    for node in nodes:
+        while True:
+            parents = node.parent_nodes
+            if len(parents) != 1:
+                return False
+            node = parents[0]
+            if node.operation is first:
+                break
+            if not _pointwise(node.operation):
+                return False
+    return bool(nodes)
 
 
 def _check_chain(variables: Sequence[Any], i: int, j: int, a: str, b: str, what: str) -> None:

@@ -361,6 +361,66 @@ def test_auto_does_not_pair_across_a_layer_between(kind: str, match: str) -> Non
     assert opt.regularized_pairs == [("net/d1/kernel", "net/d3/kernel")]
 
 
+class _CallOrder(keras.Model):
+    """A subclassed model: no graph shows that ``call`` runs ``a`` then ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__(name="net")
+        self.a = keras.layers.Dense(4, name="a")
+        self.b = keras.layers.Dense(CLASSES, name="b")
+
+    def call(self, x: Any) -> Any:
+        return self.b(self.a(x))
+
+
+def _through(layer: keras.layers.Layer) -> keras.Model:
+    inp = keras.Input((X_DIM,))
+    out = keras.layers.Dense(CLASSES, name="b")(layer(keras.layers.Dense(4, name="a")(inp)))
+    return keras.Model(inp, out, name="net")
+
+
+@pytest.mark.parametrize(
+    ("make", "confirmed"),
+    [
+        (lambda: mlp((4, CLASSES), names=True), True),
+        (lambda: _through(keras.layers.Dropout(0.1)), True),
+        (lambda: _through(keras.layers.Activation("elu")), True),
+        (lambda: _through(keras.layers.Activation("softmax")), False),  # mixes the units
+        (_CallOrder, False),
+    ],
+    ids=["sequential", "dropout", "elu", "softmax", "subclassed"],
+)
+def test_auto_warns_where_the_model_graph_does_not_confirm_a_pair(
+    make: Any, confirmed: bool
+) -> None:
+    x, y = data()
+    model = make()
+    model.compile(PathNormSGD(0.1, lam=0.1), loss_fn())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, epochs=1, verbose=0)
+    unconfirmed = [w for w in caught if "does not confirm them" in str(w.message)]
+    assert len(unconfirmed) == (0 if confirmed else 1), [str(w.message) for w in caught]
+
+
+def test_custom_loop_warns_unless_verify_pairs_shows_the_model() -> None:
+    # The optimizer alone sees trained variables only: a frozen d2 between d1 and d3 is
+    # invisible to it, so "auto" would pair d1 with d3. verify_pairs(model) shows the model.
+    model = _between_model("frozen dense")
+    with pytest.warns(UserWarning, match=r"without seeing the model.*verify_pairs\(model\)"):
+        PathNormSGD(0.1, lam=0.1).build(model.trainable_variables)
+    with pytest.raises(ValueError, match="the frozen Dense 'd2' lies between them"):
+        PathNormSGD(0.1, lam=0.1).verify_pairs(model)
+    model = mlp((4, CLASSES), names=True)
+    opt = PathNormSGD(0.1, lam=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.verify_pairs(model)
+    assert opt.built and opt.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
+    with pytest.raises(TypeError, match=r"verify_pairs takes the keras\.Model"):
+        opt.verify_pairs(model.trainable_variables)
+
+
 PAIRING_ERRORS = [
     (lambda: mlp(names=True), [("d1", "nope")], "no trained Dense layer named 'nope'"),
     (_conv_model, [("conv", "d1")], "layer 'conv' is not a Dense layer"),
@@ -447,7 +507,7 @@ def test_auto_pairs_skip_recurrent_layers(kind: str, wrapped: bool) -> None:
     opt = ProxOptimizer(keras.optimizers.Adam(), lam=0.1) if wrapped else PathNormSGD(lam=0.1)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "has no partner" warning: d1 and d2 pair up
-        opt.build(model.trainable_variables)
+        opt.verify_pairs(model)
     assert opt.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
 
 
@@ -1073,7 +1133,7 @@ def test_mirrored_strategy_keeps_replicas_identical(jit_compile: bool) -> None:
 def test_not_warning_on_plain_use() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        PathNormSGD(0.1, lam=0.1).build(mlp().trainable_variables)
+        PathNormSGD(0.1, lam=0.1).verify_pairs(mlp())
 
 
 # --- the compiled step: no host round trip, nothing per unit ----------------------------------
