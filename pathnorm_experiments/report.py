@@ -1,0 +1,269 @@
+"""The results report of the paper's protocol, from the sweep's ``runs.csv`` alone.
+
+:func:`write_report` reads the rows (:mod:`~pathnorm_experiments.report_data`), decides the
+paper's claims (:mod:`~pathnorm_experiments.report_claims`), draws the plots
+(:mod:`~pathnorm_experiments.report_plots`) and writes ``results.md``. Needs NumPy and
+matplotlib, never torch: ``pathnorm-reproduce --report-only`` runs without the training stack.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pathnorm_experiments.report_claims import Claim, claims, ordering_violations
+from pathnorm_experiments.report_data import (
+    DATASET_LABELS,
+    DATASET_ORDER,
+    ReportError,
+    Setting,
+    col,
+    dataset_label,
+    datasets_of,
+    load_runs,
+    settings_from_rows,
+    settings_of,
+    short_name,
+)
+
+__all__ = ["render", "write_report"]
+
+
+_SECTION_TITLES = {
+    "a": "(a) Sparsity is controlled by λ; SGD on the penalty is never sparse",
+    "b": "(b) The 1-path-norm trades clean for robust error better than L1",
+    "c": "(c) The 1-path-norm is close to the layer-wise linf constraint",
+    "d": "(d) Path sparsity correlates with robustness more than L1 sparsity",
+    "e": "(e) KMNIST (partial training set): path struggles to be sparse and accurate",
+}
+
+RULE = """\
+- **Seed spread.** Every number is the mean over the seeds of the selected lr, with the
+  seeds' min–max in brackets.
+- **Better.** Setting A is better than setting B on an error (or sparser, or correlated more)
+  when A's mean beats B's by more than the sum of both seed spreads (max − min). Otherwise the
+  two are *within noise*. A comparison needs two seeds on each side.
+- **Cells.** A claim is checked in cells: a dataset and a budget (of clean error, of
+  sparsity), or a dataset alone. A cell counts when both sides have a setting there.
+- **Verdict.** *Holds*: the claim is true in every cell that counts. *Holds in part*: in
+  some. *Does not hold*: in none. *Not enough data*: no cell counts (yet).
+- **Budgets.** For (b) and (c), each regularizer's best setting (any optimizer, any λ) among
+  those whose mean clean error is at most the unregularized baseline's plus 1, 3 or 6 points.
+  "Close" in (c) means path is better or within noise."""
+
+
+def summary_table(sections: Mapping[str, list[Claim]]) -> list[str]:
+    """The claims' verdicts in one table."""
+    lines = ["| claim | measure | verdict | evidence |", "| --- | --- | --- | --- |"]
+    for letter, cs in sections.items():
+        for c in cs:
+            lines.append(
+                f"| ({letter}) {c.title} | {c.measure} | **{c.verdict}** "
+                f"({sum(c.outcomes)} of {len(c.outcomes)} cells) | {c.evidence} |"
+            )
+    return lines
+
+
+def coverage(rows: Sequence[Mapping[str, str]], settings: Mapping[tuple, Setting]) -> list[str]:
+    """What the file holds: per dataset its rows, settings and lams, and the machines."""
+    lines = [
+        "| dataset | training images | epochs | rows | selected settings | seeds per setting |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    by_ds = Counter(r["dataset"] for r in rows)
+    for ds in datasets_of(settings):
+        ss = [s for k, s in settings.items() if k[0] == ds]
+        seeds = sorted({len(s.seeds) for s in ss})
+        lines.append(
+            f"| {dataset_label(ds, ss[0].n_train)} | {ss[0].n_train:,} | {ss[0].epochs} | "
+            f"{by_ds[ds]} | {len(ss)} | {', '.join(map(str, seeds))} |"
+        )
+    lines.append("")
+    for ds in datasets_of(settings):
+        parts = []
+        for reg in ("none", "l1", "path", "linf"):
+            for opt in ("prox", "penalty"):
+                ss = settings_of(settings, ds, reg, opt)
+                if ss:
+                    lams = ", ".join(f"{s.lam:g}" for s in ss)
+                    parts.append(ss[0].method() + ("" if reg == "none" else f" λ {lams}"))
+        lines.append(f"- {short_name(settings, ds)}: " + "; ".join(parts) + ".")
+    present = set(datasets_of(settings))
+    if present & set(DATASET_ORDER[:3]):
+        gone = [DATASET_LABELS[d] for d in DATASET_ORDER[:3] if d not in present]
+        if gone:
+            lines.append(f"- No rows yet: {', '.join(gone)}.")
+    machines = Counter(r["machine"] for r in rows)
+    lines += [
+        "",
+        "The `machine` column: "
+        + "; ".join(f"{m} ({n} rows)" for m, n in machines.most_common())
+        + ".",
+    ]
+    return lines
+
+
+_TABLE_COLUMNS = (
+    ("clean_error", "clean % (sample)", 2),
+    ("clean_error_full", "clean % (all test images)", 2),
+    (col("robust_error", 0.1), "PGD % @0.1", 1),
+    (col("robust_error_strong", 0.1), "strong % @0.1", 1),
+    (col("certified_lipschitz", 0.1), "Lipschitz % @0.1", 1),
+    (col("certified_interval", 0.1), "interval % @0.1", 1),
+    ("nonzero", "nonzero %", 1),
+    ("nonzero_live", "live nonzero %", 1),
+)
+
+
+def dataset_table(settings: Mapping[tuple, Setting], ds: str) -> list[str]:
+    """The selected settings of one dataset, one row per (regularizer, optimizer, lam)."""
+    head = ["method", "λ", "lr", "seeds", *(t for _, t, _ in _TABLE_COLUMNS)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for reg in ("none", "l1", "path", "linf"):
+        for opt in ("prox", "penalty"):
+            for s in settings_of(settings, ds, reg, opt):
+                cells = [s.method(), f"{s.lam:g}", f"{s.lr:g}", str(len(s.seeds))]
+                cells += [s.stats[c].fmt(d) if c in s.stats else "" for c, _, d in _TABLE_COLUMNS]
+                lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def _protocol(settings: Mapping[tuple, Setting], readme: str | None) -> list[str]:
+    epochs = sorted({s.epochs for s in settings.values()})
+    lines = [
+        "- The paper's network and training: 784-200-10, ELU, cross-entropy, batch 100, plain "
+        f"SGD at a constant lr, {' or '.join(map(str, epochs))} epochs. Prox-SGD is an SGD "
+        "step, then the prox with step lr·λ (for linf: the projection of every layer's rows "
+        "onto the l1 ball of radius 1/λ); SGD is SGD on CE + λ·g.",
+        "- The lr of each (dataset, regularizer, optimizer, λ) is chosen by clean error on a "
+        "held-out validation split of the training set, never on the test set; the other "
+        "seeds then train at that lr.",
+        "- Clean error, both attacks and both certificates of a selected run use one fixed "
+        "stratified sample of the test images; *clean (all test images)* is beside it. PGD is "
+        "the paper's attack (cross-entropy, 40 steps of eps/20, random start); the strong "
+        "attack adds margin PGD with restarts. The certified columns give the error that is "
+        "*not* certified: by the per-pair path-norm Lipschitz bound, and by interval bound "
+        "propagation over the eps-box within [0, 1].",
+        "- Sparsity: *nonzero* is the share of weights that are not exactly zero; *live "
+        "nonzero* counts only weights on a path from an input to an output.",
+    ]
+    if readme:
+        lines.append(f"- Columns, grids and how to run the sweep: [{readme}]({readme}).")
+    return lines
+
+
+def render(
+    rows: Sequence[Mapping[str, str]],
+    settings: Mapping[tuple, Setting],
+    results_link: str,
+    readme_link: str | None = None,
+    images: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+) -> str:
+    """The markdown page.
+
+    Args:
+        rows: all rows of the results file.
+        settings: :func:`settings_from_rows` of them.
+        results_link: the results file, relative to the page.
+        readme_link: the results file's README, relative to the page (None: not linked).
+        images: per dataset, (alt text, relative path) of its plots.
+
+    Returns:
+        The page's text.
+    """
+    sections, kmnist_table = claims(settings)
+    checked, bad = ordering_violations(rows)
+    out = [
+        "# Results: the paper's claims",
+        "",
+        "<!-- generated by pathnorm-reproduce --report-only from the results file; do not edit -->",
+        "",
+        f"Everything below is computed from [{results_link}]({results_link}) alone, one row "
+        "per training run, by `pathnorm-reproduce --report-only`.",
+        "",
+        "## Protocol",
+        "",
+        *_protocol(settings, readme_link),
+        "",
+        "## What the results file holds",
+        "",
+        *coverage(rows, settings),
+        "",
+        "## How the verdicts are decided",
+        "",
+        RULE,
+        "",
+        "## The claims",
+        "",
+        *summary_table(sections),
+        "",
+    ]
+    for letter, cs in sections.items():
+        out += [f"### {_SECTION_TITLES[letter]}", ""]
+        for c in cs:
+            out.append(f"- {c.title}, {c.measure}: **{c.verdict}**. {c.evidence}.")
+        out.append("")
+        for c in cs:
+            out += c.details
+        if letter == "e":
+            out += [*kmnist_table, ""]
+    out += [
+        "## Check: clean ≤ PGD ≤ strong attack ≤ certified",
+        "",
+        f"Checked on {checked} (row, eps) pairs with every column filled, for both "
+        f"certificates: **{len(bad)} violations**.",
+        "",
+        *(f"- {b}" for b in bad[:20]),
+    ]
+    for ds in datasets_of(settings):
+        first = next(s for k, s in settings.items() if k[0] == ds)
+        out += ["", f"## {dataset_label(ds, first.n_train)}", "", *dataset_table(settings, ds), ""]
+        out += [f"![{alt}]({path})" for alt, path in (images or {}).get(ds, ())]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def write_report(results: Path, out: Path, img_subdir: str = "img/results") -> list[Path]:
+    """Write ``<out>/results.md`` and its plots (``<out>/<img_subdir>/*.png``) from ``results``.
+
+    PNGs of that folder that this report does not draw (stale ones) are removed.
+
+    Args:
+        results: the sweep's CSV.
+        out: the folder of the page.
+        img_subdir: the plots' folder, relative to ``out``.
+
+    Returns:
+        The page and the PNGs written.
+
+    Raises:
+        ReportError: the results cannot be reported.
+    """
+    from pathnorm_experiments import report_plots
+
+    rows = load_runs(results)
+    settings = settings_from_rows(rows)
+    if not settings:
+        raise ReportError(f"{results}: no selected run yet")
+    img = out / img_subdir
+    img.mkdir(parents=True, exist_ok=True)
+    images: dict[str, list[tuple[str, str]]] = {}
+    pngs: list[Path] = []
+    for ds in datasets_of(settings):
+        for alt, path in report_plots.plot_dataset(settings, ds, img):
+            pngs.append(path)
+            images.setdefault(ds, []).append((alt, Path(os.path.relpath(path, out)).as_posix()))
+    for stale in set(img.glob("*.png")) - set(pngs):
+        stale.unlink()
+    readme = results.parent / "README.md"
+    page = render(
+        rows,
+        settings,
+        Path(os.path.relpath(results, out)).as_posix(),
+        Path(os.path.relpath(readme, out)).as_posix() if readme.is_file() else None,
+        images,
+    )
+    md = out / "results.md"
+    md.write_text(page)
+    return [md, *pngs]

@@ -1,0 +1,341 @@
+"""The data layer of the results report: the sweep's rows, summarized per setting, and the rule.
+
+Reads the per-run rows of ``runs.csv`` (one per training run; only the selected lr's rows carry
+attacks and certificates) and summarizes each (dataset, regularizer, optimizer, lam) over its
+seeds. Torch-free (NumPy only), so the report can be redrawn without the training stack.
+
+The rule (:func:`decide`): setting A is better than setting B on a column when A's mean is
+lower than B's by more than the sum of both settings' seed spreads (max - min over seeds).
+A comparison needs at least two seeds on each side. A claim holds when it holds in every cell
+(dataset, budget) where both sides exist, holds in part when in some, does not hold when in
+none, and has not enough data when no cell has both sides (:func:`verdict`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "BUDGETS",
+    "ReportError",
+    "Setting",
+    "Stat",
+    "baseline",
+    "best_within",
+    "col",
+    "dataset_label",
+    "datasets_of",
+    "decide",
+    "load_runs",
+    "settings_from_rows",
+    "spearman",
+    "verdict",
+]
+
+EPS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)  # the CSV's radii
+VERDICT_EPS = (0.1, 0.05)
+BUDGETS = (1.0, 3.0, 6.0)  # clean-error budgets: points above the baseline's clean error
+SPARSITY_BUDGETS = (50.0, 20.0, 10.0)  # % of weights nonzero, for the KMNIST remark
+MIN_SEEDS = 2
+KINDS = ("robust_error", "robust_error_strong", "certified_lipschitz", "certified_interval")
+KIND_LABELS = {
+    "clean_error": "clean",
+    "robust_error": "PGD",
+    "robust_error_strong": "strong attack",
+    "certified_lipschitz": "not certified, Lipschitz",
+    "certified_interval": "not certified, interval",
+}
+REG_LABELS = {"none": "none", "l1": "L1", "path": "1-path-norm", "linf": "layer-wise linf"}
+MEASURE_LABELS = {"nonzero": "raw nonzero", "nonzero_live": "live-path nonzero"}
+DATASET_ORDER = ("mnist", "fashion-mnist", "kmnist", "embedded")
+DATASET_LABELS = {
+    "mnist": "MNIST",
+    "fashion-mnist": "Fashion-MNIST",
+    "kmnist": "KMNIST",
+    "embedded": "embedded MNIST subset",
+}
+FULL_TRAIN = 55000  # MNIST's and Fashion-MNIST's training images after the validation split
+KEY_COLUMNS = ("dataset", "regularizer", "optimizer", "lam", "lr", "seed", "epochs", "n_train")
+_ERRORS = tuple(f"{k}@{e:g}" for k in KINDS for e in EPS)
+_CLEAN = ("val_error", "clean_error", "clean_error_full")
+_SPARSITY = ("nonzero", "nonzero_live", "path_norm")
+_NUMERIC = (*_CLEAN, *_ERRORS, *_SPARSITY)
+REQUIRED = (*KEY_COLUMNS, "selected", *_NUMERIC, "machine")
+
+
+class ReportError(ValueError):
+    """The results file cannot be reported (missing, not the sweep's format, inconsistent)."""
+
+
+def col(kind: str, eps: float) -> str:
+    """The CSV column of an error ``kind`` at radius ``eps`` (``robust_error@0.1``)."""
+    return f"{kind}@{eps:g}"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """One column of one setting over its seeds (empty cells left out)."""
+
+    seeds: tuple[int, ...]
+    values: tuple[float, ...]
+
+    @property
+    def n(self) -> int:
+        """The number of seeds with a value."""
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        """The mean over seeds."""
+        return float(np.mean(self.values))
+
+    @property
+    def lo(self) -> float:
+        """The smallest value."""
+        return min(self.values)
+
+    @property
+    def hi(self) -> float:
+        """The largest value."""
+        return max(self.values)
+
+    @property
+    def spread(self) -> float:
+        """max - min over seeds."""
+        return self.hi - self.lo
+
+    def by_seed(self) -> dict[int, float]:
+        """The values keyed by seed."""
+        return dict(zip(self.seeds, self.values, strict=True))
+
+    def fmt(self, digits: int = 1) -> str:
+        """``mean (min-max)``; the mean alone for one seed."""
+        if self.n == 1:
+            return f"{self.mean:.{digits}f}"
+        return f"{self.mean:.{digits}f} ({self.lo:.{digits}f}–{self.hi:.{digits}f})"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The selected runs of one (dataset, regularizer, optimizer, lam)."""
+
+    dataset: str
+    regularizer: str
+    optimizer: str
+    lam: float
+    lr: float
+    epochs: int
+    n_train: int
+    stats: Mapping[str, Stat] = field(default_factory=dict)
+
+    @property
+    def seeds(self) -> tuple[int, ...]:
+        """The seeds with a clean error (all seeds that trained without diverging)."""
+        s = self.stats.get("clean_error")
+        return s.seeds if s else ()
+
+    def method(self) -> str:
+        """``L1 Prox-SGD``, ``layer-wise linf projection``, ``none`` ..."""
+        if self.regularizer == "none":
+            return "none"
+        opt = "projection" if self.regularizer == "linf" else OPT_LABELS[self.optimizer]
+        return f"{REG_LABELS[self.regularizer]} {opt}"
+
+
+OPT_LABELS = {"prox": "Prox-SGD", "penalty": "SGD"}
+
+
+def load_runs(path: Path) -> list[dict[str, str]]:
+    """The rows of a results file written by the sweep.
+
+    A torn last line (a write in progress) is left out.
+
+    Args:
+        path: the CSV (``docs/results/runs.csv``).
+
+    Returns:
+        Its rows.
+
+    Raises:
+        ReportError: the file is missing, lacks a column of the sweep, or holds no row.
+    """
+    if not path.is_file():
+        raise ReportError(
+            f"{path}: no such results file: run the sweep first (pathnorm-reproduce), or give "
+            "--results"
+        )
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        text = text[: text.rfind("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text))
+    gone = [c for c in REQUIRED if c not in (reader.fieldnames or ())]
+    if gone:
+        raise ReportError(
+            f"{path}: not a results file of the sweep: {len(gone)} columns missing "
+            f"({', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''})"
+        )
+    rows = list(reader)
+    if not rows:
+        raise ReportError(f"{path}: no rows yet: the sweep has not finished a group")
+    return rows
+
+
+def parse_value(text: str) -> float | None:
+    if text in ("", "nan"):
+        return None
+    v = float(text)
+    return v if math.isfinite(v) else None
+
+
+def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting]:
+    """The selected runs of each (dataset, regularizer, optimizer, lam), over their seeds.
+
+    Args:
+        rows: rows of :func:`load_runs`.
+
+    Returns:
+        Settings keyed by ``(dataset, regularizer, optimizer, lam)``.
+
+    Raises:
+        ReportError: one dataset's rows come from different epochs or training-set sizes,
+            or one setting's selected rows have different lrs.
+    """
+    groups: dict[tuple, list[Mapping[str, str]]] = {}
+    protocol: dict[str, set[tuple[str, str]]] = {}
+    for r in rows:
+        protocol.setdefault(r["dataset"], set()).add((r["epochs"], r["n_train"]))
+        if r["selected"] == "1":
+            key = (r["dataset"], r["regularizer"], r["optimizer"], float(r["lam"]))
+            groups.setdefault(key, []).append(r)
+    for ds, seen in protocol.items():
+        if len(seen) > 1:
+            raise ReportError(
+                f"rows of {ds} have several (epochs, n_train): {sorted(seen)}; the report compares "
+                "one protocol: keep one in the file (the others in another file)"
+            )
+    out = {}
+    for key, rs in sorted(groups.items()):
+        if len({r["lr"] for r in rs}) > 1:
+            raise ReportError(
+                f"{key}: selected rows at several lrs {sorted({r['lr'] for r in rs})}"
+            )
+        stats = {}
+        for c in _NUMERIC:
+            pairs = [(int(r["seed"]), v) for r in rs if (v := parse_value(r[c])) is not None]
+            if pairs:
+                seeds, values = zip(*sorted(pairs), strict=True)
+                stats[c] = Stat(seeds, values)
+        r0 = rs[0]
+        out[key] = Setting(*key, float(r0["lr"]), int(r0["epochs"]), int(r0["n_train"]), stats)  # type: ignore[misc]
+    return out
+
+
+def decide(a: Stat | None, b: Stat | None) -> str | None:
+    """Which of two settings is lower on a column, beyond the seed noise.
+
+    Args:
+        a: one setting's column.
+        b: the other's.
+
+    Returns:
+        ``"a"`` if ``a``'s mean is below ``b``'s by more than ``a.spread + b.spread``, ``"b"``
+        conversely, ``"tie"`` otherwise; None if either is missing or has under two seeds.
+    """
+    if a is None or b is None or a.n < MIN_SEEDS or b.n < MIN_SEEDS:
+        return None
+    noise = a.spread + b.spread
+    if b.mean - a.mean > noise:
+        return "a"
+    if a.mean - b.mean > noise:
+        return "b"
+    return "tie"
+
+
+def stat_of(s: Setting | None, column: str) -> Stat | None:
+    return None if s is None else s.stats.get(column)
+
+
+def verdict(outcomes: Sequence[bool]) -> str:
+    """``holds`` (every cell), ``holds in part`` (some), ``does not hold`` (none), or
+    ``not enough data`` (no cell)."""
+    if not outcomes:
+        return "not enough data"
+    if all(outcomes):
+        return "holds"
+    return "holds in part" if any(outcomes) else "does not hold"
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties); NaN if either is constant."""
+    rx, ry = _ranks(x), _ranks(y)
+    if np.ptp(rx) == 0 or np.ptp(ry) == 0:
+        return math.nan
+    return float(np.corrcoef(rx, ry)[0, 1])
+
+
+def _ranks(v: Sequence[float]) -> np.ndarray:
+    a = np.asarray(v, dtype=float)
+    order = np.argsort(a, kind="stable")
+    ranks = np.empty(len(a))
+    ranks[order] = np.arange(len(a), dtype=float)
+    for value in np.unique(a):  # ties share their average rank
+        tied = a == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks
+
+
+def datasets_of(settings: Mapping[tuple, Setting]) -> list[str]:
+    """The datasets with a setting, in the paper's order."""
+    names = {k[0] for k in settings}
+    known = [d for d in DATASET_ORDER if d in names]
+    return known + sorted(names - set(known))
+
+
+def dataset_label(name: str, n_train: int | None = None, short: bool = False) -> str:
+    """``KMNIST (partial training set, 6,427 images)``, or short ``KMNIST (partial)``."""
+    label = DATASET_LABELS.get(name, name)
+    if name == "kmnist" and n_train is not None and n_train < FULL_TRAIN:
+        label += " (partial)" if short else f" (partial training set, {n_train:,} images)"
+    return label
+
+
+def short_name(settings: Mapping[tuple, Setting], ds: str) -> str:
+    """The dataset's short label (KMNIST on its partial training set says so)."""
+    n = next((s.n_train for k, s in settings.items() if k[0] == ds), None)
+    return dataset_label(ds, n, short=True)
+
+
+def settings_of(
+    settings: Mapping[tuple, Setting], ds: str, reg: str, opt: str | None = None
+) -> list:
+    return sorted(
+        (s for k, s in settings.items() if k[0] == ds and k[1] == reg and opt in (None, k[2])),
+        key=lambda s: (s.optimizer, s.lam),
+    )
+
+
+def baseline(settings: Mapping[tuple, Setting], ds: str) -> Setting | None:
+    """The unregularized setting of ``ds`` if it has a clean error."""
+    s = settings.get((ds, "none", "prox", 0.0))
+    return s if s is not None and "clean_error" in s.stats else None
+
+
+def best_within(cands: Sequence[Setting], max_clean: float, column: str) -> Setting | None:
+    """The setting of least mean ``column`` among those with mean clean error <= ``max_clean``
+    and at least two seeds in ``column``."""
+    ok = [
+        s
+        for s in cands
+        if "clean_error" in s.stats
+        and s.stats["clean_error"].mean <= max_clean + 1e-9
+        and column in s.stats
+        and s.stats[column].n >= MIN_SEEDS
+    ]
+    return min(ok, key=lambda s: (s.stats[column].mean, s.lam)) if ok else None

@@ -1,0 +1,267 @@
+"""The plots of the results report (:mod:`pathnorm_experiments.report`), per dataset.
+
+Each figure has one legend, outside the axes on the right, so no legend covers data; lam axes
+are logarithmic and labelled at the grid's values only. Every point is the mean over seeds
+with the seeds' min-max as error bars.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pathnorm_experiments.report_data import (
+    KIND_LABELS,
+    KINDS,
+    MEASURE_LABELS,
+    REG_LABELS,
+    Setting,
+    baseline,
+    col,
+    dataset_label,
+)
+
+__all__ = ["plot_dataset"]
+
+COLORS = {"none": "black", "l1": "tab:blue", "path": "tab:red", "linf": "tab:green"}
+STYLES = {"prox": ("o", "-"), "penalty": ("s", "--")}
+SERIES = (
+    ("l1", "prox"),
+    ("l1", "penalty"),
+    ("path", "prox"),
+    ("path", "penalty"),
+    ("linf", "prox"),
+)
+_OPT_SHORT = {"prox": "Prox-SGD / projection", "penalty": "SGD"}
+METRIC_COLORS = {
+    "clean_error": "black",
+    "robust_error": "tab:red",
+    "certified_interval": "tab:blue",
+    "certified_lipschitz": "tab:purple",
+}
+
+
+def _series(settings: Mapping[tuple, Setting], ds: str, reg: str, opt: str) -> list[Setting]:
+    return sorted((s for k, s in settings.items() if k[:3] == (ds, reg, opt)), key=lambda s: s.lam)
+
+
+def _label(reg: str, opt: str) -> str:
+    return f"{REG_LABELS[reg]} {'projection' if reg == 'linf' else {'prox': 'Prox-SGD', 'penalty': 'SGD'}[opt]}"
+
+
+def _points(ss: Sequence[Setting], x: str, y: str) -> tuple[np.ndarray, ...] | None:
+    """x and y means with their min-max as error bars, over the settings that have both."""
+    ok = [s for s in ss if x in s.stats and y in s.stats]
+    if not ok:
+        return None
+    xs, ys = ([s.stats[c] for s in ok] for c in (x, y))
+    return (
+        np.array([v.mean for v in xs]),
+        np.array([v.mean for v in ys]),
+        np.array([[v.mean - v.lo for v in xs], [v.hi - v.mean for v in xs]]),
+        np.array([[v.mean - v.lo for v in ys], [v.hi - v.mean for v in ys]]),
+    )
+
+
+def _draw(
+    ax: Any, pts: tuple[np.ndarray, ...] | None, color: str, opt: str, label: str, xerr: bool = True
+) -> None:
+    if pts is None:
+        return
+    x, y, ex, ey = pts
+    marker, line = STYLES[opt]
+    ax.errorbar(
+        x, y, yerr=ey, xerr=ex if xerr else None, marker=marker, ls=line, color=color,
+        ms=4, lw=1, capsize=2, elinewidth=0.8, label=label,
+    )  # fmt: skip
+
+
+def _lam_axis(ax: Any, lams: Sequence[float]) -> None:
+    """A log lam axis ticked at the grid's values; a value closer than 6% of the axis to the
+    last labelled one keeps an unlabelled tick, and many labels stand upright."""
+    from matplotlib.ticker import NullFormatter, NullLocator
+
+    ax.set_xscale("log")
+    lams = sorted(set(lams))
+    if not lams:
+        return
+    ax.set_xticks(lams)
+    ax.set_xlim(lams[0] / 1.4, lams[-1] * 1.4)  # a margin in log space (one lam: a range)
+    logs = np.log10(lams)
+    gap = 0.06 * max(float(logs[-1] - logs[0]), 1e-12)
+    labels, last = [], -np.inf
+    for lam, lg in zip(lams, logs, strict=True):
+        keep = lg - last >= gap
+        labels.append(f"{lam:g}" if keep else "")
+        last = lg if keep else last
+    ax.set_xticklabels(labels, rotation=90 if len(lams) > 4 else 0)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _lam_panel(ax: Any, reg: str, lams: Sequence[float]) -> None:
+    """A panel of one regularizer against lam: the axis, its label, title and grid."""
+    _lam_axis(ax, lams)
+    ax.set_xlabel("λ" + (" (radius 1/λ)" if reg == "linf" else ""))
+    ax.set_title(REG_LABELS[reg], fontsize=10)
+    ax.grid(alpha=0.3)
+
+
+def _draw_vs_lam(ax: Any, ss: Sequence[Setting], y: str, color: str, opt: str, label: str) -> None:
+    """``y`` (mean, min-max bars) against lam over the settings that have it."""
+    ok = [s for s in ss if y in s.stats]
+    pts = _points(ok, y, y)
+    if pts is not None:
+        lams = np.array([s.lam for s in ok])
+        _draw(ax, (lams, pts[1], pts[2], pts[3]), color, opt, label, xerr=False)
+
+
+def _legend(fig: Any) -> None:
+    """One legend for the figure, outside the axes on the right (labels deduplicated)."""
+    seen: dict[str, Any] = {}
+    for ax in fig.axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(lab, h)
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="outside right upper", fontsize=8)
+
+
+def _tradeoff(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
+    fig, axes = plt.subplots(2, 4, figsize=(17, 7.5), layout="constrained", sharex=True)
+    base = baseline(settings, ds)
+    for row, eps in zip(axes, (0.1, 0.05), strict=True):
+        for ax, kind in zip(row, KINDS, strict=True):
+            y = col(kind, eps)
+            for reg, opt in SERIES:
+                pts = _points(_series(settings, ds, reg, opt), "clean_error", y)
+                _draw(ax, pts, COLORS[reg], opt, _label(reg, opt))
+            if base is not None and y in base.stats:
+                ax.plot(
+                    [base.stats["clean_error"].mean], [base.stats[y].mean], "*", color="black",
+                    ms=11, ls="none", label="no regularization",
+                )  # fmt: skip
+            ax.set_title(f"{KIND_LABELS[kind]}, eps {eps:g}", fontsize=10)
+            ax.set_ylabel("error %")
+            ax.grid(alpha=0.3)
+    for ax in axes[-1]:
+        ax.set_xlabel("clean error % (evaluation sample)")
+    fig.suptitle(f"{dataset_label(ds)}: clean vs robust error, one point per λ")
+    _legend(fig)
+    return fig
+
+
+def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), layout="constrained", sharey=True)
+    base = baseline(settings, ds)
+    metrics = (
+        ("clean_error", "clean"),
+        (col("robust_error", 0.1), "PGD, eps 0.1"),
+        (col("certified_interval", 0.1), "not certified (interval), eps 0.1"),
+        (col("certified_lipschitz", 0.1), "not certified (Lipschitz), eps 0.1"),
+    )
+    for ax, reg in zip(axes, ("l1", "path", "linf"), strict=True):
+        lams: list[float] = []
+        for opt in ("prox", "penalty"):
+            ss = _series(settings, ds, reg, opt)
+            lams += [s.lam for s in ss]
+            for c, name in metrics:
+                lab = f"{name}, {_OPT_SHORT[opt]}"
+                _draw_vs_lam(ax, ss, c, METRIC_COLORS[c.split("@")[0]], opt, lab)
+        if base is not None:
+            ax.axhline(
+                base.stats["clean_error"].mean,
+                color="gray",
+                lw=0.8,
+                label="clean, no regularization",
+            )
+        _lam_panel(ax, reg, lams)
+    axes[0].set_ylabel("error %")
+    fig.suptitle(f"{dataset_label(ds)}: error vs λ")
+    _legend(fig)
+    return fig
+
+
+def _sparsity_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained", sharey=True)
+    for ax, reg in zip(axes, ("l1", "path", "linf"), strict=True):
+        lams: list[float] = []
+        for opt in ("prox", "penalty"):
+            ss = _series(settings, ds, reg, opt)
+            lams += [s.lam for s in ss]
+            for c, color in (("nonzero", "black"), ("nonzero_live", "tab:orange")):
+                lab = f"{MEASURE_LABELS[c]}, {_OPT_SHORT[opt]}"
+                _draw_vs_lam(ax, ss, c, color, opt, lab)
+        _lam_panel(ax, reg, lams)
+        ax.set_yscale("log")
+    axes[0].set_ylabel("% of weights nonzero")
+    fig.suptitle(f"{dataset_label(ds)}: sparsity vs λ")
+    _legend(fig)
+    return fig
+
+
+def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
+    from matplotlib.ticker import FormatStrFormatter
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), layout="constrained", sharex="col")
+    base = baseline(settings, ds)
+    for row, y in zip(axes, ("clean_error", col("robust_error", 0.1)), strict=True):
+        for ax, x in zip(row, ("nonzero", "nonzero_live"), strict=True):
+            for reg in ("l1", "path", "linf"):
+                pts = _points(_series(settings, ds, reg, "prox"), x, y)
+                _draw(ax, pts, COLORS[reg], "prox", _label(reg, "prox"))
+            if base is not None and y in base.stats and x in base.stats:
+                ax.plot(
+                    [base.stats[x].mean],
+                    [base.stats[y].mean],
+                    "*",
+                    color="black",
+                    ms=11,
+                    ls="none",
+                    label="no regularization",
+                )
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+            ax.set_ylabel(("clean" if y == "clean_error" else "PGD, eps 0.1") + " error %")
+            ax.grid(alpha=0.3)
+    for ax, x in zip(axes[-1], ("raw", "live-path"), strict=True):
+        ax.set_xlabel(f"% of weights nonzero ({x})")
+    fig.suptitle(f"{dataset_label(ds)}: error vs sparsity (Prox-SGD, one point per λ)")
+    _legend(fig)
+    return fig
+
+
+_FIGURES = (
+    ("tradeoff", "clean vs robust and certified error", _tradeoff),
+    ("error_vs_lam", "error vs λ", _error_vs_lam),
+    ("sparsity_vs_lam", "sparsity vs λ", _sparsity_vs_lam),
+    ("error_vs_nonzero", "error vs sparsity", _error_vs_nonzero),
+)
+
+
+def plot_dataset(settings: Mapping[tuple, Setting], ds: str, img: Path) -> list[tuple[str, Path]]:
+    """Draw the dataset's figures into ``img``.
+
+    Args:
+        settings: the report's settings (:func:`~pathnorm_experiments.report.settings_from_rows`).
+        ds: the dataset.
+        img: the folder of the PNGs.
+
+    Returns:
+        (alt text, path) of each PNG written.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for stem, alt, draw in _FIGURES:
+        fig = draw(plt, settings, ds)
+        path = img / f"{ds}_{stem}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append((f"{dataset_label(ds)}: {alt}", path))
+    return written

@@ -1,0 +1,286 @@
+"""The results report from a synthetic ``runs.csv`` in the sweep's format: the rule, the
+verdicts of constructed cases (holds / holds in part / does not hold / not enough data),
+empty cells and partial grids, the ordering check, and readable PNGs."""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pathnorm_experiments import report, report_claims, report_data
+from pathnorm_experiments.report_data import Stat, decide, spearman, verdict
+from pathnorm_experiments.sweep import COLUMNS, EPS, summarize
+
+matplotlib = pytest.importorskip("matplotlib")
+matplotlib.use("Agg")
+
+OFFSETS = (-0.5, 0.0, 0.5)  # per seed: every setting's spread is 1 point
+
+
+def runs(
+    ds: str,
+    reg: str,
+    opt: str,
+    lam: float,
+    clean: float,
+    pgd: float,
+    nz: float = 100.0,
+    live: float | None = None,
+    ibp: float | None = None,
+    lip: float = 95.0,
+    nz_spread: float = 1.0,
+    n_train: int = 55000,
+) -> list[dict[str, Any]]:
+    """The rows of one group: an unselected lr (attacks empty) and 3 seeds at the selected
+    lr, each seed shifted by OFFSETS (sparsity by OFFSETS * nz_spread)."""
+    live = nz if live is None else live
+    ibp = pgd + 5 if ibp is None else ibp
+    out = []
+    for seed, d in enumerate(OFFSETS):
+        r: dict[str, Any] = dict.fromkeys(COLUMNS, "")
+        r.update(
+            dataset=ds, regularizer=reg, optimizer=opt, lam=f"{lam:g}", lr="0.1", seed=seed,
+            epochs=20, n_train=n_train, selected=1, val_error=clean + d, clean_error=clean + d,
+            clean_error_full=clean + d - 0.3, nonzero=nz + d * nz_spread,
+            nonzero_live=live + d * nz_spread, path_norm=10.0, machine="test cpu",
+        )  # fmt: skip
+        for e in EPS:
+            r[f"robust_error@{e:g}"] = pgd + d
+            r[f"robust_error_strong@{e:g}"] = pgd + 1 + d
+            r[f"certified_lipschitz@{e:g}"] = lip + d
+            r[f"certified_interval@{e:g}"] = ibp + d
+        out.append(r)
+    unselected = {**out[0], "lr": "0.5", "selected": 0, "val_error": 99.0}
+    for c in COLUMNS[COLUMNS.index("clean_error") : COLUMNS.index("nonzero")]:
+        unselected[c] = "" if "@" in c else 50.0
+    return [unselected, *out]
+
+
+def scenario() -> list[dict[str, Any]]:
+    """MNIST: path beats L1 and ties linf, path's raw nonzero rises with lam; Fashion-MNIST:
+    L1 and linf beat path on PGD, path wins on the interval certificate; KMNIST (partial):
+    L1 is more accurate at equal live-path sparsity."""
+    rows = []
+    for ds, base in (("mnist", 2.0), ("fashion-mnist", 10.0)):
+        rows += runs(ds, "none", "prox", 0.0, base, 90.0, nz_spread=0)
+    m = "mnist"
+    rows += runs(m, "path", "prox", 1e-4, 2.5, 80.0, nz=99.0, live=95.0)
+    rows += runs(m, "path", "prox", 1e-3, 3.5, 40.0, nz=80.0, live=30.0)
+    rows += runs(m, "path", "prox", 3e-3, 7.0, 30.0, nz=85.0, live=5.0)
+    rows += runs(m, "l1", "prox", 1e-4, 2.4, 85.0, nz=90.0)
+    rows += runs(m, "l1", "prox", 1e-3, 3.6, 50.0, nz=20.0)
+    rows += runs(m, "l1", "prox", 5e-3, 7.5, 60.0, nz=3.0)
+    rows += runs(m, "l1", "penalty", 1e-3, 3.5, 61.0, nz_spread=0)
+    rows += runs(m, "path", "penalty", 1e-3, 3.4, 45.0, nz_spread=0)
+    rows += runs(m, "linf", "prox", 0.2, 3.4, 42.0, nz=70.0, live=60.0)
+    f = "fashion-mnist"
+    rows += runs(f, "path", "prox", 1e-3, 11.0, 70.0, nz=90.0, live=40.0, ibp=72.0)
+    rows += runs(f, "l1", "prox", 1e-3, 11.0, 50.0, nz=30.0, ibp=80.0)
+    rows += runs(f, "linf", "prox", 0.2, 11.0, 40.0, nz=60.0, ibp=78.0)
+    k, n = "kmnist", 6427
+    rows += runs(k, "none", "prox", 0.0, 20.0, 93.0, nz_spread=0, n_train=n)
+    rows += runs(k, "path", "prox", 1e-3, 40.0, 80.0, nz=90.0, live=10.0, n_train=n)
+    rows += runs(k, "l1", "prox", 1e-3, 30.0, 85.0, nz=15.0, n_train=n)
+    return rows
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def summary_row(page: str, claim: str, measure: str) -> str:
+    """The verdict and cell count of one claim's row in the summary table."""
+    m = re.search(rf"^\| {re.escape(claim)} \| {re.escape(measure)} \| ([^|]+) \|", page, re.M)
+    assert m, (claim, measure)
+    return m.group(1).strip()
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "expected"),
+    [
+        ((10.0, 11.0), (13.0, 14.0), "a"),  # 3 points apart, spreads 1 + 1
+        ((13.0, 14.0), (10.0, 11.0), "b"),
+        ((10.0, 12.0), (13.0, 14.0), "tie"),  # 2.5 apart, spreads 2 + 1
+        ((10.0, 11.0), (12.0, 13.0), "tie"),  # exactly the combined spread: not beyond it
+        ((10.0,), (20.0, 21.0), None),  # one seed: no noise estimate
+    ],
+)
+def test_decide_needs_the_gap_beyond_both_spreads(
+    a: tuple[float, ...], b: tuple[float, ...], expected: str | None
+) -> None:
+    sa, sb = Stat(tuple(range(len(a))), a), Stat(tuple(range(len(b))), b)
+    assert decide(sa, sb) == expected
+    assert decide(sa, None) is None
+
+
+def test_verdict_and_spearman() -> None:
+    assert verdict([]) == "not enough data"
+    assert verdict([True, True]) == "holds"
+    assert verdict([True, False]) == "holds in part"
+    assert verdict([False, False]) == "does not hold"
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([3, 1, 2], [3, 2, 1]) == pytest.approx(0.5)
+    assert spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(0.8660254)  # tied ranks averaged
+    assert spearman([1, 1, 1], [1, 2, 3]) != spearman([1, 1, 1], [1, 2, 3])  # NaN
+
+
+def test_settings_agree_with_the_sweeps_summary_and_skip_empty_cells(tmp_path: Path) -> None:
+    rows = scenario()
+    rows[2]["robust_error@0.1"] = ""  # mnist baseline, seed 1 at the selected lr: diverged
+    path = write_csv(tmp_path / "runs.csv", rows)
+    loaded = report_data.load_runs(path)
+    mine = report_data.settings_from_rows(loaded)
+    theirs = summarize(loaded)
+    assert set(mine) == set(theirs) and len(mine) == 17
+    for key, s in mine.items():
+        assert s.lr == theirs[key]["lr"] == 0.1 and list(s.seeds) == theirs[key]["seeds"]
+        for c, st in s.stats.items():
+            assert (st.mean, st.lo, st.hi) == pytest.approx(theirs[key][c])
+    base = mine[("mnist", "none", "prox", 0.0)]
+    assert base.stats["robust_error@0.1"].seeds == (0, 2)
+    assert base.stats["robust_error@0.1"].fmt() == "90.0 (89.5–90.5)"
+    assert report_data.REQUIRED == COLUMNS  # the report reads the sweep's format, torch-free
+
+
+def test_report_decides_the_constructed_cases(tmp_path: Path) -> None:
+    results = write_csv(tmp_path / "docs" / "results" / "runs.csv", scenario())
+    (results.parent / "README.md").write_text("columns\n")
+    out = tmp_path / "docs"
+    stale = out / "img" / "results" / "old_plot.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"x")
+    written = report.write_report(results, out)
+    page = (out / "results.md").read_text()
+    assert written[0] == out / "results.md" and not stale.exists()
+    assert "[results/runs.csv](results/runs.csv)" in page
+    assert "[results/README.md](results/README.md)" in page
+    b, c = (
+        "(b) 1-path-norm beats L1 at equal clean error",
+        "(c) 1-path-norm is close to layer-wise linf",
+    )
+    # MNIST: path wins its 3 budgets; Fashion-MNIST: L1 wins its 3
+    assert summary_row(page, b, "PGD, eps 0.1") == "**holds in part** (3 of 6 cells)"
+    assert summary_row(page, b, "not certified, interval, eps 0.1") == "**holds** (6 of 6 cells)"
+    assert summary_row(page, b, "not certified, Lipschitz, eps 0.1") == (
+        "**does not hold** (0 of 6 cells)"  # every setting at 95 +- 0.5: within noise
+    )
+    # linf has no MNIST setting within 1 point: that cell does not count
+    assert summary_row(page, c, "PGD, eps 0.05") == "**holds in part** (2 of 5 cells)"
+    a_path = "(a) sparsity of 1-path-norm Prox-SGD falls with λ"
+    assert summary_row(page, a_path, "raw nonzero") == "**does not hold** (0 of 1 cells)"
+    assert "rises beyond noise: 80.0 → 85.0 at λ 0.001 → 0.003" in page
+    assert summary_row(page, a_path, "live-path nonzero") == "**holds** (1 of 1 cells)"
+    sgd = "(a) SGD on the penalty gives no exact zero"
+    assert summary_row(page, sgd, "raw nonzero") == "**holds** (2 of 2 cells)"
+    d = "(d) sparsity correlates with robustness more for path than for L1"
+    assert summary_row(page, d, "live-path nonzero") == "**holds** (1 of 1 cells)"
+    assert summary_row(page, d, "raw nonzero") == "**does not hold** (0 of 1 cells)"
+    assert "MNIST: ρ path 1.00 (1.00–1.00) vs L1 0.50 (0.50–0.50)" in page
+    e = "(e) KMNIST: path struggles to be sparse and accurate"
+    assert summary_row(page, e, "live-path nonzero") == "**holds** (2 of 2 cells)"
+    assert summary_row(page, e, "raw nonzero") == "**not enough data** (0 of 0 cells)"
+    assert "## KMNIST (partial training set, 6,427 images)" in page
+    assert "| KMNIST (partial) | live-path nonzero | 50 |" in page
+    assert "**0 violations**" in page
+    # the per-dataset table: mean (min-max) over seeds, the unselected lr left out
+    assert (
+        "| 1-path-norm Prox-SGD | 0.001 | 0.1 | 3 | 3.50 (3.00–4.00) | 3.20 (2.70–3.70) | "
+        "40.0 (39.5–40.5) | 41.0 (40.5–41.5) | 95.0 (94.5–95.5) | 45.0 (44.5–45.5) | "
+        "80.0 (79.5–80.5) | 30.0 (29.5–30.5) |" in page
+    )
+    pngs = sorted(p.name for p in (out / "img" / "results").glob("*.png"))
+    assert len(pngs) == 12 and "kmnist_tradeoff.png" in pngs
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in written[1:])
+    assert "![MNIST: error vs sparsity](img/results/mnist_error_vs_nonzero.png)" in page
+
+
+def test_partial_grid_says_what_is_missing(tmp_path: Path) -> None:
+    rows = [r for r in scenario() if r["dataset"] == "mnist" and r["regularizer"] != "linf"]
+    out = tmp_path / "o"
+    report.write_report(write_csv(tmp_path / "runs.csv", rows), out)
+    page = (out / "results.md").read_text()
+    assert "- No rows yet: Fashion-MNIST, KMNIST." in page
+    assert "The `machine` column: test cpu (36 rows)." in page
+    assert "- MNIST: none; L1 Prox-SGD λ 0.0001, 0.001, 0.005; L1 SGD λ 0.001;" in page
+    c = "(c) 1-path-norm is close to layer-wise linf"
+    assert summary_row(page, c, "PGD, eps 0.1") == "**not enough data** (0 of 0 cells)"
+    assert "[../runs.csv](../runs.csv)" in page and "README" not in page
+
+
+def test_ordering_violations_are_counted(tmp_path: Path) -> None:
+    rows = scenario()
+    rows[1]["robust_error@0.3"] = 1.0  # below its clean error
+    rows[5]["certified_interval@0.02"] = 0.5  # below the strong attack
+    path = write_csv(tmp_path / "runs.csv", rows)
+    checked, bad = report_claims.ordering_violations(report_data.load_runs(path))
+    assert checked == 17 * 3 * len(EPS) and len(bad) == 2
+    assert bad[0].startswith("mnist|none|prox|0|0.1|0|20|55000 eps 0.3: clean 1.5, PGD 1")
+    out = tmp_path / "o"
+    report.write_report(path, out)
+    assert "**2 violations**" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda rows: [], "no rows yet"),
+        (
+            lambda rows: [{**r, "epochs": 5} for r in rows[:3]] + rows[3:],
+            "several (epochs, n_train)",
+        ),
+    ],
+)
+def test_unreportable_results_are_refused(tmp_path: Path, edit: Any, message: str) -> None:
+    path = write_csv(tmp_path / "runs.csv", edit(scenario()))
+    with pytest.raises(report_data.ReportError, match=re.escape(message)):
+        report.write_report(path, tmp_path / "o")
+
+
+def test_the_plots_are_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from matplotlib.figure import Figure
+    from test_plots import readability_problems
+
+    checked: dict[str, list[str]] = {}
+    save = Figure.savefig
+
+    def checking_savefig(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
+        problems = readability_problems(fig)
+        fig.canvas.draw()
+        r = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+        for leg in fig.legends:  # the figure's legend lies clear of every axes
+            box = leg.get_window_extent(r)
+            if any(box.overlaps(ax.get_tightbbox(r)) for ax in fig.axes):
+                problems.append("the legend overlaps an axes")
+        checked[Path(fname).name] = problems
+        save(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", checking_savefig)
+    report.write_report(write_csv(tmp_path / "runs.csv", scenario()), tmp_path / "o")
+    assert len(checked) == 12
+    assert {name: p for name, p in checked.items() if p} == {}
+
+
+def test_report_only_never_imports_torch(tmp_path: Path) -> None:
+    results = write_csv(tmp_path / "runs.csv", scenario())
+    code = (
+        "import sys; sys.modules['torch'] = None\n"  # any torch import now fails
+        "from pathnorm_experiments import reproduce\n"
+        f"rc = reproduce.main(['--report-only', '--results', {str(results)!r}, "
+        f"'--out', {str(tmp_path / 'o')!r}])\n"
+        "assert 'torch' not in sys.modules or sys.modules['torch'] is None\n"
+        "sys.exit(rc)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote " in proc.stdout and (tmp_path / "o" / "results.md").is_file()

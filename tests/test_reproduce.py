@@ -1,0 +1,146 @@
+"""``pathnorm-reproduce``: every need checked before the first run (one-line errors, status 2),
+and the quick protocol end to end on the embedded data: sweep, report, resumption."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pathnorm_experiments import reproduce
+
+
+@pytest.fixture
+def no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the sweep started before every need was checked")
+
+    monkeypatch.setattr(reproduce, "run_sweep", refuse)
+
+
+def error_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one-line error of a refused command line (status 2)."""
+    try:
+        rc = reproduce.main(argv)
+    except SystemExit as e:  # argparse's own refusal
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 or err.startswith("usage:"), err
+    return err
+
+
+@pytest.mark.usefixtures("no_sweep")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--epochs", "0"], "pathnorm-reproduce: error: epochs must be >= 1, got 0"),
+        (["--seeds", "-1"], "pathnorm-reproduce: error: seeds must be integers >= 0, got (-1,)"),
+        (["--jobs", "0"], "pathnorm-reproduce: error: --jobs must be >= 1, got 0"),
+        (["--results", "{tmp}/r.csv"], "the sweep writes a file named runs.csv"),
+        (["--datasets", "mnist", "--data-dir", "{tmp}"], "train-labels-idx1-ubyte.gz not found"),
+        (["--datasets", "cifar"], "argument --datasets: invalid choice: 'cifar'"),
+    ],
+)
+def test_bad_settings_are_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    out = tmp_path / "o"
+    argv = ["--quick", "--out", str(out), *(a.format(tmp=tmp_path) for a in extra)]
+    assert message in error_of(argv, capsys)
+    assert not out.exists()
+
+
+@pytest.mark.usefixtures("no_sweep")
+def test_missing_matplotlib_and_a_blocked_out_are_refused_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    assert error_of(["--quick", "--out", str(blocker / "o")], capsys) == (
+        f"pathnorm-reproduce: error: --out {blocker / 'o'}: {blocker} is a file, so no "
+        "directory can be made under it: choose another --out\n"
+    )
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert error_of(["--report-only", "--out", str(tmp_path / "o")], capsys) == (
+        "pathnorm-reproduce: error: pathnorm-reproduce (the plots) needs matplotlib, which is "
+        'not installed: install it with pip install -e ".[experiments]" in the pathnorm '
+        "checkout\n"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+def test_results_of_another_protocol_are_refused_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_sweep: None
+) -> None:
+    results = tmp_path / "o" / "results" / "runs.csv"
+    results.parent.mkdir(parents=True)
+    results.write_text("dataset,epochs\nembedded,20\n")
+    err = error_of(["--quick", "--out", str(tmp_path / "o")], capsys)
+    assert f"--results {results} holds rows of embedded at 20 epochs, and this run trains 2" in err
+
+
+def test_report_only_refuses_a_missing_or_foreign_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = ["--report-only", "--out", str(tmp_path / "o")]
+    missing = tmp_path / "none.csv"
+    assert error_of([*out, "--results", str(missing)], capsys) == (
+        f"pathnorm-reproduce: error: --results {missing}: no such file: run the sweep first\n"
+    )
+    foreign = tmp_path / "results.csv"
+    foreign.write_text("eps,robust_error\n0.1,0.5\n")
+    err = error_of([*out, "--results", str(foreign)], capsys)
+    assert "not a results file of the sweep: 40 columns missing (dataset, regularizer" in err
+
+
+def test_without_torch_training_is_refused_in_one_line(tmp_path: Path) -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from pathnorm_experiments import reproduce\n"
+        f"sys.exit(reproduce.main(['--quick', '--out', {str(tmp_path / 'o')!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "pathnorm-reproduce: error: pathnorm-reproduce (the sweep trains with the torch loop) "
+        'needs PyTorch, which is not installed: install it with pip install -e ".[torch]" in '
+        "the pathnorm checkout\n"
+    )
+
+
+def test_help_is_plain_text_with_the_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        reproduce.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "``" not in text and ":mod:" not in text
+    assert "None: mnist fashion-mnist kmnist (quick: embedded)" in text
+    assert "the sweep's CSV (None: <out>/results/runs.csv)" in text
+    assert "--quick runs a tiny grid on the embedded MNIST subset" in text
+
+
+@pytest.mark.slow
+def test_quick_runs_the_protocol_and_resumes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "rep"
+    assert reproduce.main(["--quick", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "sweep: 16 groups written now, 0 before, 0 remaining" in printed
+    with (out / "results" / "runs.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    # 16 groups (none, l1 and path x 2 optimizers x 3 lams, linf x 3): 2 lrs + 1 more seed each
+    assert len(rows) == 48 and sum(r["selected"] == "1" for r in rows) == 32
+    assert {r["regularizer"] for r in rows} == {"none", "l1", "path", "linf"}
+    page = (out / "results.md").read_text()
+    assert "**0 violations**" in page and "## embedded MNIST subset" in page
+    assert "| (a) SGD on the penalty gives no exact zero | raw nonzero | **holds**" in page
+    assert len(list((out / "img" / "results").glob("embedded_*.png"))) == 4
+    # a rerun trains nothing and rewrites the same report
+    assert reproduce.main(["--quick", "--out", str(out)]) == 0
+    assert "sweep: 0 groups written now, 16 before, 0 remaining" in capsys.readouterr().out
+    assert (out / "results.md").read_text() == page
