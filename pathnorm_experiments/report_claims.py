@@ -61,6 +61,8 @@ class Claim:
     outcomes: list[bool] = field(default_factory=list)
     evidence: str = ""
     details: list[str] = field(default_factory=list)
+    wins: int = 0  # (b), (c): cells where path is better, and where the other is
+    losses: int = 0
 
     @property
     def verdict(self) -> str:
@@ -138,6 +140,8 @@ def tradeoff_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
                     f"path better in {c['a']}, {REG_LABELS[other]} better in {c['b']}, within "
                     f"noise in {c['tie']} of {sum(c.values())} cells",
                     [*table, ""] if other == "l1" else [],
+                    c["a"],
+                    c["b"],
                 )
                 out.append(claim)
     return out
@@ -160,7 +164,7 @@ def sparsity_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
                     continue
                 st = [s.stats[measure] for s in ss]
                 ups = [
-                    f"{a.mean:.1f} → {b.mean:.1f} at λ {x.lam:g} → {y.lam:g}"
+                    f"{a.mean:.1f} → {b.mean:.1f} at λ {x.lam:g} → {y.lam:g} (lr {x.lr:g} → {y.lr:g})"
                     for x, y, a, b in zip(ss, ss[1:], st, st[1:], strict=False)
                     if decide(a, b) == "a"
                 ]

@@ -228,7 +228,9 @@ def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> A
             ax.grid(alpha=0.3)
     for ax, x in zip(axes[-1], ("raw", "live-path"), strict=True):
         ax.set_xlabel(f"% of weights nonzero ({x})")
-    fig.suptitle(f"{dataset_label(ds)}: error vs sparsity (Prox-SGD, one point per λ)")
+    fig.suptitle(
+        f"{dataset_label(ds)}: error vs sparsity (Prox-SGD and the linf projection, one point per λ)"
+    )
     _legend(fig)
     return fig
 

@@ -175,11 +175,15 @@ def test_report_decides_the_constructed_cases(tmp_path: Path) -> None:
     assert summary_row(page, b, "not certified, Lipschitz, eps 0.1") == (
         "**does not hold** (0 of 6 cells)"  # every setting at 95 +- 0.5: within noise
     )
+    assert (
+        "not certified, Lipschitz: path in 0, L1 in 0, within noise in 12; not certified, "
+        "interval: path in 12, L1 in 0, within noise in 0." in page
+    )
     # linf has no MNIST setting within 1 point: that cell does not count
     assert summary_row(page, c, "PGD, eps 0.05") == "**holds in part** (2 of 5 cells)"
     a_path = "(a) sparsity of 1-path-norm Prox-SGD falls with λ"
     assert summary_row(page, a_path, "raw nonzero") == "**does not hold** (0 of 1 cells)"
-    assert "rises beyond noise: 80.0 → 85.0 at λ 0.001 → 0.003" in page
+    assert "rises beyond noise: 80.0 → 85.0 at λ 0.001 → 0.003 (lr 0.1 → 0.1)" in page
     assert summary_row(page, a_path, "live-path nonzero") == "**holds** (1 of 1 cells)"
     sgd = "(a) SGD on the penalty gives no exact zero"
     assert summary_row(page, sgd, "raw nonzero") == "**holds** (2 of 2 cells)"
