@@ -155,7 +155,8 @@ def preflight(args: argparse.Namespace, results: Path, out: Path) -> tuple[Any, 
     if not args.report_only:
         require(("torch",), "pathnorm-reproduce (the sweep trains with the torch loop)")
     require(("matplotlib",), "pathnorm-reproduce (the plots)")
-    for name, folder in (("--out", out), ("--results", results.parent)):
+    folders = [("--out", out)] + ([] if args.report_only else [("--results", results.parent)])
+    for name, folder in folders:  # --report-only only reads --results
         problem = unwritable_dir(folder)
         if problem is not None:
             raise ValueError(f"{name} {folder}: {problem}: choose another {name}")
