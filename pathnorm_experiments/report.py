@@ -49,7 +49,7 @@ _SECTION_RULES = {
     "b": "Cells: dataset × clean-error budget. A cell holds when path's best error is lower "
     "than L1's beyond the noise. The paper: the 1-path-norm trades accuracy for robustness "
     "better than L1.",
-    "c": "Same cells as (b). A cell holds when path's best error is lower than linf's or within "
+    "c": "Same cells as (b), in its tables (column *path vs linf*). A cell holds when path's best error is lower than linf's or within "
     "noise. The paper: path shows only a slight advantage over the layer-wise constraint.",
     "d": "The paper: compared to L1, the sparsity pattern of the 1-path-norm correlates with "
     "robustness to a higher degree. Cells: each dataset. ρ is Spearman's rank correlation "

@@ -185,6 +185,8 @@ def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
 
 
 def _sparsity_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
+    from matplotlib.ticker import FormatStrFormatter
+
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained", sharey=True)
     for ax, reg in zip(axes, ("l1", "path", "linf"), strict=True):
         lams: list[float] = []
@@ -196,6 +198,7 @@ def _sparsity_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> An
                 _draw_vs_lam(ax, ss, c, color, opt, lab)
         _lam_panel(ax, reg, lams)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     axes[0].set_ylabel("% of weights nonzero")
     fig.suptitle(f"{dataset_label(ds)}: sparsity vs λ")
     _legend(fig)
