@@ -247,7 +247,8 @@ def _rho(
     ss = [
         s
         for s in settings_of(settings, ds, reg, "prox")
-        if measure in s.stats and robust in s.stats and s.stats["clean_error"].mean <= limit
+        if {measure, robust, "clean_error"} <= s.stats.keys()
+        and s.stats["clean_error"].mean <= limit
     ]
     if len(ss) < 3:
         return None

@@ -211,6 +211,9 @@ def test_report_decides_the_constructed_cases(tmp_path: Path) -> None:
 
 def test_partial_grid_says_what_is_missing(tmp_path: Path) -> None:
     rows = [r for r in scenario() if r["dataset"] == "mnist" and r["regularizer"] != "linf"]
+    for r in rows:  # every seed of path lam 3e-3 diverged: its error cells are empty
+        if (r["regularizer"], r["lam"]) == ("path", "0.003"):
+            r.update({c: "" for c in COLUMNS if "error" in c})
     out = tmp_path / "o"
     report.write_report(write_csv(tmp_path / "runs.csv", rows), out)
     page = (out / "results.md").read_text()
@@ -220,6 +223,7 @@ def test_partial_grid_says_what_is_missing(tmp_path: Path) -> None:
     c = "(c) 1-path-norm is close to layer-wise linf"
     assert summary_row(page, c, "PGD, eps 0.1") == "**not enough data** (0 of 0 cells)"
     assert "[../runs.csv](../runs.csv)" in page and "README" not in page
+    assert "| 1-path-norm Prox-SGD | 0.003 | 0.1 | 0 |" in page  # listed, without numbers
 
 
 def test_ordering_violations_are_counted(tmp_path: Path) -> None:
