@@ -3,8 +3,9 @@
 Separate processes bound the suite's memory: TensorFlow keeps every program it compiled for as
 long as the process lives (9 GB over the whole suite in one process), and it cannot be made to
 forget them. So each file that loads TensorFlow runs in a process of its own, and the other
-files share ``--jobs`` processes (a process start costs a few seconds of imports). Largest
-groups start first, so the cores stay busy to the end.
+files share ``2 --jobs`` processes (a process start costs a few seconds of imports). At most one
+TensorFlow process runs at a time (and one always does while any is left), beside the others. Largest groups start first, so the
+cores stay busy to the end. Each process's time and peak memory (resident) are printed.
 
     python .ci/pytest_files.py [--jobs 2] [--slowest 10] [TEST_FILE ...]
 """
@@ -12,6 +13,7 @@ groups start first, so the cores stay busy to the end.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -21,42 +23,69 @@ from pathlib import Path
 
 #: Test files that load TensorFlow (each gets a process of its own).
 TF_FILES = ("test_tf_", "test_spec_tf", "test_cross_backend", "test_train_cli", "test_backend_")
+#: Files run as several processes (``--shard K/N``, tests/conftest.py), each compiling less.
+SHARDS = {"test_tf_optimizers.py": 3}
+
+Group = tuple[list[Path], str | None]  # files, shard
 
 
-def groups(files: list[Path], jobs: int) -> list[list[Path]]:
-    """The processes to run, largest first: one per TensorFlow file, ``jobs`` for the rest."""
+def groups(files: list[Path], jobs: int) -> list[Group]:
+    """The processes to run, largest first: one per TensorFlow file (or shard of one), ``2 jobs``
+    for the rest."""
     files = sorted(files, key=lambda f: f.stat().st_size, reverse=True)
-    tf = [[f] for f in files if f.name.startswith(TF_FILES)]
-    rest: list[list[Path]] = [[] for _ in range(jobs)]
+    tf: list[Group] = []
+    for f in (f for f in files if f.name.startswith(TF_FILES)):
+        n = SHARDS.get(f.name, 1)
+        tf += [([f], f"{k}/{n}" if n > 1 else None) for k in range(n)]
+    rest: list[list[Path]] = [[] for _ in range(2 * jobs)]  # smaller: they fill in beside TF
     for i, f in enumerate(f for f in files if not f.name.startswith(TF_FILES)):
-        rest[i % jobs].append(f)
-    size = lambda g: sum(f.stat().st_size for f in g)  # noqa: E731
-    return sorted([*tf, *(g for g in rest if g)], key=size, reverse=True)
+        rest[i % len(rest)].append(f)
+    size = lambda g: sum(f.stat().st_size for f in g[0]) / SHARDS.get(g[0][0].name, 1)  # noqa: E731
+    return sorted([*tf, *((g, None) for g in rest if g)], key=size, reverse=True)
 
 
-def run(queue: list[list[Path]], jobs: int, report_dir: Path) -> list[str]:
-    """Run the groups, at most ``jobs`` at once; return the names of those that failed."""
-    running: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
+def _is_tf(group: Group) -> bool:
+    return group[0][0].name.startswith(TF_FILES)
+
+
+def run(queue: list[Group], jobs: int, report_dir: Path) -> list[str]:
+    """Run the groups, at most ``jobs`` at once and one TensorFlow process at a time (memory);
+    print each one's time and peak memory; return the names of those that failed."""
+    running: dict[str, tuple[subprocess.Popen[bytes], float, bool]] = {}
     failed: list[str] = []
     pending = list(enumerate(queue))
     while pending or running:
         while pending and len(running) < jobs:
-            i, group = pending.pop(0)
-            name = f"{i:02d}-{group[0].stem}" + (f"+{len(group) - 1}" if len(group) > 1 else "")
+            # a TensorFlow process whenever none runs (they form the longest chain), else the
+            # largest other group
+            tf_busy = any(tf for _, _, tf in running.values())
+            ready = [k for k, (_, g) in enumerate(pending) if _is_tf(g) != tf_busy]
+            if not ready:
+                if tf_busy:
+                    break
+                ready = [0]
+            i, group = pending.pop(ready[0])
+            files, shard = group
+            name = f"{i:02d}-{files[0].stem}" + (f"+{len(files) - 1}" if len(files) > 1 else "")
+            name += f"-{shard.replace('/', 'of')}" if shard else ""
             xml, log = report_dir / f"{name}.xml", report_dir / f"{name}.log"
-            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, group)]
+            cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, files)]
+            cmd += ["--shard", shard] if shard else []
             with open(log, "wb") as out:
                 proc = subprocess.Popen([*cmd, f"--junitxml={xml}"], stdout=out, stderr=out)
-            running[name] = (proc, time.monotonic())
+            running[name] = (proc, time.monotonic(), _is_tf(group))
         time.sleep(0.2)
-        for name, (proc, start) in list(running.items()):
-            if proc.poll() is None:
+        for name, (proc, start, _) in list(running.items()):
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid == 0:
                 continue
             del running[name]
+            code = os.waitstatus_to_exitcode(status)
             lines = (report_dir / f"{name}.log").read_text(errors="replace").splitlines()
             summary = next((ln for ln in reversed(lines) if ln.strip()), "(no output)")
-            print(f"{name} ({time.monotonic() - start:.0f} s): {summary.strip('= ')}", flush=True)
-            if proc.returncode not in (0, 5):  # 5: nothing collected
+            took, peak = time.monotonic() - start, usage.ru_maxrss / 2**20  # KiB -> GiB
+            print(f"{name} ({took:.0f} s, {peak:.2f} GiB): {summary.strip('= ')}", flush=True)
+            if code not in (0, 5):  # 5: nothing collected
                 failed.append(name)
                 print("\n".join(lines[-60:]), flush=True)
     return failed

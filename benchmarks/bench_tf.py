@@ -7,7 +7,8 @@
    and ``method="sort"``. (torch's prox has its own script, ``bench_prox.py``: timing both
    frameworks in one process makes their thread pools fight over the cores.)
 2. Epoch time of the paper's network (784-200-10, ELU, batch 100, 60,000 MNIST training images
-   from ``/work/shared/data/mnist`` or random data of the same shape) trained by ``model.fit``
+   from ``--data-dir`` (default ``$PATHNORM_DATA_DIR``), read by the project's checked loader,
+   or random data of the same shape) trained by ``model.fit``
    with ``keras.optimizers.SGD`` and with ``PathNormSGD``; epochs alternate in one process, so
    both see the same machine load; the medians and their ratio are printed, for wall-clock
    time and for the process's CPU time. ``--driver train_on_batch`` runs the same 600 steps
@@ -30,7 +31,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
-import gzip
 import statistics
 import time
 from collections.abc import Callable
@@ -41,10 +41,11 @@ import numpy as np
 import tensorflow as tf
 
 import pathnorm_tf
+from pathnorm_experiments.data import DataError, load_dataset
 from pathnorm_tf import PathNormSGD, prox_path_norm
 
 SHAPES = [(784, 200, 10), (784, 200, 1), (784, 1000, 10), (512, 512, 512)]
-MNIST = Path("/work/shared/data/mnist")
+ENV_DATA = os.environ.get("PATHNORM_DATA_DIR")
 
 
 def timeit(fn: Callable[[], object], min_time: float = 0.5) -> float:
@@ -128,17 +129,16 @@ def bench_prox(lam: float, methods: list[str]) -> list[dict[str, object]]:
     return rows
 
 
-def load_mnist() -> tuple[np.ndarray, np.ndarray, str]:
-    images, labels = MNIST / "train-images-idx3-ubyte.gz", MNIST / "train-labels-idx1-ubyte.gz"
-    if images.exists() and labels.exists():
-        with gzip.open(images) as f:
-            raw = np.frombuffer(f.read(), dtype=np.uint8, offset=16).reshape(-1, 784)
-        with gzip.open(labels) as f:
-            y = np.frombuffer(f.read(), dtype=np.uint8, offset=8)
-        return raw.astype(np.float32) / 255.0, y.astype(np.int64), "MNIST train (60,000)"
-    rng = np.random.default_rng(0)
-    x = rng.random((60000, 784), dtype=np.float32)
-    return x, rng.integers(0, 10, 60000), "random data of MNIST's shape (60,000)"
+def load_mnist(data_dir: Path | None) -> tuple[np.ndarray, np.ndarray, str]:
+    """MNIST's training set through the project's checked loader, or random data of its shape
+    when it is absent."""
+    try:
+        d = load_dataset("mnist", data_dir)
+    except DataError:
+        rng = np.random.default_rng(0)
+        x = rng.random((60000, 784), dtype=np.float32)
+        return x, rng.integers(0, 10, 60000), "random data of MNIST's shape (60,000)"
+    return d.x_train, d.y_train.astype(np.int64), f"MNIST train ({data_dir})"
 
 
 def paper_mlp(optimizer: keras.optimizers.Optimizer, jit: bool) -> keras.Model:
@@ -154,8 +154,10 @@ def paper_mlp(optimizer: keras.optimizers.Optimizer, jit: bool) -> keras.Model:
     return model
 
 
-def bench_epoch(repeats: int, jit: bool, lam: float, lr: float, driver: str) -> dict[str, object]:
-    x, y, source = load_mnist()
+def bench_epoch(
+    repeats: int, jit: bool, lam: float, lr: float, driver: str, data_dir: Path | None
+) -> dict[str, object]:
+    x, y, source = load_mnist(data_dir)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(100).cache().prefetch(2)
     batches = [
         (tf.constant(x[i : i + 100]), tf.constant(y[i : i + 100])) for i in range(0, len(x), 100)
@@ -227,6 +229,12 @@ def main() -> None:
         default="fit",
         help="run an epoch by model.fit (tf.data) or by 600 train_on_batch calls",
     )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(ENV_DATA) if ENV_DATA else None,
+        help="folder holding mnist/*.gz (default: $PATHNORM_DATA_DIR)",
+    )
     parser.add_argument("--skip-prox", action="store_true")
     parser.add_argument("--skip-epoch", action="store_true")
     parser.add_argument("--markdown", action="store_true", help="print markdown tables")
@@ -242,7 +250,9 @@ def main() -> None:
     epoch = (
         None
         if args.skip_epoch
-        else bench_epoch(args.repeats, bool(args.jit), args.lam, args.lr, args.driver)
+        else bench_epoch(
+            args.repeats, bool(args.jit), args.lam, args.lr, args.driver, args.data_dir
+        )
     )
     if args.markdown:
         if rows:

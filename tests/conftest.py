@@ -33,3 +33,24 @@ def float64_keras() -> Iterator[None]:
     yield
     keras.config.set_floatx(old)
     keras.config.set_dtype_policy(old_policy)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--shard",
+        default=None,
+        help="K/N: run only the K-th (0-based) of N contiguous slices of the collected tests "
+        "(.ci/pytest_files.py splits a file whose process would hold too much memory)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    spec = config.getoption("--shard")
+    if spec is None:
+        return
+    k, _, n = str(spec).partition("/")
+    if not (k.isdigit() and n.isdigit() and 0 <= int(k) < int(n)):
+        raise pytest.UsageError(f"--shard must be K/N with 0 <= K < N, got {spec!r}")
+    lo, hi = (len(items) * int(k)) // int(n), (len(items) * (int(k) + 1)) // int(n)
+    config.hook.pytest_deselected(items=items[:lo] + items[hi:])
+    items[:] = items[lo:hi]

