@@ -7,6 +7,9 @@ data directory (argument, else ``$PATHNORM_DATA_DIR``, else ``~/.cache/pathnorm`
 numbers, shapes, sample counts and, where the original files' checksums are known, SHA-256.
 A missing or corrupt file raises :class:`DataError` naming the file and where to get it.
 
+The readers of the file formats (IDX, npz, SHA-256) and the array checks live in
+``_data_files``; the datasets, their published files and the loaders here.
+
 ``python -m pathnorm_experiments.data --make-subset`` regenerates the embedded subset
 ``pathnorm_experiments/data/mnist_subset.npz`` deterministically from the real MNIST files.
 """
@@ -14,19 +17,34 @@ A missing or corrupt file raises :class:`DataError` naming the file and where to
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
 import os
-import struct
 import warnings
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from pathnorm_experiments._data_files import (
+    IMAGE_MAGIC,
+    IMAGE_SHAPE,
+    LABEL_MAGIC,
+    N_CLASSES,
+    N_PIXELS,
+    DataError,
+    check_images,
+    check_labels,
+    file_sha256,
+    npz_arrays,
+    read_idx,
+    read_npz,
+    read_truncated_idx_gz,
+)
+
 __all__ = [
     "DATASETS",
+    "IMAGE_MAGIC",
+    "LABEL_MAGIC",
+    "N_CLASSES",
     "DataError",
     "Dataset",
     "default_data_dir",
@@ -36,17 +54,8 @@ __all__ = [
     "read_idx",
 ]
 
-IMAGE_MAGIC = 2051
-LABEL_MAGIC = 2049
-IMAGE_SHAPE = (28, 28)
-N_PIXELS = 784
-N_CLASSES = 10
 EMBEDDED_PATH = Path(__file__).parent / "data" / "mnist_subset.npz"
 ENV_VAR = "PATHNORM_DATA_DIR"
-
-
-class DataError(ValueError):
-    """A data file is missing, corrupt, or does not match what the loader expects."""
 
 
 @dataclass(frozen=True)
@@ -265,135 +274,8 @@ def default_data_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "pathnorm"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _where_to_get(spec: DatasetSpec, fname: str) -> str:
     return f"get {fname} from {spec.url} and put it in <data-dir>/{spec.subdir}/"
-
-
-def _parse_idx(raw: bytes, path: Path, kind: str, *, allow_short: bool = False) -> np.ndarray:
-    """Decode an uncompressed IDX byte string into uint8 (N, 28, 28) images or (N,) labels."""
-    magic_expected = IMAGE_MAGIC if kind == "images" else LABEL_MAGIC
-    head = 16 if kind == "images" else 8
-    if len(raw) < head:
-        raise DataError(f"{path}: truncated IDX file ({len(raw)} bytes, header needs {head})")
-    magic, count = struct.unpack(">II", raw[:8])
-    if magic != magic_expected:
-        raise DataError(
-            f"{path}: bad IDX magic number {magic}, expected {magic_expected} for {kind} "
-            "(wrong file, or not an IDX file)"
-        )
-    if kind == "images":
-        rows, cols = struct.unpack(">II", raw[8:16])
-        if (rows, cols) != IMAGE_SHAPE:
-            raise DataError(f"{path}: images are {rows}x{cols}, expected 28x28")
-        item = N_PIXELS
-    else:
-        item = 1
-    body = memoryview(raw)[head:]
-    n_avail = len(body) // item
-    if n_avail < count and not allow_short:
-        raise DataError(
-            f"{path}: truncated: header says {count} {kind}, the file holds {n_avail} "
-            "(re-download it)"
-        )
-    if n_avail > count or (not allow_short and len(body) != count * item):
-        raise DataError(f"{path}: {len(body)} data bytes, expected {count * item}")
-    n = min(n_avail, count)
-    arr = np.frombuffer(body[: n * item], dtype=np.uint8)
-    return arr.reshape(n, *IMAGE_SHAPE) if kind == "images" else arr.copy()
-
-
-def read_idx(path: str | Path, kind: str) -> np.ndarray:
-    """Read an IDX file (``.gz`` or raw): ``kind`` is ``"images"`` or ``"labels"``."""
-    if kind not in ("images", "labels"):
-        raise ValueError(f"kind must be 'images' or 'labels', got {kind!r}")
-    path = Path(path)
-    try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                raw = f.read()
-        else:
-            raw = path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:
-        raise DataError(f"{path}: cannot decompress ({e}); the file is corrupt or truncated") from e
-    return _parse_idx(raw, path, kind)
-
-
-def read_truncated_idx_gz(path: str | Path, kind: str = "images") -> tuple[np.ndarray, int]:
-    """Decode the complete records of a truncated IDX ``.gz`` file; returns (array, header count)."""
-    path = Path(path)
-    data = path.read_bytes()
-    if len(data) < 10 or data[:2] != b"\x1f\x8b":
-        raise DataError(f"{path}: not a gzip file")
-    flags = data[3]
-    pos = 10
-    if flags & 4:  # FEXTRA
-        pos += 2 + struct.unpack("<H", data[pos : pos + 2])[0]
-    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
-        if flags & bit:
-            pos = data.index(b"\x00", pos) + 1
-    if flags & 2:  # FHCRC
-        pos += 2
-    try:
-        raw = zlib.decompressobj(-15).decompress(data[pos:])
-    except zlib.error as e:
-        raise DataError(f"{path}: corrupt deflate stream ({e})") from e
-    arr = _parse_idx(raw, path, kind, allow_short=True)
-    count = struct.unpack(">I", raw[4:8])[0]
-    return arr, count
-
-
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # what np.load takes for an npz archive
-
-
-def _npz_arrays(path: Path, keys: tuple[str, ...], what: str, fix: str) -> list[np.ndarray]:
-    """The arrays ``keys`` of the npz archive ``path``; a damaged or wrong file raises
-    :class:`DataError` that starts with ``what`` and ends with ``fix`` (how to get a good copy).
-    """
-
-    def corrupt(problem: str) -> DataError:
-        return DataError(
-            f"{what}: cannot read npz ({problem}); the file is corrupt or truncated: {fix}"
-        )
-
-    try:
-        with path.open("rb") as f:
-            head = f.read(4)
-    except OSError as e:
-        raise corrupt(str(e)) from e
-    if not head:
-        raise corrupt("the file is empty")
-    if head not in _ZIP_MAGIC:  # else np.load would take it for a pickle and suggest loading that
-        raise corrupt(f"not a zip archive (an npz is one): it starts with {head!r}")
-    try:
-        with np.load(path) as z:
-            for key in keys:
-                if key not in z.files:
-                    raise DataError(
-                        f"{what}: no array {key!r} in the archive (it holds {z.files}): not the "
-                        f"expected file: {fix}"
-                    )
-            return [z[key] for key in keys]
-    except DataError:
-        raise
-    # Damaged bytes surface from zipfile, zlib and numpy's header parser as many types
-    # (BadZipFile, EOFError, zlib.error, OSError, ValueError, tokenize.TokenError, ...).
-    except Exception as e:
-        raise corrupt(f"{type(e).__name__}: {e}") from e
-
-
-def _read_npz(path: Path, fix: str) -> np.ndarray:
-    (arr,) = _npz_arrays(path, ("arr_0",), str(path), fix)
-    if arr.dtype != np.uint8:
-        raise DataError(f"{path}: expected uint8, got {arr.dtype}: {fix}")
-    return arr
 
 
 def _find(
@@ -406,36 +288,9 @@ def _find(
     return None
 
 
-def _check_images(arr: np.ndarray, what: str, fix: str) -> None:
-    """Refuse anything but uint8 images (N, 28, 28) or (N, 784), naming the problem."""
-    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-        bad = int(np.count_nonzero(~np.isfinite(arr)))
-        raise DataError(f"{what}: {bad} pixels are NaN or inf (pixels are uint8 0..255): {fix}")
-    if arr.dtype != np.uint8:
-        raise DataError(f"{what}: pixels must be uint8 (0..255), got {arr.dtype}: {fix}")
-    if arr.ndim not in (2, 3) or arr.shape[1:] not in ((N_PIXELS,), IMAGE_SHAPE):
-        raise DataError(
-            f"{what}: images have shape {arr.shape}, expected (N, 28, 28) or (N, 784): {fix}"
-        )
-
-
-def _check_labels(arr: np.ndarray, what: str, fix: str) -> None:
-    """Refuse labels that are not a 1-D integer array of classes 0..9, naming the first bad one."""
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise DataError(
-            f"{what}: labels must be a 1-D integer array, got {arr.dtype} {arr.shape}: {fix}"
-        )
-    bad = np.flatnonzero((arr < 0) | (arr >= N_CLASSES))
-    if bad.size:
-        raise DataError(
-            f"{what}: labels must be in 0..9, found {int(arr[bad[0]])} at index {int(bad[0])} "
-            f"({bad.size} out of range): {fix}"
-        )
-
-
 def _load_file(spec: DatasetSpec, fs: FileSpec, path: Path, verify: bool) -> np.ndarray:
     if verify and fs.sha256 is not None:
-        got = _sha256(path)
+        got = file_sha256(path)
         if got != fs.sha256:
             raise DataError(
                 f"{path}: SHA-256 mismatch (got {got}, expected {fs.sha256}); the file is "
@@ -443,14 +298,14 @@ def _load_file(spec: DatasetSpec, fs: FileSpec, path: Path, verify: bool) -> np.
                 "verify=False (--no-verify) to use a re-packed copy"
             )
     if fs.name.endswith(".npz"):
-        arr = _read_npz(path, _where_to_get(spec, fs.name))
+        arr = read_npz(path, _where_to_get(spec, fs.name))
     else:
         arr = read_idx(path, fs.kind)
     want_shape = (fs.count, *IMAGE_SHAPE) if fs.kind == "images" else (fs.count,)
     if arr.shape != want_shape:
         raise DataError(f"{path}: {fs.kind} have shape {arr.shape}, expected {want_shape}")
     if fs.kind == "labels":
-        _check_labels(arr, str(path), _where_to_get(spec, fs.name))
+        check_labels(arr, str(path), _where_to_get(spec, fs.name))
     return arr
 
 
@@ -507,7 +362,7 @@ def load_dataset(
                     "allow_partial=True (--allow-partial) to train on the complete images it "
                     f"holds, or {_where_to_get(spec, alts[0].name)}"
                 )
-            if verify and part.sha256 is not None and _sha256(ppath) != part.sha256:
+            if verify and part.sha256 is not None and file_sha256(ppath) != part.sha256:
                 raise DataError(f"{ppath}: SHA-256 mismatch with the known truncated copy")
             imgs, _ = read_truncated_idx_gz(ppath)
             n = imgs.shape[0]
@@ -544,12 +399,10 @@ def load_embedded(path: str | Path = EMBEDDED_PATH) -> Dataset:
     if not path.is_file():
         raise DataError(f"embedded subset {path} is missing; {fix}")
     what = f"embedded subset {path}"
-    x_tr, y_tr, x_te, y_te = _npz_arrays(
-        path, ("x_train", "y_train", "x_test", "y_test"), what, fix
-    )
+    x_tr, y_tr, x_te, y_te = npz_arrays(path, ("x_train", "y_train", "x_test", "y_test"), what, fix)
     for key, images, labels in (("train", x_tr, y_tr), ("test", x_te, y_te)):
-        _check_images(images, f"{what}: x_{key}", fix)
-        _check_labels(labels, f"{what}: y_{key}", fix)
+        check_images(images, f"{what}: x_{key}", fix)
+        check_labels(labels, f"{what}: y_{key}", fix)
         if labels.shape[0] != images.shape[0]:
             raise DataError(
                 f"{what}: y_{key} holds {labels.shape[0]} labels for {images.shape[0]} images "
@@ -626,7 +479,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.make_subset:
         path = make_subset(args.data_dir, args.out)
-        print(f"wrote {path} ({path.stat().st_size} bytes, sha256 {_sha256(path)})")
+        print(f"wrote {path} ({path.stat().st_size} bytes, sha256 {file_sha256(path)})")
     for name in args.check or ():
         ds = load_dataset(name, args.data_dir, allow_partial=args.allow_partial)
         print(
