@@ -18,6 +18,7 @@ import torch
 from pathnorm_experiments import sweep as S
 from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import Dataset, load_embedded
+from pathnorm_experiments.runs import row_group_key
 from pathnorm_experiments.torch_backend import linear_layers, train_loop
 
 EPS = ("0.02", "0.05", "0.1", "0.15", "0.2", "0.3")
@@ -134,7 +135,7 @@ def test_lr_selection_uses_validation(full_run: tuple[Path, dict[str, int]]) -> 
     rows = S.read_rows(full_run[0])
     groups: dict[str, list[dict[str, str]]] = {}
     for r in rows:
-        groups.setdefault(S._row_group_key(r), []).append(r)
+        groups.setdefault(row_group_key(r), []).append(r)
     assert len(groups) == 6
     for rs in groups.values():
         seed0 = {float(r["lr"]): _f(r, "val_error") for r in rs if r["seed"] == "0"}
@@ -197,12 +198,12 @@ def test_summarize_selected_runs(full_run: tuple[Path, dict[str, int]]) -> None:
 
 def test_select_lr_ties_and_divergence() -> None:
     g = S.Group("d", "l1", "prox", 1e-3, 1, 10, (0.1, 0.2, 0.5), (0, 1), (0, 1))
-    st = S._GroupState(g, 0)
+    st = S.GroupState(g, 0)
     vals = {0.1: (5.0, 7.0), 0.2: (6.0, 6.0), 0.5: (1.0, math.nan)}
     for lr, (v0, v1) in vals.items():
         st.results[g.run(lr, 0).key] = {"val_error": v0}
         st.results[g.run(lr, 1).key] = {"val_error": v1}
-    assert S._select_lr(st) == 0.1  # a tie of means (6.0): the smaller lr; 0.5 diverged once
+    assert S.select_lr(st) == 0.1  # a tie of means (6.0): the smaller lr; 0.5 diverged once
 
 
 class Killed(Exception):

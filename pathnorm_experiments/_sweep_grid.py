@@ -1,0 +1,408 @@
+"""The sweep's grid and data split: the settings, the runs and lr-selection groups in the order
+they run, the lr selection and the rows of a finished group, and each dataset's train /
+validation / evaluation split.
+
+A group is one (dataset, regularizer, optimizer, lam): every lr is trained with the selection
+seeds, and the other seeds run at the lr selected on validation. Groups hash to shards, so a
+group never spans two machines. See :mod:`pathnorm_experiments.sweep` for the protocol.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pathnorm_experiments.config import float_key
+from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.runs import COLUMNS, EPS, REGULARIZERS, join_key
+
+__all__ = [
+    "Group",
+    "GroupState",
+    "Prepared",
+    "RunSpec",
+    "SweepConfig",
+    "build_groups",
+    "coarse_to_fine",
+    "group_rows",
+    "prepare",
+    "select_lr",
+    "stratified_indices",
+]
+
+# lam grids: from "no effect" (1e-5) to where clean error collapses (MNIST, 3 epochs at lr 0.2:
+# path 3e-3 30%, 4e-3 72%; l1 7e-3 15%, 1e-2 89%; linf 1 (radius 1) 38%), densest where clean
+# error climbs; linf lam = 1 / radius
+LAMS: dict[str, tuple[float, ...]] = {
+    "none": (0.0,),
+    "l1": (1e-5, 3e-5, 1e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2),
+    "path": (1e-5, 3e-5, 1e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3, 4e-3),
+    "linf": (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0),
+}
+LRS = (0.05, 0.1, 0.2, 0.5)
+SEEDS = (0, 1, 2)
+OPTIMIZERS = ("prox", "penalty")
+FULL_TRAIN = 60000  # the published training-set size the validation share refers to
+VAL_SIZE = 5000
+VAL_SEED = 20190  # the validation split and the evaluation sample: one fixed draw each
+EVAL_SEED = 20191
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The grid and the evaluation settings (defaults: the paper's protocol).
+
+    ``lams`` maps each regularizer to its lam grid (``none``: ``(0.0,)``). ``select_seeds`` are
+    the seeds every lr is trained with for the selection (a subset of ``seeds``).
+    ``eval_samples``: the size of the stratified test sample attacked and certified (None: all).
+    ``val_size``: validation images per 60,000 training images (scaled for a smaller set).
+    """
+
+    datasets: tuple[str, ...] = ("mnist", "fashion-mnist", "kmnist")
+    regularizers: tuple[str, ...] = REGULARIZERS
+    optimizers: tuple[str, ...] = OPTIMIZERS
+    lams: Mapping[str, tuple[float, ...]] = field(default_factory=lambda: dict(LAMS))
+    lrs: tuple[float, ...] = LRS
+    seeds: tuple[int, ...] = SEEDS
+    select_seeds: tuple[int, ...] = (0,)
+    epochs: int = 20
+    batch_size: int = 100
+    hidden: int = 200
+    eps: tuple[float, ...] = EPS
+    pgd_steps: int = 40
+    strong_restarts: int = 2
+    eval_samples: int | None = 2000
+    val_size: int = VAL_SIZE
+
+    def __post_init__(self) -> None:
+        bad = [r for r in self.regularizers if r not in REGULARIZERS]
+        if bad:
+            raise ValueError(f"regularizers must be among {REGULARIZERS}, got {bad}")
+        bad = [o for o in self.optimizers if o not in OPTIMIZERS]
+        if bad:
+            raise ValueError(f"optimizers must be among {OPTIMIZERS}, got {bad}")
+        for reg in self.regularizers:
+            lams = self.lams.get(reg)
+            if not lams:
+                raise ValueError(f"no lam grid for regularizer {reg!r}: give lams[{reg!r}]")
+            if any(not (math.isfinite(v) and v >= 0) for v in lams) or (
+                reg != "none" and min(lams) <= 0
+            ):
+                raise ValueError(f"lams[{reg!r}] must be finite and > 0 (none: 0), got {lams}")
+        if not self.lrs or any(not (math.isfinite(v) and v > 0) for v in self.lrs):
+            raise ValueError(f"lrs must be finite numbers > 0, got {self.lrs}")
+        if not self.seeds or any(int(s) < 0 for s in self.seeds):
+            raise ValueError(f"seeds must be integers >= 0, got {self.seeds}")
+        if not self.select_seeds or not set(self.select_seeds) <= set(self.seeds):
+            raise ValueError(
+                f"select_seeds {self.select_seeds} must be a non-empty subset of seeds {self.seeds}"
+            )
+        for name in ("epochs", "batch_size", "hidden", "pgd_steps", "val_size"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.strong_restarts < 0:
+            raise ValueError(f"strong_restarts must be >= 0, got {self.strong_restarts}")
+        if self.eval_samples is not None and self.eval_samples < 1:
+            raise ValueError(f"eval_samples must be >= 1 or None, got {self.eval_samples}")
+        if tuple(self.eps) != EPS:
+            # the CSV's columns are fixed; other radii belong in another file format
+            raise ValueError(f"eps must be the CSV's radii {EPS}, got {self.eps}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the grid."""
+
+    dataset: str
+    regularizer: str
+    optimizer: str
+    lam: float
+    lr: float
+    seed: int
+    epochs: int
+    n_train: int
+
+    @property
+    def key(self) -> str:
+        """The run key: the CSV's key columns, as written there."""
+        return join_key(
+            self.dataset,
+            self.regularizer,
+            self.optimizer,
+            float_key(self.lam),
+            float_key(self.lr),
+            str(self.seed),
+            str(self.epochs),
+            str(self.n_train),
+        )
+
+    @property
+    def group_key(self) -> str:
+        """The key of the lr-selection group (the run key without lr and seed)."""
+        return join_key(
+            self.dataset,
+            self.regularizer,
+            self.optimizer,
+            float_key(self.lam),
+            str(self.epochs),
+            str(self.n_train),
+        )
+
+
+@dataclass(frozen=True)
+class Group:
+    """The runs of one (dataset, regularizer, optimizer, lam) whose lr is selected together."""
+
+    dataset: str
+    regularizer: str
+    optimizer: str
+    lam: float
+    epochs: int
+    n_train: int
+    lrs: tuple[float, ...]
+    seeds: tuple[int, ...]
+    select_seeds: tuple[int, ...]
+
+    def run(self, lr: float, seed: int) -> RunSpec:
+        """The run of this group at ``lr`` and ``seed``."""
+        return RunSpec(
+            self.dataset,
+            self.regularizer,
+            self.optimizer,
+            self.lam,
+            lr,
+            seed,
+            self.epochs,
+            self.n_train,
+        )
+
+    @property
+    def key(self) -> str:
+        """The group key (see :attr:`RunSpec.group_key`)."""
+        return self.run(self.lrs[0], self.seeds[0]).group_key
+
+    def selection_runs(self) -> list[RunSpec]:
+        """The runs every lr is trained with (the selection seeds)."""
+        return [self.run(lr, s) for lr in self.lrs for s in self.select_seeds]
+
+    def shard(self, n: int) -> int:
+        """The 0-based shard of ``n`` this group belongs to (a stable hash of its key)."""
+        return int(hashlib.sha256(self.key.encode()).hexdigest(), 16) % n
+
+
+def coarse_to_fine(n: int) -> list[int]:
+    """The indices 0..n-1, the middle first, then the middles of the halves, and so on.
+
+    A sweep stopped early then holds every regularizer at lams spread over its grid.
+    """
+    order, spans = [], [(0, n - 1)]
+    while spans:
+        lo, hi = spans.pop(0)
+        if lo > hi:
+            continue
+        mid = (lo + hi) // 2
+        order.append(mid)
+        spans += [(lo, mid - 1), (mid + 1, hi)]
+    return order
+
+
+def build_groups(cfg: SweepConfig, n_train: Mapping[str, int]) -> list[Group]:
+    """The grid's groups in the order they run: dataset by dataset, the baseline first, then
+    rounds that take one lam of every (regularizer, optimizer), coarse to fine over its grid.
+
+    Args:
+        cfg: the grid.
+        n_train: training images (after the validation split) per dataset to sweep.
+
+    Returns:
+        The groups; ``none`` appears once (its optimizer is recorded as ``prox``: with lam 0
+        both are plain SGD), ``linf`` only with ``prox`` (its projection).
+    """
+    combos: list[tuple[str, str, list[float]]] = []
+    for opt in cfg.optimizers:
+        for reg in cfg.regularizers:
+            if reg == "none" or (reg == "linf" and opt != "prox"):
+                continue
+            lams = sorted(cfg.lams[reg])
+            combos.append((reg, opt, [lams[i] for i in coarse_to_fine(len(lams))]))
+    groups = []
+    for ds in cfg.datasets:
+        if ds not in n_train:
+            continue
+
+        def group(reg: str, opt: str, lam: float, ds: str = ds) -> Group:
+            return Group(
+                ds,
+                reg,
+                opt,
+                float(lam),
+                cfg.epochs,
+                n_train[ds],
+                tuple(cfg.lrs),
+                tuple(cfg.seeds),
+                tuple(cfg.select_seeds),
+            )
+
+        if "none" in cfg.regularizers:
+            groups += [group("none", "prox", lam) for lam in cfg.lams["none"]]
+        for r in range(max((len(c[2]) for c in combos), default=0)):
+            groups += [group(reg, opt, lams[r]) for reg, opt, lams in combos if r < len(lams)]
+    return groups
+
+
+def stratified_indices(y: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """A class-stratified sample of ``n`` indices of ``y`` (sorted), deterministic in ``seed``.
+
+    Each class gets its share of ``n`` in proportion to its frequency (largest remainders
+    round), drawn without replacement.
+
+    Args:
+        y: integer labels.
+        n: sample size, 1 <= n <= len(y).
+        seed: the generator's seed.
+
+    Returns:
+        Sorted int64 indices.
+    """
+    if not 1 <= n <= y.shape[0]:
+        raise ValueError(f"sample size must be in [1, {y.shape[0]}], got {n}")
+    classes, counts = np.unique(y, return_counts=True)
+    share = counts * (n / y.shape[0])
+    take = np.floor(share).astype(np.int64)
+    extra = n - int(take.sum())
+    take[np.argsort(-(share - take), kind="stable")[:extra]] += 1
+    rng = np.random.default_rng(seed)
+    idx = [
+        rng.choice(np.flatnonzero(y == c), int(k), replace=False)
+        for c, k in zip(classes, take, strict=True)
+    ]
+    return np.sort(np.concatenate(idx)).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One dataset split for the sweep, as torch tensors (float32 images, int64 labels)."""
+
+    name: str
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    x_eval: Tensor  # the stratified test sample: clean, attacks, certificates
+    y_eval: Tensor
+    x_test: Tensor  # all test images: clean_error_full
+    y_test: Tensor
+
+    @property
+    def n_train(self) -> int:
+        """Training images (the validation split excluded)."""
+        return int(self.x_train.shape[0])
+
+
+def prepare(data: Dataset, cfg: SweepConfig) -> Prepared:
+    """Split ``data``'s training set into train and validation, and draw the test sample.
+
+    Args:
+        data: the dataset.
+        cfg: the sweep (``val_size`` per 60,000 training images, ``eval_samples``).
+
+    Returns:
+        The tensors.
+    """
+    n = data.x_train.shape[0]
+    n_val = max(1, round(n * cfg.val_size / FULL_TRAIN))
+    if n_val >= n:
+        raise ValueError(f"{data.name}: {n} training images leave none after {n_val} validation")
+    val = stratified_indices(data.y_train, n_val, VAL_SEED)
+    train = np.setdiff1d(np.arange(n), val)
+    n_test = data.x_test.shape[0]
+    n_eval = n_test if cfg.eval_samples is None else min(cfg.eval_samples, n_test)
+    ev = stratified_indices(data.y_test, n_eval, EVAL_SEED)
+
+    def t(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    return Prepared(
+        data.name,
+        t(data.x_train[train]),
+        t(data.y_train[train]),
+        t(data.x_train[val]),
+        t(data.y_train[val]),
+        t(data.x_test[ev]),
+        t(data.y_test[ev]),
+        t(data.x_test),
+        t(data.y_test),
+    )
+
+
+@dataclass
+class GroupState:
+    """A group's progress in a sweep: its runs' results so far and what it waits for."""
+
+    group: Group
+    index: int
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # run key -> result
+    selected_lr: float | None = None
+    phase: str = "select"  # "select", then "final"
+    waiting: set[str] = field(default_factory=set)
+
+
+def select_lr(state: GroupState) -> float | None:
+    """The lr of the lowest mean validation error over the selection seeds (ties: the smaller
+    lr); an lr with a diverged run is never chosen. None when every lr diverged."""
+    g = state.group
+    best: tuple[float, float] | None = None
+    for lr in g.lrs:
+        vals = [state.results[g.run(lr, s).key].get("val_error", math.nan) for s in g.select_seeds]
+        if any(math.isnan(v) for v in vals):
+            continue  # a diverged run: this lr is not chosen
+        score = (float(np.mean(vals)), lr)
+        if best is None or score < best:
+            best = score
+    return None if best is None else best[1]
+
+
+def group_rows(state: GroupState, machine: str) -> list[dict[str, Any]]:
+    """The CSV rows of a finished group, by lr and seed (a diverged run: NaN errors).
+
+    Args:
+        state: the group, its results (each with ``_lr`` and ``_seed``) and its selected lr.
+        machine: the ``machine`` column.
+
+    Returns:
+        Rows with the keys of :data:`~pathnorm_experiments.runs.COLUMNS`.
+    """
+    g = state.group
+    rows = []
+    for key, res in state.results.items():
+        lr, seed = res["_lr"], res["_seed"]
+        spec = g.run(lr, seed)
+        assert spec.key == key
+        row: dict[str, Any] = dict.fromkeys(COLUMNS, "")
+        row.update(
+            dataset=g.dataset,
+            regularizer=g.regularizer,
+            optimizer=g.optimizer,
+            lam=float_key(g.lam),
+            lr=float_key(lr),
+            seed=seed,
+            epochs=g.epochs,
+            n_train=g.n_train,
+            selected=int(lr == state.selected_lr),
+            machine=machine,
+        )
+        if res.get("diverged"):
+            for c in ("val_error", "clean_error", "clean_error_full"):
+                row[c] = math.nan
+        else:
+            row.update({c: res[c] for c in COLUMNS if c in res})
+        rows.append(row)
+    rows.sort(key=lambda r: (float(r["lr"]), int(r["seed"])))
+    return rows

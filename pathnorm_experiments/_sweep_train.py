@@ -1,0 +1,276 @@
+"""One run of the sweep: training (SGD, then the prox or projection; or SGD on the penalty),
+the metrics every run gets, the attacks and certificates of a selected run, and their timing.
+
+The training loop is bare torch on (out, in) weight lists, bit-equal to the main job's
+``torch_backend.train_loop`` with the same initial weights and shuffling.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from pathnorm_experiments import certify
+from pathnorm_experiments._sweep_grid import Group, Prepared, RunSpec, SweepConfig
+from pathnorm_experiments.config import float_key, initial_weights, shuffle_orders
+from pathnorm_experiments.data import N_CLASSES
+from pathnorm_lightning.functional import (
+    path_norm,
+    project_rows_l1_ball_,
+    prox_l1_,
+    prox_path_norm_,
+)
+
+__all__ = ["calibrate", "estimate", "evaluate_run", "train_metrics", "train_run"]
+
+
+def _forward(ws: Sequence[Tensor], bs: Sequence[Tensor], x: Tensor) -> Tensor:
+    h = x
+    last = len(ws) - 1
+    for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
+        h = torch.addmm(b, h, w.t())
+        if i < last:
+            h = F.elu(h)
+    return h
+
+
+def _penalty(ws: Sequence[Tensor], reg: str) -> Tensor:
+    if reg == "l1":
+        return sum((w.abs().sum() for w in ws), ws[0].new_zeros(()))
+    if reg == "path":
+        return sum((path_norm(ws[i], ws[i + 1]) for i in range(0, len(ws), 2)), ws[0].new_zeros(()))
+    return ws[0].new_zeros(())
+
+
+def train_run(
+    spec: RunSpec, data: Prepared, cfg: SweepConfig, *, steps: int | None = None
+) -> tuple[list[Tensor], list[Tensor]] | None:
+    """Train one run; returns its ``(weights, biases)`` (torch layout), or None if it diverged.
+
+    The initial weights and the epochs' orders are those of the main job
+    (:func:`~pathnorm_experiments.config.initial_weights`,
+    :func:`~pathnorm_experiments.config.shuffle_orders`), so a run is deterministic.
+
+    Args:
+        spec: the run.
+        data: its dataset's split.
+        cfg: batch size and hidden width.
+        steps: stop after this many SGD steps (benchmarks); None: ``spec.epochs`` epochs.
+
+    Returns:
+        The trained parameters, or None when a weight became NaN or infinite.
+    """
+    widths = (data.x_train.shape[1], cfg.hidden, N_CLASSES)
+    device = data.x_train.device
+    ws, bs = [], []
+    for w, b in initial_weights(widths, spec.seed):
+        ws.append(torch.tensor(w, dtype=torch.float32, device=device, requires_grad=True))
+        bs.append(torch.tensor(b, dtype=torch.float32, device=device, requires_grad=True))
+    params = [p for pair in zip(ws, bs, strict=True) for p in pair]
+    x, y = data.x_train, data.y_train
+    n, batch = x.shape[0], cfg.batch_size
+    orders = shuffle_orders(n, spec.epochs, spec.seed)
+    reg, lam, lr = spec.regularizer, spec.lam, spec.lr
+    use_penalty = spec.optimizer == "penalty" and reg in ("l1", "path") and lam > 0
+    step = 0
+    for epoch in range(spec.epochs):
+        perm = torch.from_numpy(orders[epoch]).to(device)
+        for s in range(0, n, batch):
+            idx = perm[s : s + batch]
+            loss = F.cross_entropy(_forward(ws, bs, x[idx]), y[idx])
+            if use_penalty:
+                loss = loss + lam * _penalty(ws, reg)
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                torch._foreach_add_(params, grads, alpha=-lr)
+                if spec.optimizer == "prox":
+                    _prox_(ws, reg, lam, lr)
+            step += 1
+            if steps is not None and step >= steps:
+                return [w.detach() for w in ws], [b.detach() for b in bs]
+        if not all(bool(torch.isfinite(p).all()) for p in params):
+            return None
+    return [w.detach() for w in ws], [b.detach() for b in bs]
+
+
+def _prox_(ws: Sequence[Tensor], reg: str, lam: float, lr: float) -> None:
+    if reg == "l1":
+        for w in ws:
+            prox_l1_(w, lr * lam)
+    elif reg == "path":
+        for i in range(0, len(ws), 2):
+            prox_path_norm_(ws[i], ws[i + 1], lr * lam, check_finite=False)
+    elif reg == "linf":
+        for w in ws:
+            project_rows_l1_ball_(w, 1.0 / lam)
+
+
+def _error_pct(ws: Sequence[Tensor], bs: Sequence[Tensor], x: Tensor, y: Tensor) -> float:
+    wrong = 0
+    with torch.no_grad():
+        for s in range(0, x.shape[0], 5000):
+            wrong += int((_forward(ws, bs, x[s : s + 5000]).argmax(1) != y[s : s + 5000]).sum())
+    return 100.0 * wrong / x.shape[0]
+
+
+def train_metrics(ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared) -> dict[str, float]:
+    """The columns every run has: validation, clean errors, sparsity and the path-norm."""
+    w_np = [w.cpu().numpy() for w in ws]
+    return {
+        "val_error": _error_pct(ws, bs, data.x_val, data.y_val),
+        "clean_error": _error_pct(ws, bs, data.x_eval, data.y_eval),
+        "clean_error_full": _error_pct(ws, bs, data.x_test, data.y_test),
+        "nonzero": 100.0 * certify.nonzero_fraction(w_np),
+        "nonzero_live": 100.0 * certify.effective_nonzero_fraction(w_np),
+        "path_norm": certify.path_norm_bound(w_np),
+    }
+
+
+def _as_model(ws: Sequence[Tensor], bs: Sequence[Tensor]) -> torch.nn.Module:
+    from pathnorm_experiments.torch_backend import build_model, linear_layers
+
+    model = build_model([ws[0].shape[1], *(w.shape[0] for w in ws)], "elu")
+    model.to(ws[0].device)
+    with torch.no_grad():
+        for lin, w, b in zip(linear_layers(model), ws, bs, strict=True):
+            lin.weight.copy_(w)
+            lin.bias.copy_(b)
+    return model.eval()
+
+
+def evaluate_run(
+    ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared, cfg: SweepConfig, seed: int
+) -> dict[str, float]:
+    """Attacks and certificates of a selected run on the evaluation sample (errors in %).
+
+    Args:
+        ws: weights (out, in).
+        bs: biases.
+        data: the split (``x_eval``, ``y_eval``).
+        cfg: radii, PGD steps, the strong attack's restarts.
+        seed: the attacks' random starts.
+
+    Returns:
+        ``{"robust_error@EPS", "robust_error_strong@EPS", "certified_lipschitz@EPS",
+        "certified_interval@EPS"}`` for every eps.
+    """
+    from pathnorm_experiments.torch_backend import pgd_attack, robust_error
+
+    model = _as_model(ws, bs)
+    x, y = data.x_eval, data.y_eval
+    w_np, b_np = [w.cpu().numpy() for w in ws], [b.cpu().numpy() for b in bs]
+    x_np, y_np = x.cpu().numpy(), y.cpu().numpy()
+    logits = certify.forward(w_np, b_np, x_np, "elu")
+    lip = certify.lipschitz_matrix(w_np)
+    gen = torch.Generator(device=x.device).manual_seed(seed + 1)
+    out: dict[str, float] = {}
+    strong = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
+    for eps in sorted(cfg.eps):
+        k = float_key(eps)
+        paper = robust_error(model, x, y, eps, steps=cfg.pgd_steps, seed=seed, return_mask=True)
+        strong |= paper  # a point found at a smaller eps lies in this ball too
+        for _ in range(cfg.strong_restarts):
+            alive = torch.nonzero(~strong).flatten()
+            if alive.numel() == 0:
+                break
+            xa = pgd_attack(
+                model,
+                x[alive],
+                y[alive],
+                eps,
+                steps=cfg.pgd_steps,
+                step_size=eps / 10,
+                loss="margin",
+                generator=gen,
+            )
+            with torch.no_grad():
+                strong[alive[model(xa).argmax(1) != y[alive]]] = True
+        cert_lip = certify.certified_mask(
+            w_np, b_np, x_np, y_np, eps, "elu", logits=logits, lip=lip
+        )
+        cert_ibp = certify.interval_certified_mask(w_np, b_np, x_np, y_np, eps, "elu")
+        broken = strong.cpu().numpy()
+        if (broken & cert_lip).any() or (broken & cert_ibp).any():
+            # a sound certificate never meets a successful attack: this is a bug, not a result
+            raise RuntimeError(
+                f"eps {k}: an attack broke {int((broken & cert_lip).sum())} examples the "
+                f"Lipschitz certificate and {int((broken & cert_ibp).sum())} the "
+                "interval certificate certified"
+            )
+        n = x.shape[0]
+        out[f"robust_error@{k}"] = 100.0 * float(paper.sum()) / n
+        out[f"robust_error_strong@{k}"] = 100.0 * float(strong.sum()) / n
+        out[f"certified_lipschitz@{k}"] = 100.0 * (1.0 - float(cert_lip.mean()))
+        out[f"certified_interval@{k}"] = 100.0 * (1.0 - float(cert_ibp.mean()))
+    return out
+
+
+def calibrate(cfg: SweepConfig, data: Prepared) -> dict[str, float]:
+    """Seconds per training step of each (regularizer, optimizer) and per evaluated run.
+
+    Args:
+        cfg: the sweep (batch size, width, PGD steps, restarts).
+        data: the dataset to time on (its evaluation sample sets the attacks' cost).
+
+    Returns:
+        ``{"REG/OPT": seconds per step, ..., "eval": seconds per selected run's evaluation}``.
+    """
+    torch.set_num_threads(1)
+    times = {}
+    for reg, opt, lam in (
+        ("none", "prox", 0.0),
+        ("l1", "prox", 1e-3),
+        ("l1", "penalty", 1e-3),
+        ("path", "prox", 1e-3),
+        ("path", "penalty", 1e-3),
+        ("linf", "prox", 0.2),
+    ):
+        spec = RunSpec(data.name, reg, opt, lam, 0.1, 0, 1, data.n_train)
+        train_run(spec, data, cfg, steps=5)  # warm-up (numba, allocator)
+        t0 = time.perf_counter()
+        train_run(spec, data, cfg, steps=100)
+        times[f"{reg}/{opt}"] = (time.perf_counter() - t0) / 100
+    base = RunSpec(data.name, "none", "prox", 0.0, 0.1, 0, 1, data.n_train)
+    trained = train_run(base, data, cfg, steps=200)
+    assert trained is not None
+    # the evaluation with a tenth of the PGD steps, scaled: the strong attack's restarts run
+    # on the examples the paper's PGD leaves, as they would
+    short = max(1, cfg.pgd_steps // 10)
+    t0 = time.perf_counter()
+    evaluate_run(*trained, data, replace(cfg, pgd_steps=short), 0)
+    times["eval"] = (time.perf_counter() - t0) * cfg.pgd_steps / short
+    return times
+
+
+def estimate(
+    groups: Sequence[Group],
+    done: set[str],
+    data: Mapping[str, Prepared],
+    cfg: SweepConfig,
+    times: Mapping[str, float],
+    jobs: int,
+) -> tuple[int, int, float]:
+    """The work of the groups not in ``done``, at the per-step times of :func:`calibrate`.
+
+    Returns:
+        ``(training runs, evaluated runs, seconds with jobs workers)``.
+    """
+    runs = evals = 0
+    seconds = 0.0
+    for g in groups:
+        if g.key in done:
+            continue
+        n_runs = len(g.lrs) * len(g.select_seeds) + len(g.seeds) - len(g.select_seeds)
+        steps = g.epochs * math.ceil(data[g.dataset].n_train / cfg.batch_size)
+        per_step = times[f"{g.regularizer}/{g.optimizer}"]
+        runs += n_runs
+        evals += len(g.seeds)
+        # the eval sample's size scales the attacks; calibrated on this dataset's sample
+        seconds += n_runs * steps * per_step + len(g.seeds) * times["eval"]
+    return runs, evals, seconds / jobs
