@@ -22,6 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
+# EPS and KEY_COLUMNS are read from here by the claims
+from pathnorm_experiments.runs import COLUMNS
+from pathnorm_experiments.runs import EPS as EPS
+from pathnorm_experiments.runs import KEY_COLUMNS as KEY_COLUMNS
+
 __all__ = [
     "BUDGETS",
     "ReportError",
@@ -39,7 +44,6 @@ __all__ = [
     "verdict",
 ]
 
-EPS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)  # the CSV's radii
 VERDICT_EPS = (0.1, 0.05)
 BUDGETS = (1.0, 3.0, 6.0)  # clean-error budgets: points above the baseline's clean error
 SPARSITY_BUDGETS = (50.0, 20.0, 10.0)  # % of weights nonzero, for the KMNIST remark
@@ -62,12 +66,8 @@ DATASET_LABELS = {
     "embedded": "embedded MNIST subset",
 }
 FULL_TRAIN = 55000  # MNIST's and Fashion-MNIST's training images after the validation split
-KEY_COLUMNS = ("dataset", "regularizer", "optimizer", "lam", "lr", "seed", "epochs", "n_train")
-_ERRORS = tuple(f"{k}@{e:g}" for k in KINDS for e in EPS)
-_CLEAN = ("val_error", "clean_error", "clean_error_full")
-_SPARSITY = ("nonzero", "nonzero_live", "path_norm")
-_NUMERIC = (*_CLEAN, *_ERRORS, *_SPARSITY)
-REQUIRED = (*KEY_COLUMNS, "selected", *_NUMERIC, "machine")
+REQUIRED = COLUMNS  # a results file has every column of the sweep (more are ignored)
+_NUMERIC = COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("machine")]
 
 
 class ReportError(ValueError):
