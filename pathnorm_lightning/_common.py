@@ -44,6 +44,8 @@ def check_scalar(value: Any, name: str) -> float:
         TypeError: not a real number (str, None, bool, complex, a bool or complex tensor).
         ValueError: NaN, inf, negative, or a tensor that is not 0-d.
     """
+    if type(value) is float and 0.0 <= value < math.inf:  # the common case, checked quickly
+        return value
     if isinstance(value, Tensor):
         if value.dim() != 0:
             raise ValueError(
@@ -114,12 +116,15 @@ def check_writable(weights: Sequence[tuple[Tensor, str]]) -> None:
 def shares_memory(a: Tensor, b: Tensor) -> bool:
     """Whether the memory spans of ``a`` and ``b`` intersect (conservative for strided views;
     live tensors whose address ranges intersect share one allocation)."""
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device or a.device.type == "meta":
+    if a.numel() == 0 or b.numel() == 0 or a.is_meta or a.device != b.device:
         return False
 
     def span(w: Tensor) -> tuple[int, int]:
+        start = w.data_ptr()
+        if w.is_contiguous():  # the common case, without a Python loop over the strides
+            return start, start + w.numel() * w.element_size()
         extent = sum((n - 1) * abs(s) for n, s in zip(w.shape, w.stride(), strict=True))
-        return w.data_ptr(), w.data_ptr() + (extent + 1) * w.element_size()
+        return start, start + (extent + 1) * w.element_size()
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
