@@ -260,8 +260,8 @@ def _boundary(k: int, l_: int, sign: float) -> dict[str, Any]:
     )
 
 
-def prox_float64_cases() -> list[dict[str, Any]]:
-    """Float64 ``path_norm_prox`` cases: shapes, ties, zeros, and the range of lam."""
+def _prox_shape_cases() -> list[dict[str, Any]]:
+    """The errata vector, then single and multi output, p > m and scalar units."""
     cases = [errata_case()]
     for i, lam in enumerate((0.05, 0.2, 0.6)):
         cases.append(
@@ -298,6 +298,13 @@ def prox_float64_cases() -> list[dict[str, Any]]:
             _uniform(53, (8, 1), scale=2.0),
             0.7,
         ),
+    ]
+    return cases
+
+
+def _prox_tie_and_zero_cases() -> list[dict[str, Any]]:
+    """Equal magnitudes (two lam), zero rows and entries, and an all-zero pair."""
+    return [
         prox_case(
             "ties_equal_magnitudes",
             "Equal magnitudes within and across the sides of each unit, mixed signs.",
@@ -324,6 +331,12 @@ def prox_float64_cases() -> list[dict[str, Any]]:
             np.zeros((3, 4)),
             0.5,
         ),
+    ]
+
+
+def _prox_lam_range_cases() -> list[dict[str, Any]]:
+    """lam from 0 through 1e-8 and 1 to 1e6, with equal norms at the largest."""
+    return [
         prox_case(
             "lam_zero_identity",
             "lam = 0: the prox is the identity.",
@@ -369,6 +382,11 @@ def prox_float64_cases() -> list[dict[str, Any]]:
             unique=False,
         ),
     ]
+
+
+def _prox_lam_boundary_cases() -> list[dict[str, Any]]:
+    """lam where a support pair (k, l) turns infeasible: just below, just above, exactly on."""
+    cases: list[dict[str, Any]] = []
     for k, l_ in ((1, 1), (2, 3), (1, 4)):
         cases += [_boundary(k, l_, -1.0), _boundary(k, l_, +1.0)]
     for lam in (0.5, 0.25):
@@ -384,6 +402,16 @@ def prox_float64_cases() -> list[dict[str, Any]]:
             )
         )
     return cases
+
+
+def prox_float64_cases() -> list[dict[str, Any]]:
+    """Float64 ``path_norm_prox`` cases: shapes, ties, zeros, and the range of lam."""
+    return [
+        *_prox_shape_cases(),
+        *_prox_tie_and_zero_cases(),
+        *_prox_lam_range_cases(),
+        *_prox_lam_boundary_cases(),
+    ]
 
 
 def prox_wide_cases() -> list[dict[str, Any]]:
