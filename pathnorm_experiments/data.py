@@ -322,6 +322,44 @@ def _to_float(images: np.ndarray) -> np.ndarray:
     return (images.reshape(images.shape[0], N_PIXELS).astype(np.float32)) / np.float32(255.0)
 
 
+def _load_partial_train_images(
+    spec: DatasetSpec, part: FileSpec, root: Path, *, allow_partial: bool, verify: bool
+) -> np.ndarray:
+    """The complete images of the truncated training-image file, when the full one is missing.
+
+    Args:
+        spec: the dataset.
+        part: its truncated training-image file (``spec.partial_train_images``).
+        root: the data directory.
+        allow_partial: the caller accepts a partial training set; otherwise an error.
+        verify: check the truncated file's SHA-256 where it is known.
+
+    Returns:
+        The complete images the file holds; a warning says how many.
+    """
+    alts = spec.train_images
+    ppath = root / spec.subdir / part.name
+    if not ppath.is_file():
+        raise _missing(spec, root, alts)
+    if not allow_partial:
+        raise DataError(
+            f"{spec.name}: the full training images ({alts[0].name}) are not in "
+            f"{root / spec.subdir}, only the truncated {part.name}; pass "
+            "allow_partial=True (--allow-partial) to train on the complete images it "
+            f"holds, or {_where_to_get(spec, alts[0].name)}"
+        )
+    if verify and part.sha256 is not None and file_sha256(ppath) != part.sha256:
+        raise DataError(f"{ppath}: SHA-256 mismatch with the known truncated copy")
+    imgs, _ = read_truncated_idx_gz(ppath)
+    n = imgs.shape[0]
+    warnings.warn(
+        f"{spec.name}: using a PARTIAL training set: {n} of {part.count} training "
+        f"images (from {ppath}), paired with the first {n} labels",
+        stacklevel=3,  # the caller of load_dataset, as before this helper
+    )
+    return imgs
+
+
 def load_dataset(
     name: str,
     data_dir: str | Path | None = None,
@@ -351,27 +389,9 @@ def load_dataset(
         alts: tuple[FileSpec, ...] = getattr(spec, split)
         found = _find(spec, root, alts)
         if found is None and split == "train_images" and spec.partial_train_images is not None:
-            part = spec.partial_train_images
-            ppath = root / spec.subdir / part.name
-            if not ppath.is_file():
-                raise _missing(spec, root, alts)
-            if not allow_partial:
-                raise DataError(
-                    f"{spec.name}: the full training images ({alts[0].name}) are not in "
-                    f"{root / spec.subdir}, only the truncated {part.name}; pass "
-                    "allow_partial=True (--allow-partial) to train on the complete images it "
-                    f"holds, or {_where_to_get(spec, alts[0].name)}"
-                )
-            if verify and part.sha256 is not None and file_sha256(ppath) != part.sha256:
-                raise DataError(f"{ppath}: SHA-256 mismatch with the known truncated copy")
-            imgs, _ = read_truncated_idx_gz(ppath)
-            n = imgs.shape[0]
-            warnings.warn(
-                f"{spec.name}: using a PARTIAL training set: {n} of {part.count} training "
-                f"images (from {ppath}), paired with the first {n} labels",
-                stacklevel=2,
+            arrays[split] = _load_partial_train_images(
+                spec, spec.partial_train_images, root, allow_partial=allow_partial, verify=verify
             )
-            arrays[split] = imgs
             partial = True
             continue
         if found is None:
