@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch.nn import functional as F
@@ -144,6 +145,65 @@ def _as_model(ws: Sequence[Tensor], bs: Sequence[Tensor]) -> torch.nn.Module:
     return model.eval()
 
 
+def _strong_restarts_(
+    model: torch.nn.Module,
+    x: Tensor,
+    y: Tensor,
+    eps: float,
+    strong: Tensor,
+    cfg: SweepConfig,
+    gen: torch.Generator,
+) -> None:
+    """The strong attack's margin-loss PGD restarts on the points not yet broken, in place.
+
+    Args:
+        model: the classifier.
+        x: evaluation inputs.
+        y: their labels.
+        eps: the l_inf radius.
+        strong: (n,) bool, the points broken so far; set where a restart breaks one.
+        cfg: PGD steps and the number of restarts.
+        gen: the restarts' random starts (advanced across radii).
+    """
+    from pathnorm_experiments.torch_backend import pgd_attack
+
+    for _ in range(cfg.strong_restarts):
+        alive = torch.nonzero(~strong).flatten()
+        if alive.numel() == 0:
+            break
+        xa = pgd_attack(
+            model,
+            x[alive],
+            y[alive],
+            eps,
+            steps=cfg.pgd_steps,
+            step_size=eps / 10,
+            loss="margin",
+            generator=gen,
+        )
+        with torch.no_grad():
+            strong[alive[model(xa).argmax(1) != y[alive]]] = True
+
+
+def _check_sound(k: str, broken: np.ndarray, cert_lip: np.ndarray, cert_ibp: np.ndarray) -> None:
+    """Raise if an attack broke a certified point.
+
+    A sound certificate never meets a successful attack: this is a bug, not a result.
+
+    Args:
+        k: the radius, as its result key.
+        broken: (n,) bool, the points an attack broke.
+        cert_lip: (n,) bool, the Lipschitz certificate's points.
+        cert_ibp: (n,) bool, the interval certificate's points.
+    """
+    if (broken & cert_lip).any() or (broken & cert_ibp).any():
+        raise RuntimeError(
+            f"eps {k}: an attack broke {int((broken & cert_lip).sum())} examples the "
+            f"Lipschitz certificate and {int((broken & cert_ibp).sum())} the "
+            "interval certificate certified"
+        )
+
+
 def evaluate_run(
     ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared, cfg: SweepConfig, seed: int
 ) -> dict[str, float]:
@@ -160,7 +220,7 @@ def evaluate_run(
         ``{"robust_error@EPS", "robust_error_strong@EPS", "certified_lipschitz@EPS",
         "certified_interval@EPS"}`` for every eps.
     """
-    from pathnorm_experiments.torch_backend import pgd_attack, robust_error
+    from pathnorm_experiments.torch_backend import robust_error
 
     model = _as_model(ws, bs)
     x, y = data.x_eval, data.y_eval
@@ -175,34 +235,12 @@ def evaluate_run(
         k = float_key(eps)
         paper = robust_error(model, x, y, eps, steps=cfg.pgd_steps, seed=seed, return_mask=True)
         strong |= paper  # a point found at a smaller eps lies in this ball too
-        for _ in range(cfg.strong_restarts):
-            alive = torch.nonzero(~strong).flatten()
-            if alive.numel() == 0:
-                break
-            xa = pgd_attack(
-                model,
-                x[alive],
-                y[alive],
-                eps,
-                steps=cfg.pgd_steps,
-                step_size=eps / 10,
-                loss="margin",
-                generator=gen,
-            )
-            with torch.no_grad():
-                strong[alive[model(xa).argmax(1) != y[alive]]] = True
+        _strong_restarts_(model, x, y, eps, strong, cfg, gen)
         cert_lip = certify.certified_mask(
             w_np, b_np, x_np, y_np, eps, "elu", logits=logits, lip=lip
         )
         cert_ibp = certify.interval_certified_mask(w_np, b_np, x_np, y_np, eps, "elu")
-        broken = strong.cpu().numpy()
-        if (broken & cert_lip).any() or (broken & cert_ibp).any():
-            # a sound certificate never meets a successful attack: this is a bug, not a result
-            raise RuntimeError(
-                f"eps {k}: an attack broke {int((broken & cert_lip).sum())} examples the "
-                f"Lipschitz certificate and {int((broken & cert_ibp).sum())} the "
-                "interval certificate certified"
-            )
+        _check_sound(k, strong.cpu().numpy(), cert_lip, cert_ibp)
         n = x.shape[0]
         out[f"robust_error@{k}"] = 100.0 * float(paper.sum()) / n
         out[f"robust_error_strong@{k}"] = 100.0 * float(strong.sum()) / n
