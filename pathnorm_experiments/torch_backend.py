@@ -295,6 +295,66 @@ def evaluate(
     )
 
 
+def _progress_bar(cfg: TrainConfig, total: int, progress: bool) -> Any:
+    """A tqdm bar over ``total`` steps, or None (no progress wanted, or tqdm not installed)."""
+    if not progress or importlib.util.find_spec("tqdm") is None:  # a bar only: optional
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"{cfg.regularizer}/{cfg.method}", unit="it")
+
+
+def _loop_step(
+    model: nn.Module,
+    layers: Sequence[nn.Linear],
+    opt: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    xb: Tensor,
+    yb: Tensor,
+) -> float:
+    """One minibatch: SGD on the CE (plus ``lam * g`` for a penalty), then the prox if any.
+
+    Args:
+        model: the MLP.
+        layers: its linear layers.
+        opt: its SGD optimizer.
+        cfg: regularizer, method, lam, lr.
+        xb: the batch's inputs.
+        yb: their labels.
+
+    Returns:
+        The batch's regularized objective ``ce + lam * g`` before the step.
+    """
+    ce = F.cross_entropy(model(xb), yb)
+    reg = penalty(layers, cfg.regularizer)
+    obj = ce + cfg.lam * reg
+    opt.zero_grad(set_to_none=True)
+    (obj if cfg.method == "penalty" and cfg.regularizer != "none" else ce).backward()
+    opt.step()
+    if cfg.method == "prox":
+        apply_prox_(layers, cfg.regularizer, cfg.lam, cfg.lr)
+    return float(obj.detach())
+
+
+def _end_epoch(
+    model: nn.Module,
+    layers: Sequence[nn.Linear],
+    cfg: TrainConfig,
+    epoch: int,
+    x_eval: Tensor,
+    y_eval: Tensor,
+    hist: History,
+) -> None:
+    """Stop on non-finite weights; else record the epoch's objective on the evaluation sample."""
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        raise FloatingPointError(
+            f"training diverged (NaN/inf weights) at epoch {epoch + 1}; lower --lr or --lam"
+        )
+    with torch.no_grad():
+        g = float(penalty(layers, cfg.regularizer))
+    hist.epoch_objective.append(_mean_ce(model, x_eval, y_eval) + cfg.lam * g)
+
+
 def train_loop(
     cfg: TrainConfig,
     data: Dataset,
@@ -313,35 +373,18 @@ def train_loop(
     if cfg.eval_train_samples is not None:
         x_eval, y_eval = x[: cfg.eval_train_samples], y[: cfg.eval_train_samples]
     n = x.shape[0]
-    steps_per_epoch = math.ceil(n / cfg.batch_size)
     orders = torch.from_numpy(shuffle_orders(n, cfg.epochs, cfg.seed))  # as the Keras side's
     hist = History()
-    use_pen = cfg.method == "penalty" and cfg.regularizer != "none"
-    use_prox = cfg.method == "prox"
-    bar = None
-    if progress and importlib.util.find_spec("tqdm") is not None:  # a bar only: optional
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=cfg.epochs * steps_per_epoch, desc=f"{cfg.regularizer}/{cfg.method}", unit="it"
-        )
+    bar = _progress_bar(cfg, cfg.epochs * math.ceil(n / cfg.batch_size), progress)
     t0 = time.perf_counter()
     it = 0
     acc, acc_n = 0.0, 0
     model.train()
-    for _epoch in range(cfg.epochs):
-        perm = orders[_epoch]
+    for epoch in range(cfg.epochs):
+        perm = orders[epoch]
         for s in range(0, n, cfg.batch_size):
             idx = perm[s : s + cfg.batch_size]
-            ce = F.cross_entropy(model(x[idx]), y[idx])
-            reg = penalty(layers, cfg.regularizer)
-            obj = ce + cfg.lam * reg
-            opt.zero_grad(set_to_none=True)
-            (obj if use_pen else ce).backward()
-            opt.step()
-            if use_prox:
-                apply_prox_(layers, cfg.regularizer, cfg.lam, cfg.lr)
-            acc += float(obj.detach())
+            acc += _loop_step(model, layers, opt, cfg, x[idx], y[idx])
             acc_n += 1
             it += 1
             if it % cfg.log_every == 0:
@@ -353,13 +396,7 @@ def train_loop(
                     bar.set_postfix(obj=f"{hist.batch_objective[-1]:.4f}")
             if bar is not None:
                 bar.update(1)
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
-            raise FloatingPointError(
-                f"training diverged (NaN/inf weights) at epoch {_epoch + 1}; lower --lr or --lam"
-            )
-        with torch.no_grad():
-            g = float(penalty(layers, cfg.regularizer))
-        hist.epoch_objective.append(_mean_ce(model, x_eval, y_eval) + cfg.lam * g)
+        _end_epoch(model, layers, cfg, epoch, x_eval, y_eval, hist)
     if bar is not None:
         bar.close()
     timings = {"train_s": time.perf_counter() - t0, "iterations": float(it)}
