@@ -282,6 +282,140 @@ def _mean_ce(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
     return total / x.shape[0]
 
 
+def _set_threads(threads: int | None) -> None:
+    """TF's intra- and inter-op threads (None or 0: leave TF's default)."""
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:  # TF already initialised in this process: keep its setting
+            pass
+
+
+def _compiled_model(cfg: TrainConfig) -> RegularizedMLP:
+    """Seed Keras, build the MLP and compile it with the library optimizer and the CE loss."""
+    keras.utils.set_random_seed(cfg.seed)
+    model = build_model(cfg)
+    floatx = keras.config.floatx()
+    # The optimizer's lr variable and compile's loss take floatx: in float32 they would round
+    # the float64 run's lr and loss.
+    keras.config.set_floatx(cfg.dtype)
+    try:
+        model.compile(
+            optimizer=make_optimizer(cfg),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    finally:
+        keras.config.set_floatx(floatx)
+    return model
+
+
+def _fit(
+    model: keras.Model,
+    cfg: TrainConfig,
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    cb: _History,
+    progress: bool,
+) -> dict[str, float]:
+    """``model.fit`` over the torch side's minibatch order; returns the training timings."""
+    n = x_train.shape[0]
+    orders = shuffle_orders(n, cfg.epochs, cfg.seed)  # the torch side's minibatch order
+    t0 = time.perf_counter()
+    model.fit(
+        make_tf_dataset(x_train, y_train, cfg.batch_size, orders=orders),
+        epochs=cfg.epochs,
+        # with steps_per_epoch, Keras continues one iterator across the epochs
+        steps_per_epoch=math.ceil(n / cfg.batch_size),
+        verbose=1 if progress else 0,
+        callbacks=[cb],
+        shuffle=False,
+    )
+    return {"train_s": time.perf_counter() - t0, "iterations": float(cb.step)}
+
+
+def _trained_weights(model: keras.Model) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The weights in torch layout (out, in) and the biases; raises if training diverged."""
+    ws = [np.asarray(k).T.copy() for k in _kernels(model)]
+    if not all(np.isfinite(w).all() for w in ws):
+        raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
+    bs = [
+        np.asarray(layer.bias).copy()
+        for layer in model.layers
+        if isinstance(layer, keras.layers.Dense)
+    ]
+    return ws, bs
+
+
+def _robust_errors(
+    model: keras.Model, cfg: TrainConfig, x: np.ndarray, y: np.ndarray
+) -> dict[str, float]:
+    """PGD-robust error on (x, y) at every radius of ``cfg.eps``, by its result key."""
+    return {
+        float_key(e): robust_error(
+            model,
+            x,
+            y,
+            e,
+            steps=cfg.pgd_steps,
+            seed=cfg.seed,
+            losses=("ce", "margin") if cfg.attack == "ce+margin" else ("ce",),
+        )
+        for e in cfg.eps
+    }
+
+
+def _evaluate_keras(
+    model: keras.Model,
+    cfg: TrainConfig,
+    data: Dataset,
+    x_train: np.ndarray,
+    x_test: np.ndarray,
+    ws: list[np.ndarray],
+    bs: list[np.ndarray],
+    hist: History,
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """Clean and PGD-robust test error, train CE, certificates and bounds: the result dict.
+
+    Args:
+        model: the trained model.
+        cfg: the run (radii, PGD steps and samples, attack).
+        data: the arrays (labels).
+        x_train: training inputs in ``cfg.dtype``.
+        x_test: test inputs in ``cfg.dtype``.
+        ws: the weights, (out, in).
+        bs: the biases.
+        hist: the training history.
+        timings: the training timings; ``eval_s`` is added.
+
+    Returns:
+        The result dict of :func:`~pathnorm_experiments.evaluation.build_result`.
+    """
+    t1 = time.perf_counter()
+    y_te = data.y_test.astype(np.int32)
+    wrong_clean = np.argmax(model.predict(x_test, batch_size=2000, verbose=0), 1) != y_te
+    n_adv = x_test.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_test.shape[0])
+    robust = _robust_errors(model, cfg, x_test[:n_adv], y_te[:n_adv])
+    n_eval = cfg.eval_train_samples
+    ce = _mean_ce(model, x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
+    timings["eval_s"] = time.perf_counter() - t1
+    return build_result(
+        cfg,
+        data,
+        ws,
+        bs,
+        clean_error=float(wrong_clean.mean()),
+        clean_error_attacked=float(wrong_clean[:n_adv].mean()),
+        robust_error=robust,
+        train_ce=ce,
+        n_adv=n_adv,
+        history=hist,
+        timings=timings,
+        backend="tf",
+    )
+
+
 def train_keras(
     cfg: TrainConfig,
     data: Dataset,
@@ -303,82 +437,13 @@ def train_keras(
     Returns:
         (model, result dict).
     """
-    if threads:
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:  # TF already initialised in this process: keep its setting
-            pass
-    keras.utils.set_random_seed(cfg.seed)
-    model = build_model(cfg)
-    floatx = keras.config.floatx()
-    # The optimizer's lr variable and compile's loss take floatx: in float32 they would round
-    # the float64 run's lr and loss.
-    keras.config.set_floatx(cfg.dtype)
-    try:
-        model.compile(
-            optimizer=make_optimizer(cfg),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    finally:
-        keras.config.set_floatx(floatx)
+    _set_threads(threads)
+    model = _compiled_model(cfg)
     x_train, x_test = data.x_train.astype(cfg.dtype), data.x_test.astype(cfg.dtype)
     n_eval = cfg.eval_train_samples
     cb = _History(cfg, x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
-    n = x_train.shape[0]
-    orders = shuffle_orders(n, cfg.epochs, cfg.seed)  # the torch side's minibatch order
-    t0 = time.perf_counter()
-    model.fit(
-        make_tf_dataset(x_train, data.y_train, cfg.batch_size, orders=orders),
-        epochs=cfg.epochs,
-        # with steps_per_epoch, Keras continues one iterator across the epochs
-        steps_per_epoch=math.ceil(n / cfg.batch_size),
-        verbose=1 if progress else 0,
-        callbacks=[cb],
-        shuffle=False,
-    )
-    timings = {"train_s": time.perf_counter() - t0, "iterations": float(cb.step)}
-    ws = [np.asarray(k).T.copy() for k in _kernels(model)]
-    if not all(np.isfinite(w).all() for w in ws):
-        raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
-    bs = [
-        np.asarray(layer.bias).copy()
-        for layer in model.layers
-        if isinstance(layer, keras.layers.Dense)
-    ]
+    timings = _fit(model, cfg, x_train, data.y_train, cb, progress)
+    ws, bs = _trained_weights(model)
     if not evaluate_model:
         return model, {"history": cb.hist, "timings": timings, "weights": ws, "biases": bs}
-
-    t1 = time.perf_counter()
-    y_te = data.y_test.astype(np.int32)
-    wrong_clean = np.argmax(model.predict(x_test, batch_size=2000, verbose=0), 1) != y_te
-    n_adv = x_test.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_test.shape[0])
-    robust = {
-        float_key(e): robust_error(
-            model,
-            x_test[:n_adv],
-            y_te[:n_adv],
-            e,
-            steps=cfg.pgd_steps,
-            seed=cfg.seed,
-            losses=("ce", "margin") if cfg.attack == "ce+margin" else ("ce",),
-        )
-        for e in cfg.eps
-    }
-    ce = _mean_ce(model, x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
-    timings["eval_s"] = time.perf_counter() - t1
-    result = build_result(
-        cfg,
-        data,
-        ws,
-        bs,
-        clean_error=float(wrong_clean.mean()),
-        clean_error_attacked=float(wrong_clean[:n_adv].mean()),
-        robust_error=robust,
-        train_ce=ce,
-        n_adv=n_adv,
-        history=cb.hist,
-        timings=timings,
-        backend="tf",
-    )
-    return model, result
+    return model, _evaluate_keras(model, cfg, data, x_train, x_test, ws, bs, cb.hist, timings)
