@@ -25,6 +25,19 @@ from typing import Any
 import numpy as np
 
 from shared_spec import reference as ref
+from shared_spec._inputs import (
+    ERRATA_ATOL,
+    ERRATA_LAM,
+    ERRATA_PROX_W1,
+    ERRATA_PROX_W2,
+    ERRATA_W1,
+    ERRATA_W2,
+    equal_norm_pair,
+    f32,
+    ties,
+    uniform,
+    zeros,
+)
 from shared_spec.reference import F64
 
 VECTORS_DIR = Path(__file__).resolve().parent / "vectors"
@@ -38,23 +51,6 @@ TOLERANCE: dict[str, dict[str, float]] = {
 #: implementation that rounds in that dtype (see :func:`reference.minimiser_margin`).
 REL_MARGIN = {"float64": 1e-12, "float32": 1e-6}
 
-# The authors' conformance vector (docs/errata.md), torch layout: W1 = w_in (3, 4), W2 = w_out (2, 3).
-ERRATA_LAM = 0.1
-ERRATA_W1 = [
-    [0.4116, 0.1772, -0.2248, 0.1030],
-    [0.3919, -0.0149, 0.1139, 0.4613],
-    [-0.2737, 0.3785, -0.0665, -0.0034],
-]
-ERRATA_W2 = [[0.4999, 0.5504, -0.2444], [-0.0930, 0.5427, -0.2093]]
-ERRATA_PROX_W1 = [
-    [0.3671, 0.1327, -0.1802, 0.0585],
-    [0.2962, 0.0, 0.0182, 0.3656],
-    [-0.2407, 0.3455, -0.0335, 0.0],
-]
-ERRATA_PROX_W2 = [[0.4261, 0.4824, -0.1825], [-0.0191, 0.4747, -0.1473]]
-#: The printed values are rounded to 4 decimals.
-ERRATA_ATOL = 1e-4
-
 
 class GenerationError(RuntimeError):
     """A generated case does not have the property the generator meant it to have."""
@@ -63,16 +59,6 @@ class GenerationError(RuntimeError):
 def _clean(a: F64) -> list[Any]:
     # -0.0 carries no meaning in a weight; writing it as 0.0 keeps the files sign-noise free.
     return (np.asarray(a, dtype=np.float64) + 0.0).tolist()
-
-
-def _uniform(seed: int, shape: tuple[int, int], scale: float = 1.0) -> F64:
-    """Uniform in [-scale, scale), rounded to 4 decimals (readable and seed-stable)."""
-    rng = np.random.default_rng(seed)
-    return np.round(scale * (2.0 * rng.random(shape) - 1.0), 4)
-
-
-def _f32(a: F64) -> F64:
-    return np.asarray(a, dtype=np.float64).astype(np.float32).astype(np.float64)
 
 
 def _first_unique(
@@ -85,8 +71,8 @@ def _first_unique(
     tried in order, so the choice is deterministic.
     """
     for t in range(tries):
-        X = _f32(_uniform(seed + 1000 * t, (n, p)))
-        Y = _f32(_uniform(seed + 1000 * t + 1, (n, m)))
+        X = f32(uniform(seed + 1000 * t, (n, p)))
+        Y = f32(uniform(seed + 1000 * t + 1, (n, m)))
         if ref.minimiser_margin(X, Y, lam, REL_MARGIN[dtype])[1] == 0.0:
             return X, Y
     raise GenerationError(f"no seed from {seed} gives a unique minimiser")
@@ -102,7 +88,7 @@ def _check_dtype_inputs(name: str, dtype: str, arrays: Sequence[F64], scalar: fl
     if dtype != "float32":
         return
     for a in (*arrays, np.array([scalar])):
-        if not np.array_equal(_f32(a), a):
+        if not np.array_equal(f32(a), a):
             raise GenerationError(f"{name}: float32 case with inputs not representable in float32")
 
 
@@ -200,52 +186,12 @@ def errata_case() -> dict[str, Any]:
     return case
 
 
-def _equal_norm_pair() -> tuple[F64, F64]:
-    # Per unit ||x||^2 == ||y||^2 exactly (dyadic entries): under a huge lam both (x, 0) and
-    # (0, y) are minimisers.
-    X = np.array([[0.5, -0.25], [0.75, 0.0], [-0.5, 0.5]])
-    Y = np.array([[-0.25, 0.5, 0.0], [0.0, 0.0, -0.75], [0.5, -0.5, 0.0]])
-    return X, Y
-
-
-def _ties() -> tuple[F64, F64]:
-    # Repeated magnitudes within and across the two sides of a unit, mixed signs.
-    X = np.array(
-        [
-            [0.5, -0.5, 0.25, 0.25],
-            [-0.375, 0.375, -0.375, 0.125],
-            [0.25, 0.25, 0.25, 0.25],
-            [1.0, -0.5, 0.5, 0.0],
-        ]
-    )
-    Y = np.array(
-        [
-            [0.5, 0.5, -0.5, 0.25, 0.125],
-            [0.375, -0.375, 0.0, 0.375, -0.375],
-            [-0.25, 0.25, -0.25, 0.25, -0.25],
-            [0.5, 0.5, 1.0, -1.0, 0.0],
-        ]
-    )
-    return X, Y
-
-
-def _zeros() -> tuple[F64, F64]:
-    X = _uniform(301, (6, 3))
-    Y = _uniform(302, (6, 5))
-    X[1] = 0.0  # unit 1 has no outgoing weights
-    Y[2] = 0.0  # unit 2 has no incoming weights
-    X[3], Y[3] = 0.0, 0.0  # unit 3 is dead
-    X[4, 1] = Y[4, 0] = Y[4, 3] = 0.0  # scattered zero entries
-    X[5, 2] = Y[5, 4] = 0.0
-    return X, Y
-
-
 def _boundary(k: int, l_: int, sign: float) -> dict[str, Any]:
     """lam with k l lam^2 = (1 -/+ 1e-6)^2: the support pair (k, l) just feasible/infeasible."""
     lam = (1.0 + sign * 1e-6) / math.sqrt(k * l_)
     # Units whose leading entries are well separated, so the (k, l) pair decides the optimum.
-    X = _uniform(400 + 10 * k + l_, (5, max(k + 1, 3)), scale=2.0)
-    Y = _uniform(401 + 10 * k + l_, (5, max(l_ + 1, 4)), scale=2.0)
+    X = uniform(400 + 10 * k + l_, (5, max(k + 1, 3)), scale=2.0)
+    Y = uniform(401 + 10 * k + l_, (5, max(l_ + 1, 4)), scale=2.0)
     side = "below" if sign < 0 else "above"
     return prox_case(
         f"lam_boundary_k{k}_l{l_}_{side}",
@@ -268,8 +214,8 @@ def _prox_shape_cases() -> list[dict[str, Any]]:
             prox_case(
                 f"single_output_lam_{lam}",
                 f"Single output (p = 1), n = 6 hidden units, m = 8 inputs, lam = {lam}.",
-                _uniform(10 + i, (6, 1)),
-                _uniform(20 + i, (6, 8)),
+                uniform(10 + i, (6, 1)),
+                uniform(20 + i, (6, 8)),
                 lam,
             )
         )
@@ -278,8 +224,8 @@ def _prox_shape_cases() -> list[dict[str, Any]]:
             prox_case(
                 f"multi_output_lam_{lam}",
                 f"Multi output, n = 6, m = 7, p = 4, lam = {lam}.",
-                _uniform(30 + i, (6, 4)),
-                _uniform(40 + i, (6, 7)),
+                uniform(30 + i, (6, 4)),
+                uniform(40 + i, (6, 7)),
                 lam,
             )
         )
@@ -287,15 +233,15 @@ def _prox_shape_cases() -> list[dict[str, Any]]:
         prox_case(
             "more_outputs_than_inputs",
             "p = 6 > m = 2 (implementations that enumerate the shorter side swap roles).",
-            _uniform(50, (5, 6)),
-            _uniform(51, (5, 2)),
+            uniform(50, (5, 6)),
+            uniform(51, (5, 2)),
             0.15,
         ),
         prox_case(
             "scalar_units",
             "p = m = 1: every unit is a pair of scalars.",
-            _uniform(52, (8, 1), scale=2.0),
-            _uniform(53, (8, 1), scale=2.0),
+            uniform(52, (8, 1), scale=2.0),
+            uniform(53, (8, 1), scale=2.0),
             0.7,
         ),
     ]
@@ -308,20 +254,20 @@ def _prox_tie_and_zero_cases() -> list[dict[str, Any]]:
         prox_case(
             "ties_equal_magnitudes",
             "Equal magnitudes within and across the sides of each unit, mixed signs.",
-            *_ties(),
+            *ties(),
             0.125,
         ),
         prox_case(
             "ties_equal_magnitudes_large_lam",
             "The tie layer with lam = 0.75 (only small supports survive).",
-            *_ties(),
+            *ties(),
             0.75,
         ),
         prox_case(
             "zeros_rows_and_entries",
             "A unit with zero outgoing weights, one with zero incoming weights, a dead unit, "
             "and scattered zero entries; zeros must stay zero.",
-            *_zeros(),
+            *zeros(),
             0.2,
         ),
         prox_case(
@@ -340,44 +286,44 @@ def _prox_lam_range_cases() -> list[dict[str, Any]]:
         prox_case(
             "lam_zero_identity",
             "lam = 0: the prox is the identity.",
-            _uniform(60, (4, 3)),
-            _uniform(61, (4, 5)),
+            uniform(60, (4, 3)),
+            uniform(61, (4, 5)),
             0.0,
         ),
         prox_case(
             "lam_tiny",
             "lam = 1e-8: every entry moves by about lam times the other side's l1 norm.",
-            _uniform(62, (4, 3)),
-            _uniform(63, (4, 5)),
+            uniform(62, (4, 3)),
+            uniform(63, (4, 5)),
             1e-8,
         ),
         prox_case(
             "lam_one",
             "lam = 1: k l lam^2 >= 1 for every support pair, so each unit keeps one side.",
-            _uniform(64, (5, 3), scale=3.0),
-            _uniform(65, (5, 4), scale=3.0),
+            uniform(64, (5, 3), scale=3.0),
+            uniform(65, (5, 4), scale=3.0),
             1.0,
         ),
         prox_case(
             "lam_large",
             "lam = 4: every unit keeps its side of larger squared norm unchanged.",
-            _uniform(66, (5, 3)),
-            _uniform(67, (5, 4)),
+            uniform(66, (5, 3)),
+            uniform(67, (5, 4)),
             4.0,
         ),
         prox_case(
             "lam_huge",
             "lam = 1e6: each unit keeps its side of larger squared norm unchanged, zeros the "
             "other; no NaN or overflow.",
-            _uniform(68, (6, 3)),
-            _uniform(69, (6, 5)),
+            uniform(68, (6, 3)),
+            uniform(69, (6, 5)),
             1e6,
         ),
         prox_case(
             "lam_huge_equal_norms",
             "lam = 1e6 with ||x||^2 == ||y||^2 in every unit: (x, 0) and (0, y) are both "
             "minimisers; compare the objective only.",
-            *_equal_norm_pair(),
+            *equal_norm_pair(),
             1e6,
             unique=False,
         ),
@@ -395,8 +341,8 @@ def _prox_lam_boundary_cases() -> list[dict[str, Any]]:
                 f"lam_exact_boundary_{lam}",
                 f"lam = {lam}: k l lam^2 == 1 exactly (in floating point) for k l = "
                 f"{round(lam**-2)}; the pair must be skipped, not divided by zero.",
-                _uniform(500 + round(lam**-2), (5, 4), scale=lam * 4),
-                _uniform(501 + round(lam**-2), (5, 8), scale=lam * 4),
+                uniform(500 + round(lam**-2), (5, 4), scale=lam * 4),
+                uniform(501 + round(lam**-2), (5, 8), scale=lam * 4),
                 lam,
                 unique=None,
             )
@@ -421,15 +367,15 @@ def prox_wide_cases() -> list[dict[str, Any]]:
             "wide_p200_m300",
             "Wide hidden-to-hidden pair: n = 4, p = 200, m = 300, lam = 0.004 (supports of "
             "about 100 and 250 survive).",
-            _uniform(70, (4, 200)),
-            _uniform(71, (4, 300)),
+            uniform(70, (4, 200)),
+            uniform(71, (4, 300)),
             0.004,
         ),
         prox_case(
             "wide_p300_m120",
             "Wide pair with p > m: n = 3, p = 300, m = 120, lam = 0.006.",
-            _uniform(72, (3, 300)),
-            _uniform(73, (3, 120)),
+            uniform(72, (3, 300)),
+            uniform(73, (3, 120)),
             0.006,
         ),
     ]
@@ -437,53 +383,53 @@ def prox_wide_cases() -> list[dict[str, Any]]:
 
 def prox_float32_cases() -> list[dict[str, Any]]:
     """Float32 cases: inputs exactly representable in float32, expected values in float64."""
-    f32 = "float32"
+    fp32 = "float32"
     return [
         prox_case(
             "f32_single_output",
             "float32, single output: n = 6, m = 8, p = 1, lam = 0.2.",
-            *_first_unique(80, 6, 1, 8, float(np.float32(0.2)), f32),
+            *_first_unique(80, 6, 1, 8, float(np.float32(0.2)), fp32),
             float(np.float32(0.2)),
-            dtype=f32,
+            dtype=fp32,
         ),
         prox_case(
             "f32_multi_output",
             "float32, multi output: n = 8, m = 10, p = 5, lam = 0.1.",
-            *_first_unique(82, 8, 5, 10, float(np.float32(0.1)), f32),
+            *_first_unique(82, 8, 5, 10, float(np.float32(0.1)), fp32),
             float(np.float32(0.1)),
-            dtype=f32,
+            dtype=fp32,
         ),
         prox_case(
             "f32_ties_and_zeros",
             "float32, ties (dyadic magnitudes) and exact zeros, lam = 0.125.",
-            _ties()[0],
-            _ties()[1],
+            ties()[0],
+            ties()[1],
             0.125,
-            dtype=f32,
+            dtype=fp32,
         ),
         prox_case(
             "f32_zeros_rows_and_entries",
             "float32 version of zeros_rows_and_entries.",
-            _f32(_zeros()[0]),
-            _f32(_zeros()[1]),
+            f32(zeros()[0]),
+            f32(zeros()[1]),
             float(np.float32(0.2)),
-            dtype=f32,
+            dtype=fp32,
         ),
         prox_case(
             "f32_lam_huge",
             "float32, lam = 1e6: one side kept, the other zeroed.",
-            _f32(_uniform(84, (6, 3))),
-            _f32(_uniform(85, (6, 5))),
+            f32(uniform(84, (6, 3))),
+            f32(uniform(85, (6, 5))),
             1e6,
-            dtype=f32,
+            dtype=fp32,
         ),
         prox_case(
             "f32_wide_p64_m96",
             "float32, n = 4, p = 64, m = 96, lam = 0.01.",
-            _f32(_uniform(86, (4, 64))),
-            _f32(_uniform(87, (4, 96))),
+            f32(uniform(86, (4, 64))),
+            f32(uniform(87, (4, 96))),
             float(np.float32(0.01)),
-            dtype=f32,
+            dtype=fp32,
             unique=None,
         ),
     ]
@@ -506,19 +452,19 @@ def l1_cases() -> list[dict[str, Any]]:
     """Soft-thresholding and the row-wise l1-ball projection."""
     ties = np.array([[0.25, -0.25, 0.5, 0.0], [-0.125, 0.375, -0.5, 0.25]])
     return [
-        l1_case("l1_random", "Soft-thresholding, lam = 0.3.", _uniform(90, (5, 7)), 0.3),
+        l1_case("l1_random", "Soft-thresholding, lam = 0.3.", uniform(90, (5, 7)), 0.3),
         l1_case(
             "l1_at_threshold",
             "Entries with |w| == lam exactly (dyadic) go to zero; zeros stay zero.",
             ties,
             0.25,
         ),
-        l1_case("l1_lam_zero", "lam = 0 is the identity.", _uniform(91, (3, 4)), 0.0),
-        l1_case("l1_lam_huge", "lam = 1e6 zeros everything.", _uniform(92, (3, 4)), 1e6),
+        l1_case("l1_lam_zero", "lam = 0 is the identity.", uniform(91, (3, 4)), 0.0),
+        l1_case("l1_lam_huge", "lam = 1e6 zeros everything.", uniform(92, (3, 4)), 1e6),
         l1_case(
             "l1_f32",
             "float32 soft-thresholding, lam = 0.3.",
-            _f32(_uniform(93, (6, 9))),
+            f32(uniform(93, (6, 9))),
             float(np.float32(0.3)),
             "float32",
         ),
@@ -533,13 +479,13 @@ def l1_cases() -> list[dict[str, Any]]:
         ball_case(
             "ball_random_wide",
             "Random rows of length 300, radius 5 (about half the rows outside).",
-            _uniform(94, (8, 300), scale=0.04),
+            uniform(94, (8, 300), scale=0.04),
             5.0,
         ),
         ball_case(
             "ball_f32",
             "float32 projection of random rows, radius 1.5.",
-            _f32(_uniform(95, (6, 9))),
+            f32(uniform(95, (6, 9))),
             1.5,
             "float32",
         ),
