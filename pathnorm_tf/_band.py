@@ -64,6 +64,11 @@ class Band(NamedTuple):
     width: tf.Tensor  # 0-d: the largest count
     swapped: bool  # x holds the incoming weights (only the tie order depends on it)
     in_range: tf.Tensor  # (n, 1): no long-side sum overflowed, no sum of squares underflowed
+    y_scale: tf.Tensor | None  # (n, 1) in y's dtype: the long side is |y| times it (None: 1)
+
+    def abs_y(self) -> tf.Tensor:
+        """``|y|``, scaled per unit by ``y_scale`` (one fused elementwise expression)."""
+        return _abs_scaled(self.y, self.y_scale, self.unit_axis)
 
     def unit(self, t: tf.Tensor) -> tf.Tensor:
         return unit(t, self.unit_axis)
@@ -74,7 +79,7 @@ class Band(NamedTuple):
     def band_values(self) -> tf.Tensor:
         """``|y|`` on the band ``tau_lo < |y| <= tau_hi``, 0 elsewhere (``y``-shaped, y's dtype;
         compared in the bounds' dtype)."""
-        ay = tf.abs(self.y)
+        ay = self.abs_y()
         lo, hi = (self.unit(tf.cast(t, ay.dtype)) for t in (self.tau_lo, self.tau_hi))
         in_band = (ay > lo) & (ay <= hi)  # (both bounds are ld values: exact)
         return tf.where(in_band, ay, tf.zeros_like(ay))
@@ -87,6 +92,7 @@ def band_setup(
     lam: float | tf.Tensor,
     lam2: float | tf.Tensor,
     swapped: bool = False,
+    y_scale: tf.Tensor | None = None,
 ) -> Band:
     """Bounds ``tau_hi``, ``tau_lo`` and the band statistics.
 
@@ -102,6 +108,8 @@ def band_setup(
         lam: the prox step, in [0, 2].
         lam2: ``lam * lam``, rounded once.
         swapped: ``x`` holds the incoming weights (only the tie order depends on it).
+        y_scale: (n, 1) in ``y``'s dtype, or None: the long side is ``y`` times it, per unit
+            (applied inside the passes over ``y``, never materialized).
 
     Returns:
         The :class:`Band` of these kernels.
@@ -120,7 +128,7 @@ def band_setup(
     # the long side (see materialized); every comparison with the long side uses them.
     (tau_hi_l,) = materialized(tf.cast(lam * x1 * (1 + margin), ld))
     tau_hi = tf.cast(tau_hi_l, dt)
-    ay = tf.abs(y)
+    ay = _abs_scaled(y, y_scale, unit_axis)
     r_hi = tf.maximum(ay - unit(tau_hi_l, unit_axis), 0.0)
     # (the plain sums: an exact tie between ||x||^2 and ||y||^2 stays a tie)
     ysq, r_sq = (tf.cast(t, dt) for t in unit_sums(ay * ay, r_hi * r_hi, unit_axis))
@@ -133,8 +141,12 @@ def band_setup(
     q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
     return Band(
         x, y, unit_axis, lam, lam2, xs, cx, cx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_hi,
-        count, tf.reduce_max(count), swapped, _sums_in_range(ysq, s_hi, c_hi),
+        count, tf.reduce_max(count), swapped, _sums_in_range(ysq, s_hi, c_hi), y_scale,
     )  # fmt: skip
+
+
+def _abs_scaled(y: tf.Tensor, scale: tf.Tensor | None, unit_axis: int) -> tf.Tensor:
+    return tf.abs(y) if scale is None else tf.abs(y) * unit(scale, unit_axis)
 
 
 def _sums_in_range(ysq: tf.Tensor, s_hi: tf.Tensor, c_hi: tf.Tensor) -> tf.Tensor:
@@ -393,7 +405,8 @@ def prox_band(b: Band) -> tuple[tf.Tensor, tf.Tensor]:
     x, y, unit_axis, lam, lam2 = b.x, b.y, b.unit_axis, b.lam, b.lam2
 
     def neutral_y() -> tf.Tensor:
-        return tf.cast(y if unit_axis == 0 else tf.transpose(y), x.dtype)
+        ys = y if b.y_scale is None else y * unit(b.y_scale, unit_axis)
+        return tf.cast(ys if unit_axis == 0 else tf.transpose(ys), x.dtype)
 
     def wide() -> tuple[tf.Tensor, tf.Tensor]:
         t_x, t_y, too_wide = wide_band(b)

@@ -21,8 +21,8 @@ points by increasing support size of ``x``):
   that can change support; a wider band than its block falls back to ``"sort"``.
 
 The prox is scale-equivariant (``prox(s x, s y) = s prox(x, y)`` for ``s > 0``, same lam), so
-a unit far from magnitude 1 is first scaled by a power of two (exact) that brings its largest
-entry near 1: the result is exact at every finite magnitude, subnormals included. Everything is tf ops over
+every unit is scaled by a power of two (exact) that brings its largest entry near 1: the result
+is exact at every finite magnitude, subnormals included. Everything is tf ops over
 static shapes, so it runs eagerly, in ``tf.function`` and under XLA (``jit_compile=True``), on
 CPU and GPU. float16/bfloat16 are computed in float32.
 
@@ -158,9 +158,9 @@ def _prox_kernels(
     The per-unit work (the short side, the candidates) runs in float64, and the thresholds are
     applied to the kernels by :func:`_soft_threshold_exact`, so that the result is the exact
     prox rounded once to the weights' dtype. The prox is scale-equivariant (same lam): the
-    sort scales every unit by a power of two from its largest entry; the band, when a unit's
-    short side is far from magnitude 1, by one from its short side's largest entry, after
-    which long-side squares that underflow are below the objective's resolution. A unit whose short side is 0 keeps
+    sort scales every unit by a power of two from its largest entry; the band, by one from its
+    short side's largest entry (applied inside its passes over the long side), after which
+    long-side squares that underflow are below the objective's resolution. A unit whose short side is 0 keeps
     its long side (exact, whatever its sums). Units whose long-side sums still leave the range
     (a long side beyond ~2^60 times its short side in float32, ~2^500 in float64) take the
     sort method's thresholds, in a branch that runs only when there is such a unit.
@@ -176,15 +176,13 @@ def _prox_kernels(
     else:
         short = tf.reduce_max(tf.abs(k_in_c), 0)[:, None] if p > m else k_out_c
         big = tf.reduce_max(tf.abs(short), 1, keepdims=True)
-        # Scaling costs a pass over the long side (a quarter of the prox on the paper's
-        # shapes): only a unit far from magnitude 1 needs it, in a branch that runs only then.
-        lo, hi = _UNSCALED_RANGE[ld]
-        far = tf.reduce_any((big > 0) & ((big < lo) | (big > hi)))
-        t_out, t_in, valid = tf.cond(
-            far,
-            lambda: _band_scaled(k_in_c, k_out_c, big, lam, lam2, True),
-            lambda: _band_scaled(k_in_c, k_out_c, big, lam, lam2, False),
-        )
+        s = _scales(big, True)
+        problem = _band_problem(k_in_c, k_out_c, lam, lam2, s)
+        t_out, t_in = _band_thresholds(problem)
+        # a zero short side: the long side stays (the minimiser is (x, 0) or (0, y))
+        s64 = tf.cast(s, tf.float64)
+        t_out, t_in = (tf.where(big > 0, t / s64, tf.zeros_like(t)) for t in (t_out, t_in))
+        valid = problem.in_range | tf.equal(big, 0)
 
         def band_then_sort() -> tuple[tf.Tensor, tf.Tensor]:
             # the rare units whose long-side sums left the range: the sort method's thresholds
@@ -195,36 +193,6 @@ def _prox_kernels(
     new_in = _soft_threshold_exact(k_in_c, tf.reshape(t_in, [1, n]))
     new_out = _soft_threshold_exact(k_out_c, t_out)
     return tf.cast(new_in, k_in.dtype), tf.cast(new_out, k_out.dtype)
-
-
-# Units whose short side's largest entry lies in this range are solved unscaled (their
-# squares neither overflow nor underflow).
-_UNSCALED_RANGE = {tf.float32: (2.0**-30, 2.0**30), tf.float64: (2.0**-200, 2.0**200)}
-
-
-def _band_scaled(
-    k_in: tf.Tensor,
-    k_out: tf.Tensor,
-    big: tf.Tensor,
-    lam: float | tf.Tensor,
-    lam2: float | tf.Tensor,
-    scaled: bool,
-) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """``(t_out, t_in, valid)`` (n, 1) by the band method; ``scaled``: each unit multiplied by
-    the power of two that brings ``big`` (its short side's largest magnitude) near 1. A unit
-    whose short side is 0 keeps its long side; ``valid``: the units whose sums stayed in range."""
-    n = int(k_in.shape[1])
-    s = _scales(big, True) if scaled else None
-    if s is not None:
-        k_in, k_out = k_in * tf.reshape(s, [1, n]), k_out * s
-    problem = _band_problem(k_in, k_out, lam, lam2)
-    t_out, t_in = _band_thresholds(problem)
-    if s is not None:
-        s64 = tf.cast(s, tf.float64)
-        t_out, t_in = t_out / s64, t_in / s64
-    # a zero short side: the long side stays (the minimiser is (x, 0) or (0, y))
-    t_out, t_in = (tf.where(big > 0, t, tf.zeros_like(t)) for t in (t_out, t_in))
-    return t_out, t_in, problem.in_range | tf.equal(big, 0)
 
 
 def _sort_thresholds(
@@ -240,14 +208,21 @@ def _sort_thresholds(
 
 
 def _band_problem(
-    k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
+    k_in: tf.Tensor,
+    k_out: tf.Tensor,
+    lam: float | tf.Tensor,
+    lam2: float | tf.Tensor,
+    scale: tf.Tensor,
 ) -> Band:
-    """The band method's setup for two Dense kernels: the shorter side is enumerated (the
-    problem is symmetric), the longer one stays in its Dense layout (no transpose)."""
+    """The band method's setup for two Dense kernels, each unit scaled by ``scale`` (n, 1): the
+    shorter side is enumerated (the problem is symmetric), the longer one stays in its Dense
+    layout (no transpose), scaled inside the band's passes (no pass of its own)."""
     m, p = int(k_in.shape[0]), int(k_out.shape[1])
+    s64 = tf.cast(scale, tf.float64)
     if p > m:
-        return band_setup(tf.cast(tf.transpose(k_in), tf.float64), k_out, 0, lam, lam2, True)
-    return band_setup(tf.cast(k_out, tf.float64), k_in, 1, lam, lam2)
+        x = tf.cast(tf.transpose(k_in), tf.float64) * s64
+        return band_setup(x, k_out, 0, lam, lam2, True, y_scale=scale)
+    return band_setup(tf.cast(k_out, tf.float64) * s64, k_in, 1, lam, lam2, y_scale=scale)
 
 
 def _band_thresholds(problem: Band) -> tuple[tf.Tensor, tf.Tensor]:
