@@ -3,8 +3,8 @@
 Separate processes bound the suite's memory: TensorFlow keeps every program it compiled for as
 long as the process lives (9 GB over the whole suite in one process), and it cannot be made to
 forget them. So each file that loads TensorFlow runs in a process of its own, and the other
-files share ``2 --jobs`` processes (a process start costs a few seconds of imports). At most one
-TensorFlow process runs at a time (and one always does while any is left), beside the others. Largest groups start first, so the
+files share ``2 --jobs`` processes (a process start costs a few seconds of imports). Processes
+start only while the sum of their measured peaks (``PEAK``) stays within ``MEMORY_BUDGET``. Largest groups start first, so the
 cores stay busy to the end. Each process's time and peak memory (resident) are printed.
 
     python .ci/pytest_files.py [--jobs 2] [--slowest 10] [TEST_FILE ...]
@@ -24,7 +24,20 @@ from pathlib import Path
 #: Test files that load TensorFlow (each gets a process of its own).
 TF_FILES = ("test_tf_", "test_spec_tf", "test_cross_backend", "test_train_cli", "test_backend_")
 #: Files run as several processes (``--shard K/N``, tests/conftest.py), each compiling less.
-SHARDS = {"test_tf_optimizers.py": 3}
+SHARDS = {"test_tf_optimizers.py": 3, "test_tf_edge_cases.py": 2}
+#: Peak resident memory (GiB) of one process of a file (per shard), as this script printed it;
+#: other TensorFlow files count as TF_PEAK, the groups of other files as OTHER_PEAK.
+PEAK = {
+    "test_tf_edge_cases.py": 2.0,
+    "test_cross_backend.py": 2.3,
+    "test_spec_tf.py": 2.1,
+    "test_tf_optimizers.py": 2.1,
+    "test_tf_band_fast.py": 1.9,
+    "test_tf_functional.py": 1.9,
+}
+TF_PEAK, OTHER_PEAK = 1.4, 1.2
+#: Processes start only while the sum of their peaks stays within this (GiB).
+MEMORY_BUDGET = 4.0
 
 Group = tuple[list[Path], str | None]  # files, shard
 
@@ -48,23 +61,24 @@ def _is_tf(group: Group) -> bool:
     return group[0][0].name.startswith(TF_FILES)
 
 
+def _peak(group: Group) -> float:
+    return PEAK.get(group[0][0].name, TF_PEAK) if _is_tf(group) else OTHER_PEAK
+
+
 def run(queue: list[Group], jobs: int, report_dir: Path) -> list[str]:
-    """Run the groups, at most ``jobs`` at once and one TensorFlow process at a time (memory);
-    print each one's time and peak memory; return the names of those that failed."""
-    running: dict[str, tuple[subprocess.Popen[bytes], float, bool]] = {}
+    """Run the groups, at most ``jobs`` at once and within the memory budget (the largest
+    group that fits starts first); print each one's time and peak memory; return the names of
+    those that failed."""
+    running: dict[str, tuple[subprocess.Popen[bytes], float, float]] = {}
     failed: list[str] = []
     pending = list(enumerate(queue))
     while pending or running:
         while pending and len(running) < jobs:
-            # a TensorFlow process whenever none runs (they form the longest chain), else the
-            # largest other group
-            tf_busy = any(tf for _, _, tf in running.values())
-            ready = [k for k, (_, g) in enumerate(pending) if _is_tf(g) != tf_busy]
-            if not ready:
-                if tf_busy:
-                    break
-                ready = [0]
-            i, group = pending.pop(ready[0])
+            used = sum(peak for _, _, peak in running.values())
+            fits = [k for k, (_, g) in enumerate(pending) if used + _peak(g) <= MEMORY_BUDGET]
+            if not fits and running:
+                break
+            i, group = pending.pop(fits[0] if fits else 0)
             files, shard = group
             name = f"{i:02d}-{files[0].stem}" + (f"+{len(files) - 1}" if len(files) > 1 else "")
             name += f"-{shard.replace('/', 'of')}" if shard else ""
@@ -73,7 +87,7 @@ def run(queue: list[Group], jobs: int, report_dir: Path) -> list[str]:
             cmd += ["--shard", shard] if shard else []
             with open(log, "wb") as out:
                 proc = subprocess.Popen([*cmd, f"--junitxml={xml}"], stdout=out, stderr=out)
-            running[name] = (proc, time.monotonic(), _is_tf(group))
+            running[name] = (proc, time.monotonic(), _peak(group))
         time.sleep(0.2)
         for name, (proc, start, _) in list(running.items()):
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
