@@ -65,90 +65,110 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=_Formatter,
     )
-    p.add_argument(
+    _training_args(p)
+    _data_args(p)
+    _evaluation_args(p)
+    _run_args(p)
+    return p
+
+
+def _training_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model and training")
+    g.add_argument(
         "--backend",
         choices=("auto", "torch", "tf"),
         default="auto",
         help="auto: torch if PyTorch is installed, else tf (TensorFlow + Keras)",
     )
-    p.add_argument(
+    g.add_argument(
         "--engine",
         choices=("lightning", "loop"),
         default="lightning",
         help="torch only: Lightning Trainer + library callbacks, or the plain torch "
         "loop with the library's functional prox (the sweep's engine)",
     )
-    p.add_argument("--regularizer", choices=REGULARIZERS, default="path", help="the regularizer")
-    p.add_argument(
+    g.add_argument("--regularizer", choices=REGULARIZERS, default="path", help="the regularizer")
+    g.add_argument(
         "--method",
         choices=METHODS,
         default="prox",
         help="prox: proximal SGD (projection for linf); penalty: SGD on CE + lam*g",
     )
-    p.add_argument("--lam", type=float, default=1e-3, help="lambda; linf: radius 1/lam")
-    p.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (constant)")
-    p.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help="training epochs")
-    p.add_argument("--batch-size", type=int, default=100, help="minibatch size")
-    p.add_argument(
+    g.add_argument("--lam", type=float, default=1e-3, help="lambda; linf: radius 1/lam")
+    g.add_argument("--lr", type=float, default=0.1, help="SGD learning rate (constant)")
+    g.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help="training epochs")
+    g.add_argument("--batch-size", type=int, default=100, help="minibatch size")
+    g.add_argument(
         "--hidden",
         type=_hidden,
         default="200",  # argparse passes a string default through type: (200,)
         help="hidden widths, e.g. 200 or 400,200,100 (path needs an odd count)",
     )
-    p.add_argument("--activation", choices=ACTIVATIONS, default="elu", help="hidden activation")
-    p.add_argument(
+    g.add_argument("--activation", choices=ACTIVATIONS, default="elu", help="hidden activation")
+    g.add_argument(
         "--dtype",
         choices=DTYPES,
         default="float32",
         help="weights and data in training and evaluation (float64: for checks, slower)",
     )
-    p.add_argument("--dataset", choices=DATASET_NAMES, default="embedded", help="the data")
-    p.add_argument(
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--dataset", choices=DATASET_NAMES, default="embedded", help="the data")
+    g.add_argument(
         "--data-dir", default=None, help="None: $PATHNORM_DATA_DIR, else ~/.cache/pathnorm"
     )
-    p.add_argument(
+    g.add_argument(
         "--allow-partial",
         action="store_true",
         help="accept a partial training set (KMNIST offline copy)",
     )
-    p.add_argument("--no-verify", action="store_true", help="skip SHA-256 checks of data files")
-    p.add_argument(
+    g.add_argument("--no-verify", action="store_true", help="skip SHA-256 checks of data files")
+    g.add_argument(
         "--n-train", type=int, default=None, help="use only the first N train samples (None: all)"
     )
-    p.add_argument(
+    g.add_argument(
         "--n-test", type=int, default=None, help="use only the first N test samples (None: all)"
     )
-    p.add_argument(
+
+
+def _evaluation_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("evaluation")
+    g.add_argument(
         "--eps", type=float, nargs="+", default=list(DEFAULT_EPS), help="l_inf attack radii"
     )
-    p.add_argument("--pgd-steps", type=int, default=40, help="PGD steps (of eps/20 each)")
-    p.add_argument(
+    g.add_argument("--pgd-steps", type=int, default=40, help="PGD steps (of eps/20 each)")
+    g.add_argument(
         "--attack",
         choices=ATTACKS,
         default="ce",
         help="ce: the paper's PGD on the cross-entropy; ce+margin: also PGD on the CW margin "
         "(an example is robust only if both fail; stronger, twice the time)",
     )
-    p.add_argument(
+    g.add_argument(
         "--pgd-samples",
         type=nonnegative_int("all test images"),
         default=1000,
         help="test images attacked (0: all)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and shuffle")
-    p.add_argument(
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("run")
+    g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and shuffle")
+    g.add_argument(
         "--threads",
         type=nonnegative_int("the framework's default"),
         default=1,
         help="CPU threads (1: a 784-200-10 MLP at batch 100 gains little from more, and "
         "on a shared machine extra threads slow it down several-fold; 0: framework default)",
     )
-    p.add_argument(
+    g.add_argument(
         "--out", default="pathnorm_run", help="output directory for results.json/csv and the plot"
     )
-    p.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    return p
+    g.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def check_out(out: str | Path, overwrite: bool) -> None:
