@@ -93,8 +93,8 @@ class Stat:
 
     @property
     def mean(self) -> float:
-        """The mean over seeds."""
-        return float(np.mean(self.values))
+        """The mean over seeds (within ``[lo, hi]``: equal seeds' float mean can round past)."""
+        return min(max(float(np.mean(self.values)), self.lo), self.hi)
 
     @property
     def lo(self) -> float:

@@ -292,3 +292,12 @@ def test_report_only_never_imports_torch(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "wrote " in proc.stdout and (tmp_path / "o" / "results.md").is_file()
+
+
+def test_a_mean_over_equal_seeds_is_their_value() -> None:
+    """Three seeds at 0.7: the float mean rounds to 0.6999999999999998, below the smallest
+    value, which made negative error bars that matplotlib refuses."""
+    assert float(sum([0.7] * 3) / 3) < 0.7  # the case is real
+    s = Stat((0, 1, 2), (0.7, 0.7, 0.7))
+    assert (s.lo, s.mean, s.hi) == (0.7, 0.7, 0.7)
+    assert Stat((0, 1), (1.0, 2.0)).mean == 1.5
