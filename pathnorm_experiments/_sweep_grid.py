@@ -40,12 +40,16 @@ __all__ = [
 # lam grids: from "no effect" (1e-5) to where clean error collapses (MNIST, 3 epochs at lr 0.2:
 # path 3e-3 30%, 4e-3 72%; l1 7e-3 15%, 1e-2 89%; linf 1 (radius 1) 38%), densest where clean
 # error climbs; linf lam = 1 / radius
+# fmt: off
 LAMS: dict[str, tuple[float, ...]] = {
     "none": (0.0,),
-    "l1": (1e-5, 3e-5, 1e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3, 7e-3, 1e-2),
-    "path": (1e-5, 3e-5, 1e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3, 4e-3),
-    "linf": (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.7, 1.0),
+    "l1": (1e-5, 3e-5, 6e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 2e-3, 3e-3, 5e-3,
+           7e-3, 1e-2),
+    "path": (1e-5, 3e-5, 6e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 6e-4, 8e-4, 1e-3, 1.5e-3, 2e-3, 2.5e-3,
+             3e-3, 4e-3),
+    "linf": (0.02, 0.03, 0.04, 0.05, 0.07, 0.1, 0.12, 0.15, 0.18, 0.2, 0.3, 0.5, 0.7, 1.0),
 }
+# fmt: on
 LRS = (0.05, 0.1, 0.2, 0.5)
 SEEDS = (0, 1, 2)
 OPTIMIZERS = ("prox", "penalty")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from pathnorm_experiments.report_claims import Claim, claims, ordering_violations
 from pathnorm_experiments.report_data import (
+    BUDGETS,
     DATASET_LABELS,
     DATASET_ORDER,
     KIND_LABELS,
@@ -121,6 +122,7 @@ def coverage(rows: Sequence[Mapping[str, str]], settings: Mapping[tuple, Setting
         gone = [DATASET_LABELS[d] for d in DATASET_ORDER[:3] if d not in present]
         if gone:
             lines.append(f"- No rows yet: {', '.join(gone)}.")
+    lines += ["", *density(settings)]
     machines = Counter(r["machine"] for r in rows)
     lines += [
         "",
@@ -129,6 +131,38 @@ def coverage(rows: Sequence[Mapping[str, str]], settings: Mapping[tuple, Setting
         + ".",
     ]
     return lines
+
+
+def density(settings: Mapping[tuple, Setting], within: float = 1.0) -> list[str]:
+    """Whether the lam grids are dense enough for the budgets of (b) and (c): per dataset,
+    budget and regularizer, the setting (any optimizer) with the largest mean clean error at
+    or under the budget should lie within ``within`` points of it."""
+    gaps, cells = [], 0
+    for ds in datasets_of(settings):
+        base = settings.get((ds, "none", "prox", 0.0))
+        if base is None or "clean_error" not in base.stats:
+            continue
+        for budget in BUDGETS:
+            limit = base.stats["clean_error"].mean + budget
+            for reg in ("path", "l1", "linf"):
+                errs = [s.stats["clean_error"].mean for s in settings_of(settings, ds, reg)
+                        if "clean_error" in s.stats]  # fmt: skip
+                near = max((e for e in errs if e <= limit), default=None)
+                cells += 1
+                if near is None or limit - near > within:
+                    have = "none" if near is None else f"{near:.2f}"
+                    gaps.append(f"{short_name(settings, ds)} {limit:.2f} {REG_NAMES[reg]} ({have})")
+    if not cells:
+        return []
+    line = (
+        f"Grid density: in {cells - len(gaps)} of {cells} (dataset, clean-error budget, "
+        f"regularizer) cells, a setting's mean clean error lies within {within:g} point of the "
+        "budget, at or under it"
+    )
+    return [line + (": all of them." if not gaps else "; not in: " + "; ".join(gaps) + ".")]
+
+
+REG_NAMES = {"path": "1-path-norm", "l1": "L1", "linf": "layer-wise linf"}
 
 
 _TABLE_COLUMNS = (

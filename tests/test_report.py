@@ -301,3 +301,20 @@ def test_a_mean_over_equal_seeds_is_their_value() -> None:
     s = Stat((0, 1, 2), (0.7, 0.7, 0.7))
     assert (s.lo, s.mean, s.hi) == (0.7, 0.7, 0.7)
     assert Stat((0, 1), (1.0, 2.0)).mean == 1.5
+
+
+def test_grid_density_names_every_budget_without_a_near_setting(tmp_path: Path) -> None:
+    """Baselines 2, 10, 20 give budgets 3/5/8, 11/13/16, 21/23/26; a setting counts when its
+    mean clean error is at most 1 point under the budget (exactly 1 point counts)."""
+    rows = report_data.load_runs(write_csv(tmp_path / "runs.csv", scenario()))
+    (line,) = report.density(report_data.settings_from_rows(rows))
+    assert line.startswith("Grid density: in 7 of 27 ")
+    for gap in (
+        "MNIST 5.00 1-path-norm (3.50)",  # path: 2.5, 3.4, 3.5, 7.0
+        "MNIST 3.00 layer-wise linf (none)",  # linf: 3.4 only
+        "Fashion-MNIST 13.00 L1 (11.00)",
+        "KMNIST (partial) 21.00 1-path-norm (none)",  # path: 40
+    ):
+        assert gap in line
+    for near in ("MNIST 3.00 1-path-norm", "MNIST 8.00 1-path-norm", "Fashion-MNIST 11.00 L1"):
+        assert near not in line
