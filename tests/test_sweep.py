@@ -171,17 +171,17 @@ def test_group_order_spreads_every_grid_early() -> None:
         assert sorted(S.coarse_to_fine(n)) == list(range(n))
     assert S.coarse_to_fine(7)[:3] == [3, 1, 5]
     groups = S.build_groups(S.SweepConfig(), {"mnist": 55000, "kmnist": 6427})
-    assert len(groups) == 2 * 75 and len({g.key for g in groups}) == 150
+    assert len(groups) == 2 * 85 and len({g.key for g in groups}) == 170
     first = [(g.regularizer, g.optimizer, g.lam) for g in groups[:6]]
     assert first == [
         ("none", "prox", 0.0),
-        ("l1", "prox", 6e-4),
-        ("path", "prox", 6e-4),
-        ("linf", "prox", 0.12),
-        ("l1", "penalty", 6e-4),
-        ("path", "penalty", 6e-4),
+        ("l1", "prox", 3e-4),
+        ("path", "prox", 2e-4),
+        ("linf", "prox", 0.1),
+        ("l1", "penalty", 3e-4),
+        ("path", "penalty", 2e-4),
     ]
-    assert {g.dataset for g in groups[:75]} == {"mnist"}
+    assert {g.dataset for g in groups[:85]} == {"mnist"}
 
 
 def test_summarize_selected_runs(full_run: tuple[Path, dict[str, int]]) -> None:
@@ -343,8 +343,8 @@ def test_cli_skips_missing_data_and_dry_run(
     assert "skipping mnist" in err and "none of the datasets is available" in err
     assert S.main(["--datasets", "embedded", "--out", str(tmp_path), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    # none 1 + l1 15 x 2 + path 15 x 2 + linf 14 groups; 4 lrs at seed 0 + seeds 1, 2
-    assert "75 groups (75 to run): 450 training runs, 225 evaluated" in out
+    # none 1 + l1 16 x 2 + path 18 x 2 + linf 16 groups; 4 lrs at seed 0 + seeds 1, 2
+    assert "85 groups (85 to run): 510 training runs, 255 evaluated" in out
     assert "estimate:" in out
     assert S.main(["merge", str(tmp_path / "x.csv"), str(tmp_path / "missing.csv")]) == 2
     assert "no such results file" in capsys.readouterr().err
