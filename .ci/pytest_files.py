@@ -4,8 +4,9 @@ Separate processes bound the suite's memory: TensorFlow keeps every program it c
 long as the process lives (9 GB over the whole suite in one process), and it cannot be made to
 forget them. So each file that loads TensorFlow runs in a process of its own, and the other
 files share ``2 --jobs`` processes (a process start costs a few seconds of imports). Processes
-start only while the sum of their measured peaks (``PEAK``) stays within ``MEMORY_BUDGET``. Largest groups start first, so the
-cores stay busy to the end. Each process's time and peak memory (resident) are printed.
+start only while the sum of their measured peaks (``PEAK``) stays within ``MEMORY_BUDGET``.
+Largest groups start first, so the cores stay busy to the end. Each process's time and peak
+memory (resident) are printed.
 
     python .ci/pytest_files.py [--jobs 2] [--slowest 10] [TEST_FILE ...]
 """

@@ -68,7 +68,7 @@ class Band(NamedTuple):
 
     def abs_y(self) -> tf.Tensor:
         """``|y|``, scaled per unit by ``y_scale`` (one fused elementwise expression)."""
-        return _abs_scaled(self.y, self.y_scale, self.unit_axis)
+        return tf.abs(_scaled(self.y, self.y_scale, self.unit_axis))
 
     def unit(self, t: tf.Tensor) -> tf.Tensor:
         return unit(t, self.unit_axis)
@@ -128,7 +128,7 @@ def band_setup(
     # the long side (see materialized); every comparison with the long side uses them.
     (tau_hi_l,) = materialized(tf.cast(lam * x1 * (1 + margin), ld))
     tau_hi = tf.cast(tau_hi_l, dt)
-    ay = _abs_scaled(y, y_scale, unit_axis)
+    ay = tf.abs(_scaled(y, y_scale, unit_axis))
     r_hi = tf.maximum(ay - unit(tau_hi_l, unit_axis), 0.0)
     # (the plain sums: an exact tie between ||x||^2 and ||y||^2 stays a tie)
     ysq, r_sq = (tf.cast(t, dt) for t in unit_sums(ay * ay, r_hi * r_hi, unit_axis))
@@ -145,8 +145,9 @@ def band_setup(
     )  # fmt: skip
 
 
-def _abs_scaled(y: tf.Tensor, scale: tf.Tensor | None, unit_axis: int) -> tf.Tensor:
-    return tf.abs(y) if scale is None else tf.abs(y) * unit(scale, unit_axis)
+def _scaled(y: tf.Tensor, scale: tf.Tensor | None, unit_axis: int) -> tf.Tensor:
+    """``y`` times its unit's ``scale`` (a power of two: exact), or ``y`` when None."""
+    return y if scale is None else y * unit(scale, unit_axis)
 
 
 def _sums_in_range(ysq: tf.Tensor, s_hi: tf.Tensor, c_hi: tf.Tensor) -> tf.Tensor:
@@ -405,7 +406,7 @@ def prox_band(b: Band) -> tuple[tf.Tensor, tf.Tensor]:
     x, y, unit_axis, lam, lam2 = b.x, b.y, b.unit_axis, b.lam, b.lam2
 
     def neutral_y() -> tf.Tensor:
-        ys = y if b.y_scale is None else y * unit(b.y_scale, unit_axis)
+        ys = _scaled(y, b.y_scale, unit_axis)
         return tf.cast(ys if unit_axis == 0 else tf.transpose(ys), x.dtype)
 
     def wide() -> tuple[tf.Tensor, tf.Tensor]:

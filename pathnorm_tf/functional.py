@@ -22,8 +22,8 @@ points by increasing support size of ``x``):
 
 The prox is scale-equivariant (``prox(s x, s y) = s prox(x, y)`` for ``s > 0``, same lam), so
 every unit is scaled by a power of two (exact) that brings its largest entry near 1: the result
-is exact at every finite magnitude, subnormals included. Everything is tf ops over
-static shapes, so it runs eagerly, in ``tf.function`` and under XLA (``jit_compile=True``), on
+is exact at every finite magnitude, subnormals included. Everything is tf ops over static
+shapes, so it runs eagerly, in ``tf.function`` and under XLA (``jit_compile=True``), on
 CPU and GPU. float16/bfloat16 are computed in float32.
 
 On a Dense kernel the l_inf operator norm of the layer map ``u -> u @ kernel`` is the largest
@@ -160,8 +160,8 @@ def _prox_kernels(
     prox rounded once to the weights' dtype. The prox is scale-equivariant (same lam): the
     sort scales every unit by a power of two from its largest entry; the band, by one from its
     short side's largest entry (applied inside its passes over the long side), after which
-    long-side squares that underflow are below the objective's resolution. A unit whose short side is 0 keeps
-    its long side (exact, whatever its sums). Units whose long-side sums still leave the range
+    long-side squares that underflow are below the objective's resolution. A unit whose short
+    side is 0 keeps its long side (exact, whatever its sums). Units whose long-side sums still leave the range
     (a long side beyond ~2^60 times its short side in float32, ~2^500 in float64) take the
     sort method's thresholds, in a branch that runs only when there is such a unit.
     """
