@@ -126,7 +126,7 @@ def band_setup(
     x1 = cx[:, p - 1 :]
     # The bounds are rounded to ld once (within their margins) and kept out of the loops over
     # the long side (see materialized); every comparison with the long side uses them.
-    (tau_hi_l,) = materialized(tf.cast(lam * x1 * (1 + margin), ld))
+    (tau_hi_l,) = materialized(_upper_in(lam * x1 * (1 + margin), ld))
     tau_hi = tf.cast(tau_hi_l, dt)
     ay = tf.abs(_scaled(y, y_scale, unit_axis))
     r_hi = tf.maximum(ay - unit(tau_hi_l, unit_axis), 0.0)
@@ -143,6 +143,17 @@ def band_setup(
         x, y, unit_axis, lam, lam2, xs, cx, cx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_hi,
         count, tf.reduce_max(count), swapped, _sums_in_range(ysq, s_hi, c_hi), y_scale,
     )  # fmt: skip
+
+
+def _upper_in(t: tf.Tensor, ld: tf.DType) -> tf.Tensor:
+    """``t`` (float64, >= 0) rounded to ``ld`` without falling below it. A positive ``t`` under
+    float32's smallest normal number (a tiny ``lam``, 1e-39 or 1e-300, on float32 or float16
+    weights) becomes that number, not 0 (TensorFlow flushes subnormals to 0): ``tau_hi`` stands
+    in for the smallest kept ``|y|``, whose feasibility test it must pass."""
+    t_l = tf.cast(t, ld)
+    if ld == tf.float64:  # (t is already in ld)
+        return t_l
+    return tf.where(t > 0, tf.maximum(t_l, tf.constant(2.0**-126, ld)), t_l)
 
 
 def _scaled(y: tf.Tensor, scale: tf.Tensor | None, unit_axis: int) -> tf.Tensor:

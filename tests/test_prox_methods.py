@@ -332,3 +332,31 @@ def test_kernel_first_calls_from_several_threads_at_once(monkeypatch: pytest.Mon
     assert len(results) == 4
     for _, long in results[1:]:
         np.testing.assert_array_equal(long, results[0][1])
+
+
+# float16's smallest normal and subnormal numbers, float32's (2^-126, 2^-149) and between,
+# then float64's smallest normal-ish and subnormal (5e-324) numbers.
+TINY_LAMS = [2.0**-14, 2.0**-24, 2.0**-126, 1e-39, 2.0**-149, 1e-300, 5e-324]
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_a_tiny_lam_is_exact_in_every_dtype(method: str, dtype: torch.dtype) -> None:
+    # A lam below every dtype's normal range leaves the layer as it is (the TF band once zeroed
+    # most of a float32 layer there); the reference's minimiser rounded once to the dtype.
+    rng = np.random.default_rng(3)
+    eps = torch.finfo(dtype).eps
+    for n, m, p in ((5, 6, 3), (5, 3, 6)):
+        w_in = torch.tensor(rng.standard_normal((n, m))).to(dtype)
+        w_out = torch.tensor(rng.standard_normal((p, n))).to(dtype)
+        x, y = w_out.double().numpy().T, w_in.double().numpy()
+        for lam in TINY_LAMS:
+            v, w = reference.prox_path_norm(x, y, lam)
+            got_in, got_out = prox_path_norm(w_in, w_out, lam, method=method)  # type: ignore[arg-type]
+            for got, want, orig in ((got_in, w, w_in), (got_out, v.T, w_out)):
+                assert got.dtype == dtype
+                g = got.double().numpy()
+                np.testing.assert_array_equal(g == 0, want == 0, err_msg=f"lam={lam}")
+                np.testing.assert_array_less(np.abs(g - want), eps * np.abs(want) + 1e-300)
+                if lam <= 2.0**-126 or (dtype == torch.float16 and lam <= 2.0**-24):
+                    assert torch.equal(got, orig), lam

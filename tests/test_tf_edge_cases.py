@@ -6,7 +6,9 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import warnings
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -158,3 +160,56 @@ def test_a_long_side_far_beyond_the_short_one_is_exact(method: str, jit: bool) -
     got_in, got_out = (t.numpy() for t in prox_fn(method, jit, lam)(k_in, k_out))
     np.testing.assert_allclose(got_in, want_in, rtol=1e-6, atol=1e-35)
     np.testing.assert_allclose(got_out, want_out, rtol=1e-6, atol=1e-35)
+
+
+# --- a tiny lam: the layer stays as it is, in every dtype -------------------------------------
+
+# float16's smallest normal and subnormal numbers, float32's (2^-126, 2^-149) and between,
+# then float64's smallest normal-ish and subnormal (5e-324) numbers.
+TINY_LAMS = [2.0**-14, 2.0**-24, 2.0**-126, 1e-39, 2.0**-149, 1e-300, 5e-324]
+
+
+TINY_CASES = [(dtype, method, False) for dtype in (np.float16, np.float32, np.float64)
+              for method in METHODS] + [(np.float32, "band", True)]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("dtype", "method", "jit"),
+    TINY_CASES,
+    ids=[f"{np.dtype(d).name}-{m}-{'xla' if j else 'eager'}" for d, m, j in TINY_CASES],
+)
+def test_a_tiny_lam_is_exact_in_every_dtype(
+    dtype: type[np.floating], method: str, jit: bool
+) -> None:
+    # Before, the band (the default) zeroed most of a float32 or float16 layer for any lam under
+    # 2^-126 (1e-39, 1e-300): lam ||x||_1 rounded to 0 in float32, and the smallest kept |y|,
+    # which that bound stands in for, then failed its feasibility test. XLA (one compile: the
+    # band in float32, where float16 is computed too): lam is a float64 tensor, as the
+    # optimizers pass lam * lr.
+    rng = np.random.default_rng(3)
+    layers = [  # Keras layout (m, n), (n, p): m > p, and p > m (eagerly)
+        (rng.standard_normal((6, 5)).astype(dtype), rng.standard_normal((5, 3)).astype(dtype)),
+        (rng.standard_normal((3, 5)).astype(dtype), rng.standard_normal((5, 6)).astype(dtype)),
+    ][: 1 if jit else 2]
+
+    def prox_all(lam: Any) -> list[tf.Tensor]:
+        return [t for k in layers for t in prox_path_norm(*k, lam, method=method)]
+
+    if jit:
+        compiled = tf.function(prox_all, jit_compile=True)
+        with warnings.catch_warnings():  # (a tensor lam is not checked under XLA: it says so)
+            warnings.simplefilter("ignore", UserWarning)
+            results = [compiled(tf.constant(lam, tf.float64)) for lam in TINY_LAMS]
+    else:
+        results = [prox_all(lam) for lam in TINY_LAMS]
+    eps = float(np.finfo(dtype).eps)  # one rounding of the float64 minimiser to dtype
+    for lam, got in zip(TINY_LAMS, results, strict=True):
+        for (k_in, k_out), g_in, g_out in zip(layers, got[0::2], got[1::2], strict=True):
+            want = reference_keras(k_in.astype(np.float64), k_out.astype(np.float64), lam)
+            for g, w, k in ((g_in, want[0], k_in), (g_out, want[1], k_out)):
+                g = g.numpy()
+                assert g.dtype == dtype
+                np.testing.assert_array_equal(g == 0, w == 0, err_msg=f"lam={lam}")
+                np.testing.assert_array_less(np.abs(g - w), eps * np.abs(w) + 1e-300)
+                if lam <= 2.0**-126 or (dtype == np.float16 and lam <= 2.0**-24):
+                    np.testing.assert_array_equal(g, k, err_msg=f"lam={lam}")
