@@ -19,6 +19,7 @@ from pathnorm_lightning.callbacks import (
     LayerwiseLinfProjection,
     PathNormProx,
 )
+from pathnorm_lightning.compact import CompactionReport, compact
 from pathnorm_lightning.functional import (
     NonFiniteWeightsError,
     path_norm,
@@ -36,6 +37,7 @@ from pathnorm_lightning.pairing import LayerPair, resolve_layers, resolve_pairs
 
 __all__ = [
     "AfterOptimizerStep",
+    "CompactionReport",
     "FiniteCheck",
     "L1Prox",
     "LayerPair",
@@ -48,6 +50,7 @@ __all__ = [
     "StepHook",
     "StepTarget",
     "attach",
+    "compact",
     "path_norm",
     "product_bound",
     "project_rows_l1_ball",

@@ -12,6 +12,7 @@ Private helpers: ``_common.py`` (argument checks, dtypes, errors) and ``_xla.py`
 XLA-friendly formulations); they import each other in that order only, never the facade.
 """
 
+from pathnorm_tf.compact import CompactionReport, compact
 from pathnorm_tf.functional import (
     NonFiniteWeightsError,
     path_norm,
@@ -25,10 +26,12 @@ from pathnorm_tf.metrics import PathNormMetrics, metric_values
 from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer
 
 __all__ = [
+    "CompactionReport",
     "NonFiniteWeightsError",
     "PathNormMetrics",
     "PathNormSGD",
     "ProxOptimizer",
+    "compact",
     "metric_values",
     "path_norm",
     "product_bound",

@@ -1,0 +1,231 @@
+"""``pathnorm_tf.compact``: dead hidden units removed from Dense pairs, the same function."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+
+from pathnorm_tf import PathNormSGD
+from pathnorm_tf.compact import CompactionReport, compact
+
+TOL = {"float64": 1e-12, "float32": 1e-5}
+
+# (dead incoming, dead outgoing) units of the first pair (10 units) and the second (8 units).
+CASES = {
+    "mixed": (([1, 4, 6], [4, 7, 8]), ([0], [2, 5])),
+    "all dead": (([0, 2], list(range(10))), (list(range(8)), [])),
+    "none dead": (([], []), ([], [])),
+    "all folded": ((list(range(10)), []), ([3], [3])),
+}
+
+
+@pytest.fixture(params=["float32", "float64"])
+def dtype(request: pytest.FixtureRequest) -> str:
+    if request.param == "float64":
+        request.getfixturevalue("float64_keras")  # Keras in float64 for this test
+    return str(request.param)
+
+
+def _dense(units: int, name: str, **kwargs: Any) -> keras.layers.Dense:
+    return keras.layers.Dense(units, name=name, bias_initializer="random_uniform", **kwargs)
+
+
+def _sequential() -> keras.Model:
+    """12 -> 10 -> 9 -> 8 -> 3: pairs (a, b) and (c, d), pointwise layers inside each."""
+    return keras.Sequential(
+        [
+            keras.Input((12,)),
+            _dense(10, "a", activation="elu"),
+            keras.layers.Dropout(0.5),
+            _dense(9, "b", activation="tanh"),
+            _dense(8, "c"),
+            keras.layers.LeakyReLU(0.2),
+            keras.layers.GaussianNoise(0.1),
+            _dense(3, "d"),
+        ]
+    )
+
+
+def _functional() -> keras.Model:
+    """The same shapes as a functional model; the second pair inside a nested Sequential."""
+    x = keras.Input((12,))
+    h = _dense(10, "a")(x)
+    h = keras.layers.Activation("sigmoid")(h)
+    h = _dense(9, "b")(keras.layers.ReLU()(h))
+    inner = keras.Sequential(
+        [keras.Input((9,)), _dense(8, "c", activation="relu"), _dense(3, "d", use_bias=False)]
+    )
+    return keras.Model(x, inner(h))
+
+
+def _kill(model: keras.Model, first: str, second: str, dead: tuple[list[int], list[int]]) -> None:
+    for name, index, axis in ((first, dead[0], 1), (second, dead[1], 0)):
+        layer = _find(model, name)
+        kernel = np.array(layer.kernel)
+        np.moveaxis(kernel, axis, 0)[index] = 0
+        layer.kernel.assign(kernel)
+
+
+def _find(model: keras.Model, name: str) -> Any:
+    return next(x for x in model._flatten_layers(recursive=True) if x.name == name)
+
+
+def _max_diff(a: keras.Model, b: keras.Model, dtype: str, m: int = 12) -> float:
+    x = np.random.default_rng(1).standard_normal((1000, m)).astype(dtype)
+    return float(np.max(np.abs(np.asarray(a(x)) - np.asarray(b(x)))))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kind", ["sequential", "functional"])
+def test_same_function_and_counts(dtype: str, case: str, kind: str) -> None:
+    keras.utils.set_random_seed(0)
+    model = _sequential() if kind == "sequential" else _functional()
+    for (first, second), dead in zip([("a", "b"), ("c", "d")], CASES[case], strict=True):
+        _kill(model, first, second, dead)
+    small, report = compact(model)
+    assert type(small) is type(model)
+    assert _max_diff(small, model, dtype) <= TOL[dtype]
+    for p, (dead_in, dead_out), units in zip(report.pairs, CASES[case], (10, 8), strict=True):
+        live = units - len(set(dead_in) | set(dead_out))
+        assert (p.units_before, p.units_after) == (units, max(live, 1))
+        assert (p.removed, p.folded) == (len(dead_out), len(set(dead_in) - set(dead_out)))
+        assert _find(small, p.first).units == p.units_after
+    assert report.params_after == small.count_params() < report.params_before or case == "none dead"
+    assert all(w.dtype == dtype for w in small.weights)
+
+
+def test_input_model_unchanged_and_nothing_shared() -> None:
+    keras.utils.set_random_seed(0)
+    model = _functional()
+    _kill(model, "a", "b", ([1, 2], [3]))
+    before = [np.array(w) for w in model.weights]
+    small, _ = compact(model)
+    assert all(np.array_equal(np.array(w), b) for w, b in zip(model.weights, before, strict=True))
+    assert model.get_layer("a").units == 10 and small.get_layer("a").units == 7
+    old = {id(x) for x in model._flatten_layers(recursive=True)}
+    assert not any(id(x) in old for x in small._flatten_layers(recursive=True))
+    assert not {id(w) for w in model.weights} & {id(w) for w in small.weights}
+
+
+def test_folding_turns_on_the_bias(float64_keras: None) -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((5,)), _dense(6, "a", activation="elu"), _dense(2, "b", use_bias=False)]
+    )
+    model.get_layer("a").bias.assign(np.full(6, 0.5))
+    _kill(model, "a", "b", ([0, 3], []))
+    small, report = compact(model)
+    assert small.get_layer("b").use_bias and report.pairs[0].folded == 2
+    assert _max_diff(small, model, "float64", m=5) <= 1e-12
+
+
+def test_trained_network() -> None:
+    """A short fit with a large lam kills units; the compacted model matches."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((20,)), keras.layers.Dense(32, activation="elu"), keras.layers.Dense(4)]
+    )
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((200, 20)).astype("float32"), rng.integers(0, 4, 200)
+    model.compile(PathNormSGD(learning_rate=0.1, lam=0.3), "sparse_categorical_crossentropy")
+    model.fit(x, y, batch_size=20, epochs=1, verbose=0)
+    k_in, k_out = (np.array(layer.kernel) for layer in model.layers)
+    dead = int(np.sum(np.all(k_in == 0, 0) | np.all(k_out == 0, 1)))
+    assert 0 < dead < 32  # the test means something
+    small, report = compact(model)
+    assert report.pairs[0].units_after == 32 - dead and report.pairs[0].folded > 0
+    assert _max_diff(small, model, "float32", m=20) <= 1e-5
+    assert small.compiled and isinstance(small.optimizer, PathNormSGD)
+
+
+def test_sequential_built_by_calling() -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([_dense(6, "a", activation="relu"), _dense(2, "b")])
+    model(np.zeros((1, 4), "float32"))
+    _kill(model, "a", "b", ([0], [1, 2]))
+    small, report = compact(model)
+    assert report.units_after == 3
+    assert _max_diff(small, model, "float32", m=4) <= 1e-5
+
+
+def _refused() -> dict[str, tuple[Any, Any, str]]:
+    x = keras.Input((4,))
+    h = _dense(4, "a")(x)
+    residual = keras.Model(x, _dense(2, "b")(keras.layers.Add()([h, x])))
+    both = keras.Model(x, [_dense(2, "b")(h), h])
+    shared = keras.layers.ReLU()
+    y = keras.Input((4,))
+    reuse = _dense(5, "a")
+    twice = keras.Model(y, _dense(2, "b")(shared(reuse(shared(reuse(shared(y)))[:, :4]))))
+
+    def seq(*layers: Any) -> keras.Model:
+        return keras.Sequential([keras.Input((4,)), _dense(5, "a"), *layers, _dense(2, "b")])
+
+    class Sub(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = _dense(5, "a"), _dense(2, "b")
+
+        def call(self, x: Any) -> Any:
+            return self.b(self.a(x))
+
+    sub = Sub()
+    sub(np.zeros((1, 4), "float32"))
+    softmax = keras.Sequential(
+        [keras.Input((4,)), _dense(5, "a", activation="softmax"), _dense(2, "b")]
+    )
+    custom = keras.Sequential(
+        [keras.Input((4,)), _dense(5, "a", activation=lambda t: t * t), _dense(2, "b")]
+    )
+    einsum = keras.Sequential(
+        [keras.Input((4,)), keras.layers.EinsumDense("ab,bc->ac", 5), _dense(2, "b")]
+    )
+    return {
+        "residual": (residual, "auto", "Add .* takes other inputs"),
+        "hidden is an output": (both, "auto", "model output"),
+        "called twice": (twice, [("a", "b")], "called 2 times"),
+        "batchnorm": (seq(keras.layers.BatchNormalization()), [("a", "b")], "BatchNormalization"),
+        "softmax layer": (seq(keras.layers.Softmax()), "auto", "Softmax"),
+        "softmax activation": (softmax, "auto", "not a built-in entry-wise"),
+        "custom activation": (custom, "auto", "not a built-in entry-wise"),
+        "subclassed": (sub, "auto", "subclassed"),
+        "einsum": (einsum, "auto", "EinsumDense"),
+        "unbuilt": (keras.Sequential([_dense(5, "a"), _dense(2, "b")]), "auto", "not built"),
+    }
+
+
+def test_refusals() -> None:
+    for what, (model, pairs, match) in _refused().items():
+        with pytest.raises(ValueError, match=match):
+            compact(model, pairs=pairs)
+            pytest.fail(what)
+    with pytest.raises(TypeError, match=r"keras\.Model"):
+        compact("model")
+
+
+def test_save_load_and_report(tmp_path: Path) -> None:
+    keras.utils.set_random_seed(0)
+    model = _sequential()
+    _kill(model, "a", "b", ([1], [2, 3]))
+    model.compile("sgd", "mse")
+    small, report = compact(model)
+    path = tmp_path / "small.keras"
+    small.save(path)
+    loaded = keras.models.load_model(path)
+    x = np.random.default_rng(0).standard_normal((50, 12)).astype("float32")
+    assert np.array_equal(np.asarray(loaded(x)), np.asarray(small(x)))
+    assert loaded.get_layer("a").units == 7 and loaded.compiled
+    assert isinstance(report, CompactionReport)
+    assert (report.units_before, report.units_after) == (18, 15)
+    lines = str(report).splitlines()
+    assert lines[1].split()[:8] == ["a", "->", "b", "10", "->", "7", "2", "1"]
+    assert lines[-1].startswith(f"model parameters {model.count_params():,} -> ")
