@@ -77,6 +77,7 @@ from typing import ClassVar, cast
 import torch
 from torch import Tensor, nn
 
+from pathnorm_lightning._common import shares_memory
 from pathnorm_lightning.functional import Method, prox_path_norm_
 
 __all__ = [
@@ -169,13 +170,16 @@ def _write(weight: Tensor, native: Tensor) -> None:
     """``weight[...] = native``, skipped when ``native`` is ``weight``'s own memory (a view the
     prox wrote through)."""
     if (
-        native.data_ptr() == weight.data_ptr()
-        and native.shape == weight.shape
-        and native.stride() == weight.stride()
+        native.shape == weight.shape
+        and native.data_ptr() == weight.data_ptr()
+        and all(
+            a == b or size == 1
+            for size, a, b in zip(weight.shape, native.stride(), weight.stride(), strict=True)
+        )
     ):
         return
     with torch.no_grad():
-        weight.copy_(native)
+        weight.copy_(native.clone() if shares_memory(native, weight) else native)
 
 
 def _check_flatten(flatten: int | None) -> int:
