@@ -16,25 +16,29 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import pathnorm_lightning
 from pathnorm_experiments.data import load_embedded
 
 
-def main(epochs: int = 5, lam: float = 2e-3) -> dict[str, float]:
+def train(x: torch.Tensor, y: torch.Tensor, epochs: int, lam: float) -> nn.Module:
+    """Proximal SGD (batch 100, lr 0.1) with the prox attached to the optimizer."""
     torch.manual_seed(0)
-    d = load_embedded()
-    train = TensorDataset(torch.from_numpy(d.x_train), torch.from_numpy(d.y_train))
     model = nn.Sequential(nn.Linear(784, 200), nn.ELU(), nn.Linear(200, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     handle = pathnorm_lightning.attach(optimizer, model, lam=lam)
     for _ in range(epochs):
-        for x, y in DataLoader(train, batch_size=100, shuffle=True):
+        for batch in torch.randperm(len(x)).split(100):
             optimizer.zero_grad()
-            nn.functional.cross_entropy(model(x), y).backward()
+            nn.functional.cross_entropy(model(x[batch]), y[batch]).backward()
             optimizer.step()
     handle.remove()
+    return model.eval()
+
+
+def main(epochs: int = 5, lam: float = 2e-3) -> dict[str, float]:
+    d = load_embedded()
+    model = train(torch.from_numpy(d.x_train), torch.from_numpy(d.y_train), epochs, lam)
 
     # --- the recipe: train (above), then compact --------------------------------------------
     small, report = pathnorm_lightning.compact(model)
@@ -47,22 +51,14 @@ def main(epochs: int = 5, lam: float = 2e-3) -> dict[str, float]:
     diff = float((after - before).abs().max())
     if diff > 1e-5 or not torch.equal(before.argmax(1), after.argmax(1)):
         raise AssertionError(f"the compacted network differs from the trained one by {diff}")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "compact.pt"
-        torch.save(small, path)
-        reloaded = torch.load(path, weights_only=False)
+    with tempfile.TemporaryDirectory() as tmp:  # saved whole: its architecture changed
+        torch.save(small, Path(tmp) / "compact.pt")
+        reloaded = torch.load(Path(tmp) / "compact.pt", weights_only=False)
     with torch.no_grad():
         assert torch.equal(reloaded(x), after)
     accuracy = float((after.argmax(1) == y).float().mean())
-    print(f"test accuracy {accuracy:.3f} before and after; largest output difference {diff:.1e}")
-    return {
-        "accuracy": accuracy,
-        "max_diff": diff,
-        "hidden_before": report.units_before,
-        "hidden_after": report.units_after,
-        "params_before": report.params_before,
-        "params_after": report.params_after,
-    }
+    print(f"test accuracy {accuracy:.3f}, the same before and after (outputs within {diff:.0e})")
+    return {"accuracy": accuracy, "max_diff": diff, "hidden_after": report.units_after}
 
 
 if __name__ == "__main__":
