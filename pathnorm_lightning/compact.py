@@ -41,7 +41,8 @@ from torch import Tensor, fx, nn
 from torch.nn import functional as F
 from torch.nn.utils import parametrize
 
-from pathnorm_lightning.pairing import _POINTWISE, PairsSpec, resolve_pairs
+from pathnorm_lightning.layers import Role, role_of
+from pathnorm_lightning.pairing import PairsSpec, resolve_pairs
 
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
 
@@ -213,7 +214,7 @@ def _ops(name: str, layer: nn.Module) -> _UnitOps:
 
 # -- the data flow between the two layers of a pair ---------------------------------------------
 
-# Entry-wise functions and tensor methods fx may record between a pair (module forms: _POINTWISE).
+# Entry-wise functions and tensor methods fx may record between a pair (modules: layers.BETWEEN).
 _FUNCTIONS: frozenset[object] = frozenset(
     {F.relu, F.relu6, F.elu, F.selu, F.celu, F.gelu, F.silu, F.mish, F.leaky_relu, F.hardtanh,
      F.hardswish, F.hardsigmoid, F.softplus, F.softsign, F.tanhshrink, F.logsigmoid, F.tanh,
@@ -224,9 +225,11 @@ _METHODS = frozenset({"relu", "tanh", "sigmoid"})
 
 
 def _pointwise_module(module: nn.Module) -> bool:
-    if isinstance(module, nn.PReLU):  # one slope for all units, else it holds per-unit weights
+    """An entry-wise module of the seam's table, or a ``PReLU`` with one slope for all units
+    (exact to compact across, though pairing does not take it for training)."""
+    if isinstance(module, nn.PReLU):
         return module.weight.numel() == 1
-    return isinstance(module, _POINTWISE)
+    return role_of(module) is Role.POINTWISE
 
 
 def _identity(x: Tensor) -> Tensor:
