@@ -10,15 +10,16 @@ Where things live:
 
 The algorithms behind ``functional.py`` are private topic modules: ``_sort.py`` (the shortest
 exact algorithm, in tensor ops: read it first), ``_kernel.py`` (numba, CPU), ``_cuda_graph.py``,
-``_triton.py`` (CUDA) and ``_baselines.py``; ``_common.py`` holds the checks they share.
+``_triton.py`` (CUDA) and ``_baselines.py``; ``_common.py`` holds the checks they share, and
+``_chain.py`` the counts and bounds of a chain of weights.
+
+``attach``, the functional API and the pairing need torch (and numba for the CPU kernel) only;
+the callbacks (Lightning) and the metrics (torchmetrics) are imported on first use.
 """
 
-from pathnorm_lightning.callbacks import (
-    AfterOptimizerStep,
-    L1Prox,
-    LayerwiseLinfProjection,
-    PathNormProx,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pathnorm_lightning.compact import CompactionReport, compact
 from pathnorm_lightning.functional import (
     NonFiniteWeightsError,
@@ -32,8 +33,38 @@ from pathnorm_lightning.functional import (
     prox_path_norm_,
 )
 from pathnorm_lightning.hook import FiniteCheck, StepHook, StepTarget, attach
-from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
 from pathnorm_lightning.pairing import LayerPair, resolve_layers, resolve_pairs
+
+if TYPE_CHECKING:
+    from pathnorm_lightning.callbacks import (
+        AfterOptimizerStep,
+        L1Prox,
+        LayerwiseLinfProjection,
+        PathNormProx,
+    )
+    from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
+
+#: Exports imported on first use, by module: the callbacks need Lightning, the metrics
+#: torchmetrics.
+_LAZY = {
+    "pathnorm_lightning.callbacks": (
+        "AfterOptimizerStep",
+        "L1Prox",
+        "LayerwiseLinfProjection",
+        "PathNormProx",
+    ),
+    "pathnorm_lightning.metrics": ("PathNormBound", "ProductBound", "Sparsity"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    for module_name, names in _LAZY.items():
+        if name in names:
+            value = getattr(importlib.import_module(module_name), name)
+            globals()[name] = value
+            return value
+    raise AttributeError(f"module 'pathnorm_lightning' has no attribute {name!r}")
+
 
 __all__ = [
     "AfterOptimizerStep",

@@ -18,6 +18,9 @@ import importlib
 import itertools
 import math
 import numbers
+import os
+import sys
+import warnings
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
@@ -128,6 +131,20 @@ def shares_memory(a: Tensor, b: Tensor) -> bool:
 
     (a0, a1), (b0, b1) = span(a), span(b)
     return a0 < b1 and b0 < a1
+
+
+def rank_zero_warn(message: str, stacklevel: int = 3) -> None:
+    """``warnings.warn(message)`` (a ``UserWarning``) on global rank zero only, without importing
+    Lightning: the rank a loaded Lightning has set, else the launcher's environment variables."""
+    rank_zero = sys.modules.get("lightning_utilities.core.rank_zero")
+    rank = getattr(getattr(rank_zero, "rank_zero_only", None), "rank", None)
+    if rank is None:
+        for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+            if os.environ.get(key, "").isdigit():
+                rank = int(os.environ[key])
+                break
+    if not rank:
+        warnings.warn(message, UserWarning, stacklevel=stacklevel)
 
 
 @functools.cache

@@ -30,10 +30,13 @@ from pathnorm_lightning.hook import (
     StepHook,
     StepTarget,
     _prefixed,
+    forward_check,
     pair_target,
     prox_pair,
 )
 from pathnorm_lightning.pairing import (
+    ForwardCheck,
+    LayerPair,
     LayersSpec,
     linear_chain,
     normalize_layers,
@@ -69,7 +72,7 @@ class AfterOptimizerStep(Callback):
 
     Subclasses define :meth:`resolve_targets` (which weights), :meth:`apply` (what to do with
     them given the learning rate) and :meth:`sparsity_chains` (which weights the sparsity
-    metric covers). The step mechanics are a :class:`~pathnorm_lightning.hook.StepHook` (the
+    metric covers), and may define :meth:`forward_check`. The step mechanics are a :class:`~pathnorm_lightning.hook.StepHook` (the
     hook of :func:`~pathnorm_lightning.attach`), registered in ``on_fit_start`` and removed in
     ``on_fit_end`` / ``teardown`` / ``on_exception``; logging and checkpoint state live here.
 
@@ -92,6 +95,12 @@ class AfterOptimizerStep(Callback):
         targets: the subclass's layer spec (``"auto"`` or names); it names the callback's
             checkpoint state when explicit, so several instances keep their own.
     """
+
+    #: Warn when an update leaves a pair no hidden unit (see :class:`StepHook`).
+    watch_units = False
+    #: What the update regularizes: two callbacks (or an ``attach``) with the same penalty may
+    #: not act on one weight after the same optimizer's steps (see :class:`StepHook`).
+    penalty = "update"
 
     def __init__(
         self,
@@ -131,9 +140,15 @@ class AfterOptimizerStep(Callback):
         checking their finiteness with ``check`` (see :class:`~pathnorm_lightning.hook.FiniteCheck`)."""
         raise NotImplementedError
 
-    def sparsity_chains(self) -> list[list[Tensor]]:
-        """Weight chains (forward order) whose zeros and hidden units the sparsity metric counts."""
+    def sparsity_chains(self) -> list[list[Tensor | nn.Module]]:
+        """Chains (forward order) of weights or of layers (their ``weight`` read when the metrics
+        are computed) whose zeros and hidden units the sparsity metric counts."""
         raise NotImplementedError
+
+    def forward_check(self) -> ForwardCheck | None:
+        """What verifies the targets against the forward passes before the first step (called
+        after :meth:`resolve_targets`; None: nothing to verify)."""
+        return None
 
     def config(self) -> dict[str, Any]:
         """Constructor arguments, stored in checkpoints."""
@@ -195,6 +210,9 @@ class AfterOptimizerStep(Callback):
             sparsity_chains=self.sparsity_chains(),
             chain=chain,
             num_steps=self._num_steps,
+            penalty=self.penalty,
+            watch_units=self.watch_units,
+            forward_check=self.forward_check(),
         )
         if self.log_metrics and chain is None:
             rank_zero_warn(
@@ -282,10 +300,10 @@ class AfterOptimizerStep(Callback):
             )
 
     # --- metrics -----------------------------------------------------------------------
-    @torch.no_grad()
-    def metric_values(self) -> dict[str, Tensor]:
-        """Current metric values (detached 0-d tensors), keyed by their logged names (empty
-        before the first fit; after a fit, the values of the weights it trained)."""
+    def metric_values(self) -> dict[str, float]:
+        """Current metric values as Python floats, keyed by their logged names
+        (``pathnorm/sparsity``, ...): the way to read them after ``fit`` (empty before the first
+        fit; after a fit, the values of the weights it trained, computed now)."""
         if self._last_hook is None:
             return {}
         return {f"{self.log_prefix}/{k}": v for k, v in self._last_hook.metrics().items()}
@@ -300,18 +318,20 @@ class AfterOptimizerStep(Callback):
         and ``EarlyStopping`` can monitor them). ``pl_module.log`` costs about 0.3 ms per value
         on CPU; it is used only with ``prog_bar=True``, for the progress bar.
         """
-        values = {name: value.float() for name, value in self.metric_values().items()}
+        scalars = self.metric_values()
         if self.prog_bar:
-            for name, value in values.items():
+            for name, value in scalars.items():
                 pl_module.log(
                     name, value, on_step=True, on_epoch=False, prog_bar=True, logger=False,
                     batch_size=1,
                 )  # fmt: skip
-        trainer.callback_metrics.update(values)
+        # float32 tensors, as Lightning keeps logged values
+        trainer.callback_metrics.update(
+            {n: torch.tensor(v, dtype=torch.float32) for n, v in scalars.items()}
+        )
         if trainer.loggers:
             # The step axis Lightning's own step-level logging uses.
             step = trainer.fit_loop.epoch_loop._batches_that_stepped
-            scalars = {name: float(value) for name, value in values.items()}
             for logger in trainer.loggers:
                 logger.log_metrics(scalars, step=step)
 
@@ -366,15 +386,15 @@ def _normalize(value: Any) -> Any:
     return value
 
 
-def _consecutive_chains(layers: list[nn.Linear]) -> list[list[Tensor]]:
+def _consecutive_chains(layers: list[nn.Linear]) -> list[list[Tensor | nn.Module]]:
     """Split layers (in the given order) into maximal runs whose dimensions chain."""
-    chains: list[list[Tensor]] = []
+    chains: list[list[Tensor | nn.Module]] = []
     previous: nn.Linear | None = None
     for layer in layers:
         if previous is not None and previous.out_features == layer.in_features:
-            chains[-1].append(layer.weight)
+            chains[-1].append(layer)
         else:
-            chains.append([layer.weight])
+            chains.append([layer])
         previous = layer
     return chains
 
@@ -399,6 +419,9 @@ class PathNormProx(AfterOptimizerStep):
             :class:`AfterOptimizerStep`.
     """
 
+    watch_units = True
+    penalty = "path-norm"
+
     def __init__(
         self,
         lam: float,
@@ -414,7 +437,7 @@ class PathNormProx(AfterOptimizerStep):
         super().__init__(
             log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix, self.pairs
         )
-        self._layer_pairs: list[tuple[nn.Linear, nn.Linear]] = []
+        self._layer_pairs: list[LayerPair] = []
 
     @override
     def config(self) -> dict[str, Any]:
@@ -422,17 +445,22 @@ class PathNormProx(AfterOptimizerStep):
 
     @override
     def resolve_targets(self, pl_module: pl.LightningModule) -> list[StepTarget]:
-        pairs = resolve_pairs(pl_module, self.pairs)
-        self._layer_pairs = [(p.first, p.second) for p in pairs]
-        return [pair_target(p.first_name, p.second_name, p.first, p.second) for p in pairs]
+        self._layer_pairs = resolve_pairs(pl_module, self.pairs)
+        return [
+            pair_target(p.first_name, p.second_name, p.first, p.second) for p in self._layer_pairs
+        ]
 
     @override
     def apply(self, target: StepTarget, lr: float, check: FiniteCheck) -> None:
         prox_pair(target, self.lam * lr, check)
 
     @override
-    def sparsity_chains(self) -> list[list[Tensor]]:
-        return [[first.weight, second.weight] for first, second in self._layer_pairs]
+    def sparsity_chains(self) -> list[list[Tensor | nn.Module]]:
+        return [[p.first, p.second] for p in self._layer_pairs]
+
+    @override
+    def forward_check(self) -> ForwardCheck | None:
+        return forward_check(self._layer_pairs)
 
 
 class _LayerwiseBase(AfterOptimizerStep):
@@ -460,10 +488,13 @@ class _LayerwiseBase(AfterOptimizerStep):
         spec: LayersSpec = self.layers
         found = resolve_layers(pl_module, spec)
         self._linear_layers = [layer for _, layer in found]
-        return [StepTarget(f"layer {name!r}", (layer.weight,)) for name, layer in found]
+        return [
+            StepTarget(f"layer {name!r}", (layer.weight,), ((name, layer),))
+            for name, layer in found
+        ]
 
     @override
-    def sparsity_chains(self) -> list[list[Tensor]]:
+    def sparsity_chains(self) -> list[list[Tensor | nn.Module]]:
         return _consecutive_chains(self._linear_layers)
 
 
@@ -477,6 +508,8 @@ class L1Prox(_LayerwiseBase):
         log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
             :class:`AfterOptimizerStep`.
     """
+
+    penalty = "l1"
 
     def __init__(
         self,
@@ -512,6 +545,8 @@ class LayerwiseLinfProjection(_LayerwiseBase):
         log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
             :class:`AfterOptimizerStep`.
     """
+
+    penalty = "linf-ball"
 
     def __init__(
         self,

@@ -1,12 +1,14 @@
 """The prox after every real optimizer step, without a Trainer: :func:`attach` and its hook.
 
 Plain PyTorch and Lightning Fabric loops call :func:`attach` once; the Lightning callbacks in
-:mod:`pathnorm_lightning.callbacks` are built on the same :class:`StepHook`. The hook is an
-optimizer step post-hook (``torch.optim.Optimizer.register_step_post_hook``), so it runs
-exactly once per real ``optimizer.step()``: a step that AMP's ``GradScaler`` skips never calls
-``step()``, and gradient accumulation steps once per window. The prox step is ``lam * lr``
-with ``lr`` read from the parameter group holding the weights at every step, so learning-rate
-schedules and per-group rates are honoured.
+:mod:`pathnorm_lightning.callbacks` are built on the same :class:`StepHook`, which holds the
+invariant: **the prox runs exactly once per real update, on exactly the weights that update
+changed** (see :class:`StepHook`). The hook is an optimizer step post-hook
+(``torch.optim.Optimizer.register_step_post_hook``): a step that AMP's ``GradScaler`` skips
+either never calls ``step()`` or (fused optimizers) is recognised by the scaler's ``found_inf``,
+and gradient accumulation steps once per window. The prox step is ``lam * lr`` with ``lr`` read
+from the parameter group holding the weights at every step, so learning-rate schedules and
+per-group rates are honoured. Needs torch only (and numba for the CPU kernel): no Lightning.
 
 Example::
 
@@ -21,20 +23,36 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from pathnorm_lightning._common import NonFiniteWeightsError, check_scalar, finite_flag
+from pathnorm_lightning._chain import acc_dtype, alive_units, check_chain, counts
+from pathnorm_lightning._chain import path_norm_bound as _path_norm_bound
+from pathnorm_lightning._chain import product_bound as _product_bound
+from pathnorm_lightning._common import (
+    NonFiniteWeightsError,
+    check_scalar,
+    finite_flag,
+    rank_zero_warn,
+    shares_memory,
+)
 from pathnorm_lightning.functional import prox_path_norm_
-from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
-from pathnorm_lightning.pairing import PairsSpec, linear_chain, resolve_pairs
+from pathnorm_lightning.pairing import (
+    ForwardCheck,
+    LayerPair,
+    PairsSpec,
+    linear_chain,
+    resolve_pairs,
+    weight_parameter,
+)
 
 __all__ = ["DeferredCheck", "FiniteCheck", "StepHook", "StepTarget", "SyncCheck", "attach"]
 
@@ -42,10 +60,17 @@ __all__ = ["DeferredCheck", "FiniteCheck", "StepHook", "StepTarget", "SyncCheck"
 @dataclass
 class StepTarget:
     """What one update acts on: a layer or a pair (its weights, in forward order) and a display
-    name used in error messages."""
+    name used in error messages.
+
+    ``layers`` names the modules the weights belong to, as ``(name, module)``: the hook then
+    follows them, reading each module's ``weight`` parameter at every step (a weight replaced
+    or parametrized during training is seen at the next step); without ``layers`` the
+    ``weights`` are taken as given.
+    """
 
     name: str
     weights: tuple[Tensor, ...]
+    layers: tuple[tuple[str, nn.Module], ...] = ()
 
 
 class FiniteCheck:
@@ -76,10 +101,15 @@ class SyncCheck(FiniteCheck):
             raise NonFiniteWeightsError(target.name)
 
 
+#: What to do when a deferred flag turns out False: ``(step, target name) -> None``.
+OnFalse = Callable[[int, str], None]
+
+
 class DeferredCheck(FiniteCheck):
     """Checks without stalling the GPU: an on-device flag per step is copied asynchronously
     into a pinned host slot and read when it has arrived (a few steps later at most; every
-    pending flag is read by :meth:`collect` with ``keep=0``).
+    pending flag is read by :meth:`collect` with ``keep=0``). The same queue carries other
+    on-device flags (:meth:`push`), e.g. whether a pair has a hidden unit left.
 
     Args:
         owner: the name errors start with.
@@ -89,15 +119,18 @@ class DeferredCheck(FiniteCheck):
     def __init__(self, owner: str, step: Callable[[], int]) -> None:
         self.owner = owner
         self.step = step
-        self.pending: deque[tuple[int, str, int]] = deque()  # (step, target name, slot)
+        self.pending: deque[tuple[int, str, int, OnFalse]] = deque()  # (step, name, slot, ...)
         self.flags: Tensor | None = None
         self.events: list[torch.cuda.Event] = []
         self.next_slot = 0
 
     def __call__(self, target: StepTarget) -> None:
         flag = finite_flag(target.weights)
-        if flag is None:
-            return
+        if flag is not None:
+            self.push(flag, target.name, self._non_finite)
+
+    def push(self, flag: Tensor, name: str, on_false: OnFalse) -> None:
+        """Queue the on-device 0-d bool ``flag``; ``on_false(step, name)`` runs if it is False."""
         if self.flags is None:  # allocated once: pinned slots, and an event per slot
             self.flags = torch.ones(_MAX_PENDING, dtype=torch.bool, pin_memory=True)
             self.events = [torch.cuda.Event() for _ in range(_MAX_PENDING)]
@@ -106,12 +139,12 @@ class DeferredCheck(FiniteCheck):
         self.next_slot = (slot + 1) % _MAX_PENDING
         self.flags[slot].copy_(flag, non_blocking=True)
         self.events[slot].record(torch.cuda.current_stream(flag.device))
-        self.pending.append((self.step(), target.name, slot))
+        self.pending.append((self.step(), name, slot, on_false))
 
     def collect(self, keep: int | None = None) -> None:
         """Read the flags that have arrived; with ``keep``, wait until at most ``keep`` remain."""
         while self.pending:
-            step, name, slot = self.pending[0]
+            step, name, slot, on_false = self.pending[0]
             if keep is None or len(self.pending) <= keep:
                 if not self.events[slot].query():
                     return
@@ -120,11 +153,14 @@ class DeferredCheck(FiniteCheck):
             self.pending.popleft()
             assert self.flags is not None
             if not bool(self.flags[slot]):
-                self.pending.clear()
-                raise _non_finite(self.owner, name, step)
+                on_false(step, name)
+
+    def _non_finite(self, step: int, name: str) -> None:
+        self.pending.clear()
+        raise _non_finite(self.owner, name, step)
 
 
-_MAX_PENDING = 64  # CUDA finiteness flags in flight before a step waits for the oldest
+_MAX_PENDING = 64  # CUDA flags in flight before a step waits for the oldest
 
 #: An update: ``(target, lr, check) -> None``, in place on ``target.weights``.
 Update = Callable[[StepTarget, float, FiniteCheck], None]
@@ -136,23 +172,57 @@ class _Planned:
     groups: tuple[int, ...]  # param-group index of every weight, in the owning optimizer
 
 
+#: Every hook registered on an optimizer (for the check that no weight is regularized twice
+#: per step by two hooks).
+_LIVE: weakref.WeakSet[StepHook] = weakref.WeakSet()
+
+
 class StepHook:
     """Runs an update on each target right after every real step of the given optimizers.
 
+    The invariant, checked here and nowhere else: **the update runs exactly once per real
+    update, on exactly the weights that update changed.** At every step the hook reads what
+    the optimizer updates now (its parameter groups, compared by tensor identity) and what the
+    targets' modules hold now (their ``weight`` parameters), and re-plans when either changed
+    (a cheap identity key decides; the plan is cached otherwise). So:
+
+    * a step that did not update (a fused optimizer's step that ``GradScaler`` skipped on
+      inf/NaN gradients; a target none of whose weights got a gradient) updates nothing and is
+      not counted;
+    * an optimizer given twice is hooked once, and a weight that another live hook already
+      regularizes after the same optimizer's steps, or that two targets share (tied weights,
+      compared by storage), is refused with a ``ValueError`` before anything is written (the
+      same penalty twice; see ``penalty``);
+    * a frozen target is left alone; a half-frozen one is skipped with a warning, whether or
+      not its frozen weight is in an optimizer; a trainable weight no optimizer holds, or a
+      target split across two optimizers, is refused;
+    * a weight that became computed (pruning, a parametrization) is refused at the next step,
+      before the update writes anything, with its cause.
+
     Args:
         optimizers: the optimizers whose steps trigger the update (a target's weights must sit
-            in one of them, or be frozen).
+            in one of them, or be frozen); one listed twice is hooked once.
         targets: the layers or pairs to update.
         update: ``(target, lr, check) -> None``, called with the learning rate of the target's
             parameter group and the finiteness check to use (see :class:`FiniteCheck`).
         check_finite: check the targets' weights after every step (raise
             :class:`NonFiniteWeightsError`); on CUDA without stalling the GPU.
         owner: the name error messages start with.
-        sparsity_chains: weight chains (forward order) whose zeros and hidden units
-            :meth:`metrics` counts.
+        sparsity_chains: chains (forward order) of weights or of modules (their ``weight`` is
+            read when the metrics are computed) whose zeros and hidden units :meth:`metrics`
+            counts.
         chain: every ``nn.Linear`` of the network in forward order, for the network bounds
             (None: not a chain, no bounds).
         num_steps: the step count to start from (a resumed run).
+        penalty: what the update regularizes (``"path-norm"``, ``"l1"``, ...; default: the
+            owner's name): two live hooks with the same penalty may not share a weight after one
+            optimizer's steps. Different penalties may (each update runs once per step, one
+            after the other: a composition of two proxes, not the prox of their sum).
+        watch_units: warn (once per target) when an update leaves a pair target no hidden
+            unit, checked at the hook's steps 1, 2, 4, 8 and every 16th after (on CUDA through
+            the deferred flags, without stalling the GPU).
+        forward_check: verifies ``"auto"`` pairs against the forward passes before the first
+            step; finished (and its hooks removed) at that step, before any update.
     """
 
     def __init__(
@@ -163,14 +233,18 @@ class StepHook:
         *,
         check_finite: bool = True,
         owner: str = "attach",
-        sparsity_chains: Sequence[Sequence[Tensor]] = (),
+        sparsity_chains: Sequence[Sequence[Tensor | nn.Module]] = (),
         chain: Sequence[nn.Linear] | None = None,
         num_steps: int = 0,
+        penalty: str | None = None,
+        watch_units: bool = False,
+        forward_check: ForwardCheck | None = None,
     ) -> None:
-        self.optimizers = [_unwrap(o) for o in optimizers]
+        self.optimizers = list(dict.fromkeys(_unwrap(o) for o in optimizers))
         self.targets = list(targets)
         self.update = update
         self.owner = owner
+        self.penalty = owner if penalty is None else penalty
         self.sparsity_chains = [list(c) for c in sparsity_chains]
         self.chain = list(chain) if chain is not None else None
         self.num_steps = num_steps  # real optimizer steps acted on
@@ -180,69 +254,86 @@ class StepHook:
             "deferred": DeferredCheck(owner, lambda: self.num_steps + 1),
         }
         self.check_finite = check_finite
-        self._warned_half_frozen: set[str] = set()
-        self._plan = self._build_plan()
-        # All optimizers: a later param group may hold a target.
+        self.watch_units = watch_units
+        self._steps_here = 0  # steps acted on by this hook (the unit-watch schedule)
+        self._warned: set[tuple[str, str]] = set()  # (what, target name): warned once
+        self._forward_check = forward_check
+        self._key: Any = None
+        self._plan: dict[int, list[_Planned]] = {}
+        try:
+            self._replan()  # every refusal comes before a hook is registered
+        except BaseException:
+            self._drop_forward_check()
+            raise
         self._handles: list[RemovableHandle] = [
             o.register_step_post_hook(self._after_step) for o in self.optimizers
         ]
-        self._metrics = (Sparsity(), PathNormBound(), ProductBound())
+        _LIVE.add(self)
 
     def remove(self) -> None:
         """Remove the hooks (idempotent); checks still pending are dropped."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        _LIVE.discard(self)
+        self._drop_forward_check()
         self._checks["deferred"].pending.clear()  # type: ignore[attr-defined]
 
     def flush(self) -> None:
-        """Wait for every pending finiteness check and raise on a failed one."""
+        """Wait for every pending flag (finiteness, units left) and raise on a failed check."""
         self._checks["deferred"].collect(keep=0)
 
     @torch.no_grad()
-    def metrics(self) -> dict[str, Tensor]:
-        """The current metric values as detached 0-d tensors: ``sparsity`` and ``alive_units``
-        of the regularized weights, ``path_norm_bound`` and ``product_bound`` of the network
-        (when its ``nn.Linear`` layers form a chain)."""
-        sparsity, path_bound, product = self._metrics
-        device = self.targets[0].weights[0].device if self.targets else torch.device("cpu")
-        values: dict[str, Tensor] = {}
-        sparsity = sparsity.to(device)
-        sparsity.reset()
-        for weights in self.sparsity_chains:
-            sparsity.update(weights)
-        counted = sparsity.compute()
-        values["sparsity"] = counted["sparsity"]
-        if not bool(torch.isnan(counted["alive_units"])):
-            values["alive_units"] = counted["alive_units"]
+    def metrics(self) -> dict[str, float]:
+        """The current metric values as Python floats: ``sparsity`` and ``alive_units`` of the
+        regularized weights, ``path_norm_bound`` and ``product_bound`` of the network (when its
+        ``nn.Linear`` layers form a chain). Read from the weights now (a host sync on CUDA)."""
+        zeros = entries = alive = units = 0
+        for chain in self.sparsity_chains:
+            z, n, a, u = counts(check_chain([_weight_of(w) for w in chain], "metrics"))
+            zeros, entries, alive, units = zeros + int(z), entries + n, alive + int(a), units + u
+        values = {"sparsity": zeros / max(entries, 1)}
+        if units:
+            values["alive_units"] = alive / units
         if self.chain is not None:
-            weights = [layer.weight for layer in self.chain]
-            for key, metric in (("path_norm_bound", path_bound), ("product_bound", product)):
-                metric = metric.to(device)
-                metric.reset()
-                metric.update(weights)
-                values[key] = metric.compute()
+            weights = check_chain([layer.weight for layer in self.chain], "metrics")
+            dtype = acc_dtype(weights[0])
+            values["path_norm_bound"] = float(_path_norm_bound(weights, dtype))
+            values["product_bound"] = float(_product_bound(weights, dtype))
         return values
 
+    # --- the step ------------------------------------------------------------------------
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if _group_sizes(optimizer) != self._layout.get(id(optimizer)):
-            self._plan = self._build_plan()  # param groups were added
-        planned = self._plan.get(id(optimizer), [])
+        if _skipped_by_scaler(optimizer):
+            return  # a fused step GradScaler ran on inf/NaN gradients: no update happened
+        self._replan()
+        if self._forward_check is not None:
+            check, self._forward_check = self._forward_check, None
+            check.finish(self.owner)
+        planned = self._plan.get(id(optimizer))
         if not planned:
             return
-        self._checks["deferred"].collect()
+        deferred = self._checks["deferred"]
+        deferred.collect()
+        watch = self.watch_units and _watch_due(self._steps_here + 1)
+        acted = False
         for item in planned:
-            if not all(w.requires_grad for w in item.target.weights):
-                self._skip_frozen(item.target)
-                continue
+            target = item.target
+            if all(w.grad is None for w in target.weights):
+                continue  # no gradient reached these weights: this step did not change them
             lr = self._step_size(optimizer, item)
             try:
-                self.update(item.target, lr, self._check_for(item.target))
+                self.update(target, lr, self._check_for(target))
             except _StepError:  # already names its step (a deferred check that came back)
                 raise
             except NonFiniteWeightsError:  # the update's own check: name the target
-                raise _non_finite(self.owner, item.target.name) from None
-        self.num_steps += 1
+                raise _non_finite(self.owner, target.name) from None
+            acted = True
+            if watch and len(target.weights) == 2:
+                self._watch_units(target, deferred)  # type: ignore[arg-type]
+        if acted:
+            self.num_steps += 1
+            self._steps_here += 1
 
     def _check_for(self, target: StepTarget) -> FiniteCheck:
         if not self.check_finite:
@@ -260,19 +351,60 @@ class StepHook:
             )
         return lrs[0]
 
-    def _skip_frozen(self, target: StepTarget) -> None:
-        """A frozen weight stays as it is; a half-frozen pair is skipped, with a warning (its
-        prox would change the frozen layer too)."""
-        if (
-            any(w.requires_grad for w in target.weights)
-            and target.name not in self._warned_half_frozen
-        ):
-            self._warned_half_frozen.add(target.name)
-            rank_zero_warn(
-                f"{self.owner}: {target.name} is half frozen (requires_grad=False on one of its "
-                "layers); the prox couples both layers, so it is skipped until both are "
-                "trainable."
-            )
+    def _watch_units(self, target: StepTarget, deferred: DeferredCheck) -> None:
+        """Warn once if ``target`` (a pair) has no hidden unit left; on CUDA via ``deferred``."""
+        w_in, w_out = (w.detach() for w in target.weights)
+        left = alive_units(w_in, w_out).any()
+        if w_in.device.type == "cuda":
+            deferred.push(left, target.name, self._warn_dead)
+        elif not bool(left):
+            self._warn_dead(self.num_steps + 1, target.name)
+
+    def _warn_dead(self, step: int, name: str) -> None:
+        self._warn_once(
+            "dead",
+            name,
+            f"{self.owner}: {name} has no hidden unit left after the prox of step {step} (each "
+            "unit's incoming row or outgoing column is zero), so nothing passes through it any "
+            "more: lam is too large for these layers. The prox shrinks a unit by about "
+            "lr * lam times the l1 norm of its other side, which falls as layers widen; try a "
+            "3-10x smaller lam and watch alive_units in the metrics.",
+        )
+
+    def _warn_once(self, what: str, name: str, message: str) -> None:
+        if (what, name) not in self._warned:
+            self._warned.add((what, name))
+            rank_zero_warn(message, stacklevel=4)
+
+    def _drop_forward_check(self) -> None:
+        if self._forward_check is not None:
+            self._forward_check.remove()
+            self._forward_check = None
+
+    # --- the plan: what the optimizers update now ------------------------------------------
+    def _replan(self) -> None:
+        """Rebuild the plan when the optimizers' parameters or the targets' weights changed
+        (identity, storage, requires_grad); a cached plan otherwise."""
+        key = (
+            tuple(
+                tuple(tuple(map(id, group["params"])) for group in o.param_groups)
+                for o in self.optimizers
+            ),
+            tuple(_weight_state(t) for t in self.targets),
+        )
+        if key != self._key:
+            self._plan = self._build_plan()
+            self._key = key
+
+    def _current(self, target: StepTarget) -> StepTarget:
+        """``target`` with the weights its modules hold now (a clear error for a computed one)."""
+        if not target.layers:
+            return target
+        try:
+            weights = tuple(weight_parameter(name, module) for name, module in target.layers)
+        except ValueError as err:
+            raise ValueError(f"{self.owner}: {err}") from None
+        return dataclasses.replace(target, weights=weights)
 
     def _build_plan(self) -> dict[int, list[_Planned]]:
         owner_of: dict[int, tuple[int, int]] = {}  # id(param) -> (optimizer index, group index)
@@ -280,33 +412,106 @@ class StepHook:
             for group_index, group in enumerate(optimizer.param_groups):
                 for param in group["params"]:
                     owner_of.setdefault(id(param), (opt_index, group_index))
-        self._layout = {id(o): _group_sizes(o) for o in self.optimizers}
         plan: dict[int, list[_Planned]] = {}
-        for target in self.targets:
-            owners = []
-            for weight in target.weights:
-                if id(weight) not in owner_of:
-                    if not weight.requires_grad:
-                        break  # frozen and not optimized (yet: a schedule may add it later)
-                    raise ValueError(
-                        f"{self.owner}: the weight of {target.name} is not in any optimizer "
-                        "(left out of configure_optimizers), so no optimizer step would "
-                        "trigger its prox. Optimize it, freeze it (requires_grad=False), or "
-                        "leave it out of the layers/pairs."
-                    )
-                owners.append(owner_of[id(weight)])
-            if len(owners) < len(target.weights):
+        for target in map(self._current, self.targets):
+            owners = [owner_of.get(id(w)) for w in target.weights]
+            if any(
+                o is None and w.requires_grad for o, w in zip(owners, target.weights, strict=True)
+            ):
+                raise ValueError(
+                    f"{self.owner}: the weight of {target.name} is not in any optimizer "
+                    "(left out of configure_optimizers), so no optimizer step would "
+                    "trigger its prox. Optimize it, freeze it (requires_grad=False), or "
+                    "leave it out of the layers/pairs."
+                )
+            trainable = [w.requires_grad for w in target.weights]
+            if not any(trainable):
+                continue  # frozen: left as the optimizer leaves it
+            if not all(trainable):
+                self._warn_once(
+                    "half frozen",
+                    target.name,
+                    f"{self.owner}: {target.name} is half frozen (requires_grad=False on one of "
+                    "its layers); the prox couples both layers, so it is skipped until both "
+                    "are trainable and optimized.",
+                )
                 continue
-            opt_indices = sorted({o for o, _ in owners})
+            opt_indices = sorted({o for o, _ in owners})  # type: ignore[misc]
             if len(opt_indices) > 1:
                 raise ValueError(
                     f"{self.owner}: the weights of {target.name} are held by different "
                     f"optimizers (indices {opt_indices}); the coupled prox needs one step after "
                     "one optimizer step. Put both layers in the same optimizer."
                 )
+            groups = tuple(g for _, g in owners)  # type: ignore[misc]
             optimizer = self.optimizers[opt_indices[0]]
-            plan.setdefault(id(optimizer), []).append(_Planned(target, tuple(g for _, g in owners)))
+            plan.setdefault(id(optimizer), []).append(_Planned(target, groups))
+        self._check_once_per_step(plan)
         return plan
+
+    def _check_once_per_step(self, plan: dict[int, list[_Planned]]) -> None:
+        """Refuse a weight that two targets share (tied, by storage) or that another live hook
+        with the same penalty regularizes after the same optimizer's steps."""
+        mine = [item.target for items in plan.values() for item in items]
+        for index, a in enumerate(mine):
+            for b in mine[index + 1 :]:
+                if _overlap(a, b):
+                    raise ValueError(
+                        f"{self.owner}: {a.name} and {b.name} share a weight (tied weights: one "
+                        "tensor or storage in both), so its prox would run twice per step. "
+                        "Untie them, or leave one of them out of the pairs."
+                    )
+        for other in list(_LIVE):
+            if other is self or other.penalty != self.penalty:
+                continue
+            for optimizer in self.optimizers:
+                theirs = [i.target for i in other._plan.get(id(optimizer), [])]
+                if not any(o is optimizer for o in other.optimizers):
+                    continue
+                for a in (i.target for i in plan.get(id(optimizer), [])):
+                    for b in theirs:
+                        if _overlap(a, b):
+                            raise ValueError(
+                                f"{self.owner}: {a.name} is already regularized after every "
+                                f"step of this optimizer by another hook ({other.owner}, "
+                                f"{b.name}), so a prox would run twice per step. Remove the "
+                                "other hook first (its .remove() for attach), or give the two "
+                                "hooks disjoint pairs."
+                            )
+
+
+def _weight_state(target: StepTarget) -> tuple[Any, ...]:
+    """What a plan depends on in ``target``: its weights' identity, storage and trainability
+    (for a followed target, read from its modules now)."""
+    weights: list[Tensor | None] = (
+        [module._parameters.get("weight") for _, module in target.layers]
+        if target.layers
+        else list(target.weights)
+    )
+    return tuple(
+        (id(w), w.data_ptr(), w.requires_grad) if isinstance(w, Tensor) else None for w in weights
+    )
+
+
+def _overlap(a: StepTarget, b: StepTarget) -> bool:
+    return any(shares_memory(x, y) for x in a.weights for y in b.weights)
+
+
+def _watch_due(step: int) -> bool:
+    return step in (1, 2, 4, 8) or step % 16 == 0
+
+
+def _skipped_by_scaler(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether this step is one that ``GradScaler`` ran on inf/NaN gradients and the optimizer
+    skipped by itself: for optimizers that handle the scaling (``fused=True``), the scaler
+    calls ``step()`` with ``optimizer.found_inf`` set and the fused kernel updates nothing
+    (one host sync, on these steps only)."""
+    found_inf = getattr(optimizer, "found_inf", None)
+    return isinstance(found_inf, Tensor) and bool(found_inf)
+
+
+def _weight_of(item: Tensor | nn.Module) -> Tensor:
+    return item.weight if isinstance(item, nn.Module) else item  # type: ignore[return-value]
 
 
 def attach(
@@ -349,16 +554,28 @@ def attach(
         targets,
         update,
         check_finite=check_finite,
-        sparsity_chains=[list(t.weights) for t in targets],
+        sparsity_chains=[[p.first, p.second] for p in layer_pairs],
         chain=linear_chain(model),
+        penalty="path-norm",
+        watch_units=True,
+        forward_check=forward_check(layer_pairs),
     )
+
+
+def forward_check(pairs: Sequence[LayerPair]) -> ForwardCheck | None:
+    """A :class:`ForwardCheck` of the pairs the module tree could not verify (None if none)."""
+    return ForwardCheck(pairs) if any(not p.verified for p in pairs) else None
 
 
 def pair_target(
     first_name: str, second_name: str, first: nn.Linear, second: nn.Linear
 ) -> StepTarget:
-    """The :class:`StepTarget` of a layer pair."""
-    return StepTarget(f"pair ({first_name!r}, {second_name!r})", (first.weight, second.weight))
+    """The :class:`StepTarget` of a layer pair (followed: its modules' weights at each step)."""
+    return StepTarget(
+        f"pair ({first_name!r}, {second_name!r})",
+        (first.weight, second.weight),
+        ((first_name, first), (second_name, second)),
+    )
 
 
 def prox_pair(target: StepTarget, step: float, check: FiniteCheck) -> None:
@@ -407,10 +624,6 @@ def _unwrap(optimizer: Any) -> torch.optim.Optimizer:
     if not isinstance(inner, torch.optim.Optimizer):
         raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
     return inner
-
-
-def _group_sizes(optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
-    return tuple(len(group["params"]) for group in optimizer.param_groups)
 
 
 def _as_float(lr: Any) -> float:

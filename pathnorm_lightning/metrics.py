@@ -10,59 +10,15 @@ Across processes the states are summed, so identical replicas report their commo
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
+from pathnorm_lightning._chain import acc_dtype, check_chain, counts, path_norm_bound, product_bound
+
 __all__ = ["PathNormBound", "ProductBound", "Sparsity"]
-
-
-def _check_chain(weights: Sequence[Tensor], name: str) -> list[Tensor]:
-    if isinstance(weights, Tensor):
-        weights = [weights]
-    weights = list(weights)
-    if not weights:
-        raise ValueError(f"{name}.update needs at least one weight matrix, got an empty sequence")
-    for index, w in enumerate(weights):
-        if not isinstance(w, Tensor) or w.dim() != 2:
-            shape = tuple(w.shape) if isinstance(w, Tensor) else type(w).__name__
-            raise ValueError(
-                f"{name}.update: weights[{index}] must be a 2-D weight matrix (out, in), got {shape}"
-            )
-    for index in range(len(weights) - 1):
-        a, b = weights[index], weights[index + 1]
-        if a.shape[0] != b.shape[1]:
-            raise ValueError(
-                f"{name}.update: weights[{index}] {tuple(a.shape)} and weights[{index + 1}] "
-                f"{tuple(b.shape)} do not chain: weights[l].shape[0] (out) must equal "
-                "weights[l + 1].shape[1] (in); pass the layers in forward order, torch layout"
-            )
-    return [w.detach() for w in weights]
-
-
-def _acc_dtype(w: Tensor) -> torch.dtype:
-    # Products of many row sums overflow float16/bfloat16; float64 is cheap at these sizes
-    # (MPS has no float64).
-    return torch.float32 if w.device.type == "mps" else torch.float64
-
-
-def _any_nonzero(w: Tensor, dim: int) -> Tensor:
-    """Whether each slice along ``dim`` has a nonzero (or NaN) entry."""
-    if w.shape[dim] == 0:
-        return torch.zeros(w.shape[1 - dim], dtype=torch.bool, device=w.device)
-    return w.abs().amax(dim) != 0
-
-
-def _abs_sum(w: Tensor, dim: int | None, dtype: torch.dtype) -> Tensor:
-    """``|w|`` summed over ``dim`` (all when None), in ``dtype``: float32 and float64 weights
-    are summed in their own dtype (no full-size copy), half types in float32 (no overflow)."""
-    if w.dtype not in (torch.float32, torch.float64):
-        w = w.float()
-    a = w.abs()
-    return (a.sum() if dim is None else a.sum(dim)).to(dtype)
 
 
 class Sparsity(Metric):
@@ -90,15 +46,11 @@ class Sparsity(Metric):
 
     def update(self, weights: Sequence[Tensor]) -> None:
         """Count the zeros of every matrix and the alive units between consecutive ones."""
-        chain = _check_chain(weights, "Sparsity")
-        for w in chain:
-            # count_nonzero and amax: several times faster on CPU than reducing a bool mask
-            self.zeros += (w.numel() - torch.count_nonzero(w)).to(self.zeros.device)
-            self.total += w.numel()
-        for w_in, w_out in itertools.pairwise(chain):
-            alive = _any_nonzero(w_in, 1) & _any_nonzero(w_out, 0)
-            self.alive += alive.sum().to(self.alive.device)
-            self.units += alive.numel()
+        zeros, total, alive, units = counts(check_chain(weights, "Sparsity"))
+        self.zeros += zeros.to(self.zeros.device)
+        self.total += total
+        self.alive += alive.to(self.alive.device)
+        self.units += units
 
     def compute(self) -> dict[str, Tensor]:
         """``{"sparsity": zeros / entries, "alive_units": alive / hidden units}``."""
@@ -131,8 +83,8 @@ class _ChainBound(Metric):
 
     def update(self, weights: Sequence[Tensor]) -> None:
         """Add the bound of the network ``W_L act(... act(W_1 x))`` given as ``[W_1, ..., W_L]``."""
-        chain = _check_chain(weights, type(self).__name__)
-        value = self._bound(chain, _acc_dtype(chain[0]))
+        chain = check_chain(weights, type(self).__name__)
+        value = self._bound(chain, acc_dtype(chain[0]))
         self.value_sum += value.to(self.value_sum.device, self.value_sum.dtype)
         self.count += 1
 
@@ -152,10 +104,7 @@ class PathNormBound(_ChainBound):
     """
 
     def _bound(self, chain: list[Tensor], dtype: torch.dtype) -> Tensor:
-        v = _abs_sum(chain[0], 1, dtype)  # |W_1| 1
-        for w in chain[1:]:
-            v = w.to(dtype).abs() @ v
-        return v.sum()
+        return path_norm_bound(chain, dtype)
 
 
 class ProductBound(_ChainBound):
@@ -166,9 +115,4 @@ class ProductBound(_ChainBound):
     """
 
     def _bound(self, chain: list[Tensor], dtype: torch.dtype) -> Tensor:
-        value = _abs_sum(chain[-1], None, dtype)
-        for w in chain[:-1]:
-            rows = _abs_sum(w, 1, dtype)
-            # a layer without units passes nothing on: its norm (the max over no rows) is 0
-            value = value * (rows.amax() if rows.numel() else rows.new_zeros(()))
-        return value
+        return product_bound(chain, dtype)

@@ -3,7 +3,9 @@
 A *pair* ``(first, second)`` is two ``nn.Linear`` layers ``Linear(m, n) -> act -> Linear(n, p)``
 whose hidden units (``first.weight[i, :]`` incoming, ``second.weight[:, i]`` outgoing) the
 1-path-norm prox couples. ``pairs="auto"`` pairs the network's Linear layers in module order,
-(L1, L2), (L3, L4), ..., as in the paper's multilayer extension.
+(L1, L2), (L3, L4), ..., as in the paper's multilayer extension; a pair the module tree does not
+show to be a shallow network is checked against the first training forward pass
+(:class:`ForwardCheck`). Needs torch only (no Lightning).
 """
 
 from __future__ import annotations
@@ -12,13 +14,17 @@ import difflib
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+import torch
 from torch import nn
+from torch.nn.utils import parametrize, prune
+from torch.utils.hooks import RemovableHandle
 
-from pathnorm_lightning._common import shares_memory
+from pathnorm_lightning._common import rank_zero_warn, shares_memory
 
 __all__ = [
+    "ForwardCheck",
     "LayerPair",
     "LayersSpec",
     "PairsSpec",
@@ -27,6 +33,7 @@ __all__ = [
     "normalize_pairs",
     "resolve_layers",
     "resolve_pairs",
+    "weight_parameter",
 ]
 
 PairsSpec = str | Sequence[tuple[str, str]] | Sequence[Sequence[str]]
@@ -35,12 +42,18 @@ LayersSpec = str | Sequence[str]
 
 @dataclass(frozen=True)
 class LayerPair:
-    """Two chained ``nn.Linear`` layers, named as in ``model.named_modules()``."""
+    """Two chained ``nn.Linear`` layers, named as in ``model.named_modules()``.
+
+    ``verified`` is False for an ``"auto"`` pair whose data flow the module tree does not show
+    (not neighbours in one ``nn.Sequential`` with only activations between them): the hooks
+    check it against the first training forward pass (:class:`ForwardCheck`).
+    """
 
     first_name: str
     second_name: str
     first: nn.Linear
     second: nn.Linear
+    verified: bool = True
 
 
 def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
@@ -71,7 +84,45 @@ def _lookup(model: nn.Module, name: str, what: str) -> nn.Linear:
     return module
 
 
+def weight_parameter(name: str, layer: nn.Module) -> nn.Parameter:
+    """The parameter ``layer.weight`` is, or a ``ValueError`` naming why it is computed instead
+    (a parametrization, pruning, the older weight/spectral norm hooks): the prox would write to
+    a tensor recomputed at every forward pass, not to the weights the optimizer trains."""
+    weight = layer._parameters.get("weight")
+    if isinstance(weight, nn.Parameter):
+        return weight
+    if parametrize.is_parametrized(layer, "weight"):
+        parametrizations: Any = layer.parametrizations
+        kinds = ", ".join(type(p).__name__ for p in parametrizations["weight"])
+        cause = (
+            f"parametrized ({kinds}) with torch.nn.utils.parametrize (as parametrizations."
+            "weight_norm and spectral_norm do)"
+        )
+        undo = "torch.nn.utils.parametrize.remove_parametrizations(layer, 'weight')"
+    else:
+        hooks = [type(h) for h in layer._forward_pre_hooks.values()]
+        if any(issubclass(h, prune.BasePruningMethod) for h in hooks):
+            cause = (
+                "pruned (torch.nn.utils.prune, e.g. Lightning's ModelPruning: weight = "
+                "weight_orig * weight_mask)"
+            )
+            undo = "torch.nn.utils.prune.remove(layer, 'weight') (or prune after training)"
+        else:
+            known = {"WeightNorm": "torch.nn.utils.weight_norm", "SpectralNorm": "spectral_norm"}
+            found = [known[h.__name__] for h in hooks if h.__name__ in known]
+            cause = f"wrapped by {found[0]}" if found else "computed by a forward pre-hook"
+            undo = "the matching remove_* function"
+    raise ValueError(
+        f"layer {name!r} is {cause}: its weight is computed from other tensors at every forward "
+        "pass, not a parameter the optimizer updates, so the prox would write to a computed "
+        "tensor (overwritten at the next forward) instead of the weights being trained. Remove "
+        f"it before training with the prox ({undo}), or leave this layer out of the pairs. The "
+        "prox itself zeroes weights exactly, so pruning on top of it is not needed for sparsity."
+    )
+
+
 def _check_materialized(name: str, layer: nn.Linear) -> None:
+    weight_parameter(name, layer)
     if isinstance(layer.weight, nn.parameter.UninitializedParameter):
         raise ValueError(
             f"layer {name!r} is a {type(layer).__name__} whose weight is not materialized yet "
@@ -150,15 +201,18 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
     Args:
         model: the network (usually the ``LightningModule``).
         pairs: ``"auto"`` pairs the ``nn.Linear`` layers in module order, (L1, L2), (L3, L4),
-            ...; an unpaired last layer is left alone with a warning, and so is a pair whose
-            data flow the module tree does not show (not neighbours in one ``nn.Sequential``
-            with only activations between them). Otherwise a sequence of
-            ``(first_name, second_name)`` module names, taken as given.
+            ...; an unpaired last layer is left alone with a warning. A pair whose data flow the
+            module tree does not show (not neighbours in one ``nn.Sequential`` with only
+            activations between them) is returned with ``verified=False``, for a
+            :class:`ForwardCheck` (``attach`` and the callbacks run one on the first training
+            batch). Otherwise a sequence of ``(first_name, second_name)`` module names, taken as
+            given.
 
     Raises:
-        ValueError: unknown names, non-Linear modules, dimensions that do not chain, tied
-            weights, a layer in two pairs, no pair at all, or (``"auto"``) a module with
-            parameters or buffers (Conv, BatchNorm, LayerNorm, ...) between two paired layers.
+        ValueError: unknown names, non-Linear modules, parametrized or pruned weights (computed,
+            not parameters), dimensions that do not chain, tied weights, a layer in two pairs,
+            no pair at all, or (``"auto"``) a module with parameters or buffers (Conv,
+            BatchNorm, LayerNorm, PReLU, ...) between two paired layers.
     """
     spec = normalize_pairs(pairs)
     if spec == "auto":
@@ -172,12 +226,13 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
         if len(layers) % 2 == 1:
             rank_zero_warn(
                 f"pairs='auto': {len(layers)} nn.Linear layers, so the last one "
-                f"({layers[-1][0]!r}) is not paired and is not regularized by the path-norm prox. "
-                "Pass pairs=[...] explicitly to choose the pairs.",
-                category=UserWarning,
+                f"({layers[-1][0]!r}) is not paired and is not regularized by the path-norm prox "
+                "(pairs never share a layer). Pass pairs=[...] explicitly to choose the pairs.",
             )
         named = [(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
-        _check_auto_pairs(model, named)
+        for name, layer in itertools.chain.from_iterable(named):
+            _check_materialized(name, layer)
+        unverified = _check_auto_pairs(model, named)
     else:
         used: dict[str, int] = {}
         named = []
@@ -195,17 +250,18 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
                     )
                 used[name] = index
             named.append(((n1, l1), (n2, l2)))
+        unverified = set()
     result = []
     for (n1, l1), (n2, l2) in named:
         _check_chain(n1, l1, n2, l2)
-        result.append(LayerPair(n1, n2, l1, l2))
+        result.append(LayerPair(n1, n2, l1, l2, verified=(n1, n2) not in unverified))
     return result
 
 
 # Modules that act entry by entry and hold no state: between two Linear layers of one
-# nn.Sequential they keep the pair a shallow network.
+# nn.Sequential they keep the pair a shallow network. (nn.PReLU is not one: it learns its slope.)
 _POINTWISE: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.PReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
+    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
     nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus,
     nn.Softsign, nn.Tanhshrink, nn.LogSigmoid, nn.Identity, nn.Dropout, nn.AlphaDropout,
 )  # fmt: skip
@@ -213,40 +269,139 @@ _POINTWISE: tuple[type[nn.Module], ...] = (
 
 def _check_auto_pairs(
     model: nn.Module, named: list[tuple[tuple[str, nn.Linear], tuple[str, nn.Linear]]]
-) -> None:
+) -> set[tuple[str, str]]:
     """Refuse an auto pair with a module holding parameters or buffers (Conv, BatchNorm,
-    LayerNorm, ...) registered between its layers; warn about pairs whose data flow cannot be
-    read from the module tree (not neighbours in one ``nn.Sequential`` with only pointwise
-    activations between them)."""
+    LayerNorm, PReLU, ...) registered between its layers; return the pairs whose data flow
+    cannot be read from the module tree (not neighbours in one ``nn.Sequential`` with only
+    pointwise activations between them)."""
     order = list(model.named_modules())
     position = {name: index for index, (name, _) in enumerate(order)}
-    unverified = []
+    unverified = set()
     for (n1, _), (n2, _) in named:
         between = order[position[n1] + 1 : position[n2]]
         for name, module in between:
             own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
             if own and not isinstance(module, nn.Linear):
+                learned = (
+                    " (nn.PReLU learns its slope, which may leave [0, 1], the slopes for which "
+                    "the path-norm bounds the Lipschitz constant)"
+                    if isinstance(module, nn.PReLU)
+                    else ""
+                )
                 raise ValueError(
                     f"pairs='auto' would pair {n1!r} with {n2!r}, but {name!r} (a "
                     f"{type(module).__name__} with parameters or buffers) is registered between "
                     "them: such a pair is not a shallow network Linear -> activation -> Linear, "
-                    "and its path-norm would not bound that part of the network. Name the pairs "
-                    "explicitly, e.g. pairs=[('encoder.0', 'encoder.2')]."
+                    f"and its path-norm would not bound that part of the network{learned}. Name "
+                    "the pairs explicitly, e.g. pairs=[('encoder.0', 'encoder.2')]."
                 )
         parent1, _, _ = n1.rpartition(".")
         parent2, _, _ = n2.rpartition(".")
         container = dict(order).get(parent1)
         direct = parent1 == parent2 and isinstance(container, nn.Sequential)
         if not direct or not all(isinstance(m, _POINTWISE) for _, m in between):
-            unverified.append((n1, n2))
-    if unverified:
-        rank_zero_warn(
-            f"pairs='auto' paired {unverified} from the order the layers were registered in, "
-            "which need not be the order forward() runs them in; the pairs could not be "
-            "verified (they are not neighbours in one nn.Sequential with only activations "
-            "between them). Pass pairs=[(first, second), ...] explicitly to confirm them.",
-            category=UserWarning,
-        )
+            unverified.add((n1, n2))
+    return unverified
+
+
+class ForwardCheck:
+    """Checks ``"auto"`` pairs that the module tree cannot verify against the training forward
+    passes before the first optimizer step.
+
+    A pair is verified when both layers ran equally often (at least once) and every input of
+    the second layer comes from the first layer's latest output alone (through activations,
+    dropout, reshapes: no parameter, no skip connection), as read from the autograd graph. Passes without gradients (validation, sanity checks) and code being
+    traced by ``torch.compile`` are not recorded. :meth:`finish` removes the forward hooks and
+    warns about the pairs it could not verify.
+    """
+
+    def __init__(self, pairs: Sequence[LayerPair]) -> None:
+        self.pairs = [p for p in pairs if not p.verified]
+        self._calls: dict[int, int] = {}
+        self._outputs: dict[int, Any] = {}  # id(first layer) -> its latest output's grad_fn
+        self._broken: set[tuple[str, str]] = set()
+        self._handles: list[RemovableHandle] = []
+        for pair in self.pairs:
+            for layer in (pair.first, pair.second):
+                self._calls[id(layer)] = 0
+            self._handles.append(pair.first.register_forward_hook(self._first_ran))
+            self._handles.append(
+                pair.second.register_forward_hook(
+                    lambda module, args, output, pair=pair: self._second_ran(pair, args)
+                )
+            )
+
+    def _recording(self) -> bool:
+        return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+    def _first_ran(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self._recording():
+            self._calls[id(module)] += 1
+            self._outputs[id(module)] = getattr(output, "grad_fn", None)
+
+    def _second_ran(self, pair: LayerPair, args: Any) -> None:
+        if not self._recording():
+            return
+        self._calls[id(pair.second)] += 1
+        source = self._outputs.get(id(pair.first))
+        node = getattr(args[0], "grad_fn", None) if args else None
+        if source is None or not _flows_from(node, source):
+            self._broken.add((pair.first_name, pair.second_name))
+
+    def remove(self) -> None:
+        """Remove the forward hooks (idempotent)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self._outputs.clear()
+
+    def finish(self, owner: str) -> None:
+        """Remove the hooks; warn (``owner`` first) about every pair not verified."""
+        self.remove()
+        failed = [
+            (p.first_name, p.second_name)
+            for p in self.pairs
+            if (p.first_name, p.second_name) in self._broken
+            or self._calls[id(p.first)] != self._calls[id(p.second)]
+            or self._calls[id(p.first)] == 0
+        ]
+        self.pairs = []
+        if failed:
+            rank_zero_warn(
+                f"{owner}: pairs='auto' paired {failed} from the order the layers were registered "
+                "in, and the forward pass before the first optimizer step did not confirm it (the "
+                "second layer of a pair must run once per first-layer call, on its output through "
+                "activations only): the pairs could not be verified. Pass pairs=[(first, second), "
+                "...] explicitly to confirm them, or to choose others."
+            )
+
+
+def _flows_from(node: Any, source: Any, budget: int = 256) -> bool:
+    """Whether every path back from autograd node ``node`` reaches ``source`` before reaching
+    any other input: a parameter, or (except as the factor of a product or quotient, e.g. a
+    dropout mask) a tensor without gradient, such as a skip connection from the data."""
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current is source:
+            continue
+        if current is None or type(current).__name__ == "AccumulateGrad":
+            return False
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        inputs = current.next_functions
+        if not inputs or len(seen) > budget:
+            return False
+        for function, _ in inputs:
+            if function is None and type(current).__name__ not in _SCALINGS:
+                return False
+            if function is not None:
+                stack.append(function)
+    return True
+
+
+_SCALINGS = ("MulBackward0", "DivBackward0")  # a constant factor: dropout's mask, a scale
 
 
 def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[str, nn.Linear]]:

@@ -340,16 +340,123 @@ def test_same_optimizer_object_across_fits_gets_one_hook() -> None:
     assert len(shared["opt"]._optimizer_step_post_hooks) == 0
 
 
-def test_gradscaler_skipped_step_is_not_a_real_step() -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_gradscaler_skipped_step_is_not_a_real_step(fused: bool) -> None:
+    # Unfused, the scaler does not call optimizer.step(); fused, it calls it with found_inf set
+    # and the fused kernel skips the update: neither is a step for the prox.
     torch.manual_seed(0)
     cb = Spy(lam=0.01)
     scaler = torch.amp.GradScaler("cpu")
     plugin = MixedPrecision("16-mixed", device="cpu", scaler=scaler)
-    model = MLP(poison_batch=2)  # inf loss -> inf grads -> the scaler skips optimizer.step()
+    model = MLP(  # inf loss -> inf grads -> the scaler skips the update
+        poison_batch=2,
+        make_optimizers=lambda m: torch.optim.SGD(m.parameters(), lr=m.lr, fused=fused),
+    )
     trainer(max_epochs=1, plugins=[plugin], callbacks=[cb]).fit(model, loader(make_data()))
     assert cb.num_steps == 5
     assert len(cb.calls) == 5
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def _one_optimizer_twice(model: MLP) -> Any:
+    optimizer = torch.optim.SGD(model.parameters(), lr=model.lr)
+    return [optimizer, optimizer]
+
+
+def _step_the_first(model: MLP, loss: Tensor, batch_idx: int) -> None:
+    optimizer = model.optimizers()[0]  # type: ignore[index]
+    optimizer.zero_grad()
+    model.manual_backward(loss)
+    optimizer.step()
+
+
+def test_one_optimizer_returned_twice_is_proxed_once_per_step() -> None:
+    torch.manual_seed(0)
+    model = MLP(make_optimizers=_one_optimizer_twice, manual_step=_step_the_first)
+    plain = copy.deepcopy(model)
+    plain.make_optimizers = None
+    ds = make_data()
+    ref = reference_prox_sgd(plain, list(loader(ds)), 0.1, pairs=[(0, 1)])
+    cb = Spy(lam=0.1)
+    tr = trainer(max_epochs=1, callbacks=[cb])
+    tr.fit(model, loader(ds))
+    assert len(tr.optimizers) == 2 and tr.optimizers[0] is tr.optimizers[1]
+    assert cb.num_steps == 6 and len(cb.calls) == 6
+    assert_same_weights(model, ref)
+
+
+def test_two_path_norm_callbacks_on_one_pair_are_refused() -> None:
+    callbacks = [
+        PathNormProx(lam=0.1),
+        PathNormProx(lam=0.2, pairs=[("net.0", "net.2")], log_prefix="other"),
+    ]
+    tr = trainer(max_epochs=1, callbacks=callbacks)
+    model = MLP()
+    kept = copy.deepcopy(model)
+    with pytest.raises(
+        ValueError,
+        match=r"PathNormProx: pair \('net.0', 'net.2'\) is already regularized after every step "
+        r"of this optimizer by another hook \(PathNormProx, pair",
+    ):
+        tr.fit(model, loader(make_data()))
+    assert all(cb._hook is None and cb.num_steps == 0 for cb in callbacks)
+    assert all(len(o._optimizer_step_post_hooks) == 0 for o in tr.optimizers)
+    assert_same_weights(model, kept, atol=0)
+
+
+def test_model_pruning_is_refused_at_the_first_step_after_it() -> None:
+    from lightning.pytorch.callbacks import ModelPruning
+
+    torch.manual_seed(0)
+    cb = PathNormProx(lam=0.01)
+    pruning = ModelPruning("l1_unstructured", amount=0.5, verbose=0)  # at each epoch's end
+    tr = trainer(max_epochs=2, callbacks=[pruning, cb])
+    with pytest.raises(
+        ValueError,
+        match=r"PathNormProx: layer 'net.0' is pruned \(torch.nn.utils.prune, e.g. Lightning's "
+        r"ModelPruning.* computed",
+    ):
+        tr.fit(MLP(), loader(make_data()))
+    assert cb.num_steps == 6  # the first epoch's steps; none on pruned weights
+    assert cb._hook is None
+
+
+class AttributeMLP(MLP):
+    """The usual LightningModule style: layers as attributes, called in ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.net
+        self.hidden, self.out = nn.Linear(20, 16), nn.Linear(16, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(nn.functional.elu(self.hidden(x)))
+
+
+def test_attribute_style_module_pairs_without_a_warning_and_floats_after_fit() -> None:
+    torch.manual_seed(0)
+    model = AttributeMLP()
+    ds = make_data()
+    ref = reference_prox_sgd(model, list(loader(ds)), 0.1, pairs=[(0, 1)])
+    cb = PathNormProx(lam=0.1)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(ds))
+    assert not [str(w.message) for w in record if "could not be verified" in str(w.message)]
+    assert cb.num_steps == 6
+    assert_same_weights(model, ref)
+    values = cb.metric_values()  # the one way to read the metrics after fit: Python floats
+    assert sorted(values) == [
+        "pathnorm/alive_units",
+        "pathnorm/path_norm_bound",
+        "pathnorm/product_bound",
+        "pathnorm/sparsity",
+    ]
+    assert all(type(v) is float for v in values.values())
+    w_in, w_out = model.hidden.weight.detach(), model.out.weight.detach()
+    assert math.isclose(
+        values["pathnorm/path_norm_bound"], float(path_norm(w_in, w_out)), rel_tol=1e-6
+    )
 
 
 # --- precision -------------------------------------------------------------------------
@@ -629,7 +736,7 @@ def test_frozen_layers_stay_as_they_are() -> None:
         assert torch.equal(model.get_submodule(name).weight, before[f"{name}.weight"])
     assert not torch.equal(model.net[6].weight, before["net.6.weight"])  # SGD moved it
     assert (model.net[6].weight == 0).sum() == 0  # but no prox
-    assert cb.num_steps == 6
+    assert cb.num_steps == 0  # the steps it acted on: none
 
 
 class _UnfreezeAtEpoch1(BaseFinetuning):
@@ -718,7 +825,7 @@ class _DumpWeights(pl.Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         cb = next(c for c in trainer.callbacks if isinstance(c, PathNormProx))
         state = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
-        values = {k: v.item() for k, v in cb.metric_values().items()}
+        values = cb.metric_values()  # Python floats
         torch.save({"state": state, "metrics": values}, self.out / f"rank{trainer.global_rank}.pt")
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:

@@ -37,16 +37,18 @@ def names(pairs: list[Any]) -> list[tuple[str, str]]:
 
 def test_auto_pairs_consecutive_linears_in_module_order() -> None:
     net = Net()
-    # (middle, head) are attributes: forward() could run them in any order
-    with pytest.warns(UserWarning, match=r"paired \[\('middle', 'head'\)\] .* not be verified"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         pairs = resolve_pairs(net, "auto")
+        assert names(resolve_pairs(net.encoder, "auto")) == [("0", "2")]
+        assert names(resolve_pairs(net, [("middle", "head")])) == [("middle", "head")]
     assert names(pairs) == [("encoder.0", "encoder.2"), ("middle", "head")]
     assert pairs[0].first is net.encoder[0] and pairs[1].second is net.head
     assert [p.first.out_features for p in pairs] == [6, 4]
-    with warnings.catch_warnings():  # one nn.Sequential with an activation between: verified
-        warnings.simplefilter("error")
-        assert names(resolve_pairs(net.encoder, "auto")) == [("0", "2")]
-        assert names(resolve_pairs(net, [("middle", "head")])) == [("middle", "head")]
+    # one nn.Sequential with an activation between: verified by the module tree; (middle, head)
+    # are attributes, which forward() could run in any order: left to the forward pass
+    assert [p.verified for p in pairs] == [True, False]
+    assert resolve_pairs(net, [("middle", "head")])[0].verified  # explicit: taken as given
 
 
 @pytest.mark.parametrize(
