@@ -224,6 +224,8 @@ def test_save_load_and_report(tmp_path: Path) -> None:
     x = np.random.default_rng(0).standard_normal((50, 12)).astype("float32")
     assert np.array_equal(np.asarray(loaded(x)), np.asarray(small(x)))
     assert loaded.get_layer("a").units == 7 and loaded.compiled
+    _, again = compact(loaded)  # a reloaded model compacts too; nothing is left to remove
+    assert again.units_after == again.units_before == 15
     assert isinstance(report, CompactionReport)
     assert (report.units_before, report.units_after) == (18, 15)
     lines = str(report).splitlines()
