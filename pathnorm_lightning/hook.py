@@ -219,8 +219,8 @@ class StepHook:
             optimizer's steps. Different penalties may (each update runs once per step, one
             after the other: a composition of two proxes, not the prox of their sum).
         watch_units: warn (once per target) when an update leaves a pair target no hidden
-            unit, checked at the hook's steps 1, 2, 4, 8 and every 16th after (on CUDA through
-            the deferred flags, without stalling the GPU).
+            unit, checked at the hook's steps 1, 2, 4, ..., 32 and every 64th after (on CUDA
+            through the deferred flags, without stalling the GPU).
         forward_check: verifies ``"auto"`` pairs against the forward passes before the first
             step; finished (and its hooks removed) at that step, before any update.
     """
@@ -498,7 +498,8 @@ def _overlap(a: StepTarget, b: StepTarget) -> bool:
 
 
 def _watch_due(step: int) -> bool:
-    return step in (1, 2, 4, 8) or step % 16 == 0
+    """Steps 1, 2, 4, ..., 32, then every 64th: about 1/64 of a pass over the weights per step."""
+    return (step <= 32 and step & (step - 1) == 0) or step % 64 == 0
 
 
 def _skipped_by_scaler(optimizer: torch.optim.Optimizer) -> bool:

@@ -358,21 +358,32 @@ class ForwardCheck:
     def finish(self, owner: str) -> None:
         """Remove the hooks; warn (``owner`` first) about every pair not verified."""
         self.remove()
-        failed = [
-            (p.first_name, p.second_name)
-            for p in self.pairs
-            if (p.first_name, p.second_name) in self._broken
-            or self._calls[id(p.first)] != self._calls[id(p.second)]
-            or self._calls[id(p.first)] == 0
-        ]
+        unseen, contradicted = [], []
+        for p in self.pairs:
+            name, calls = (p.first_name, p.second_name), self._calls[id(p.first)]
+            if calls == 0:
+                unseen.append(name)
+            elif name in self._broken or calls != self._calls[id(p.second)]:
+                contradicted.append(name)
         self.pairs = []
-        if failed:
+        why = []
+        if contradicted:
+            why.append(
+                f"the forward pass does not run {contradicted} as shallow pairs (the second "
+                "layer must run once per first-layer call, on its output alone, through "
+                "activations: no other input, no parameter between)"
+            )
+        if unseen:
+            why.append(
+                f"no forward pass with gradients ran {unseen} before the first optimizer step "
+                "(under torch.compile it is not seen)"
+            )
+        if why:
             rank_zero_warn(
-                f"{owner}: pairs='auto' paired {failed} from the order the layers were registered "
-                "in, and the forward pass before the first optimizer step did not confirm it (the "
-                "second layer of a pair must run once per first-layer call, on its output through "
-                "activations only): the pairs could not be verified. Pass pairs=[(first, second), "
-                "...] explicitly to confirm them, or to choose others."
+                f"{owner}: pairs='auto' paired {contradicted + unseen} from the order the layers "
+                f"were registered in, but {'; and '.join(why)}: the pairs could not be verified. "
+                "Pass pairs=[(first, second), ...] explicitly to confirm them, or to choose "
+                "others."
             )
 
 

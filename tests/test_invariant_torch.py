@@ -90,6 +90,24 @@ def test_fused_optimizer_step_skipped_by_the_scaler_is_neither_proxed_nor_counte
     assert (model[0].weight == 0).any()  # the two real steps were proxed
 
 
+def test_a_step_that_changed_none_of_a_pairs_weights_does_not_prox_it() -> None:
+    model = mlp(6, 5, 4, 3, 2)  # pairs (0, 2) and (4, 6)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    handle = attach(optimizer, model, lam=0.3)
+    optimizer.zero_grad()
+    model[:3](batch()).square().mean().backward()  # only the first pair is used
+    top = [model[4].weight.detach().clone(), model[6].weight.detach().clone()]
+    bottom = model[0].weight.detach().clone()
+    optimizer.step()
+    assert torch.equal(model[4].weight, top[0]) and torch.equal(model[6].weight, top[1])
+    assert not torch.equal(model[0].weight, bottom)
+    assert handle.num_steps == 1
+    optimizer.zero_grad()  # no gradient at all: the step updates nothing, nor does the prox
+    kept = weights(model)
+    optimizer.step()
+    assert same(kept, weights(model)) and handle.num_steps == 1
+
+
 # --- item 3: one pair, one prox per step ----------------------------------------------------
 
 
@@ -280,7 +298,9 @@ def test_auto_pairs_the_forward_pass_contradicts_warn_at_the_first_step() -> Non
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             attach(optimizer, model, lam=0.1)  # nothing to say before the forward pass
-        with pytest.warns(UserWarning, match=r"could not be verified"):
+        with pytest.warns(
+            UserWarning, match=r"does not run \[.*\] as shallow pairs.*not be verified"
+        ):
             sgd_step(model, optimizer, batch(m=m))
 
 
