@@ -6,6 +6,7 @@ import copy
 import csv
 import itertools
 import math
+import re
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -1076,3 +1077,16 @@ def test_example_yaml_configures_the_callback(monkeypatch: pytest.MonkeyPatch) -
     (cb,) = [c for c in cli.trainer.callbacks if isinstance(c, PathNormProx)]
     assert cb.lam == 1e-3 and cb.pairs == [("net.0", "net.2")] and cb.prog_bar
     assert cli.datamodule.dataset == "embedded" and cli.datamodule.batch_size == 100
+
+
+def test_the_docs_commands_run_the_venv_and_bound_the_epochs() -> None:
+    # A LightningCLI `fit` without max_epochs runs Lightning's default of 1,000 epochs; the
+    # commands run the project's .venv without an activated environment, as the README says.
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "lightning.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", docs, flags=re.S)
+    commands = [c for b in blocks for c in b.replace("\\\n", " ").splitlines() if c.strip()]
+    assert len(commands) >= 2
+    for command in commands:
+        assert command.startswith((".venv/bin/python ", ".venv/bin/pathnorm-")), command
+        if " fit" in command and "--config" not in command:
+            assert "--trainer.max_epochs=" in command, command
