@@ -108,10 +108,13 @@ def weight_parameter(name: str, layer: nn.Module) -> nn.Parameter:
             )
             undo = "torch.nn.utils.prune.remove(layer, 'weight') (or prune after training)"
         else:
-            known = {"WeightNorm": "torch.nn.utils.weight_norm", "SpectralNorm": "spectral_norm"}
+            known = {
+                "WeightNorm": "torch.nn.utils.weight_norm",
+                "SpectralNorm": "torch.nn.utils.spectral_norm",
+            }
             found = [known[h.__name__] for h in hooks if h.__name__ in known]
             cause = f"wrapped by {found[0]}" if found else "computed by a forward pre-hook"
-            undo = "the matching remove_* function"
+            undo = "torch.nn.utils.remove_weight_norm or remove_spectral_norm"
     raise ValueError(
         f"layer {name!r} is {cause}: its weight is computed from other tensors at every forward "
         "pass, not a parameter the optimizer updates, so the prox would write to a computed "

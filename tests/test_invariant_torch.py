@@ -189,6 +189,17 @@ class _Scale(nn.Module):
         return 2 * w
 
 
+def _old_style(wrap: Callable[[nn.Linear], object]) -> Callable[[nn.Linear], object]:
+    """The pre-parametrization hooks (weight_norm warns that it is deprecated)."""
+
+    def apply(layer: nn.Linear) -> object:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            return wrap(layer)
+
+    return apply
+
+
 PARAMETRIZED: dict[str, tuple[Callable[[nn.Linear], object], str]] = {
     "weight_norm": (lambda lin: parametrizations.weight_norm(lin), r"parametrized \(_WeightNorm\)"),
     "spectral_norm": (
@@ -202,6 +213,11 @@ PARAMETRIZED: dict[str, tuple[Callable[[nn.Linear], object], str]] = {
     "prune": (
         lambda lin: prune.l1_unstructured(lin, "weight", amount=0.5),
         r"pruned \(torch.nn.utils.prune",
+    ),
+    "old weight_norm": (_old_style(nn.utils.weight_norm), r"wrapped by torch.nn.utils.weight_norm"),
+    "old spectral_norm": (
+        _old_style(nn.utils.spectral_norm),
+        r"wrapped by torch.nn.utils.spectral_norm",
     ),
 }
 
