@@ -20,7 +20,8 @@ optimizer would resolve them (frozen layers and recurrent cells skipped, see
 :mod:`pathnorm_tf.pairing`); explicit ``pairs`` equal to the optimizer's are its pairs.
 The two bounds cover every built Dense layer, frozen ones included, and are reported when they
 all chain (a feed-forward MLP). Values are Python floats computed in float64 from the current
-weights.
+weights. A regularized pair left with no alive hidden unit is warned about, once per pair (with
+the model's path-norm optimizer, whose own check at the end of ``fit`` shares the record).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import keras
 import tensorflow as tf
 
 from pathnorm_tf import pairing
-from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer
+from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer, alive_units, warn_dead_pairs
 
 __all__ = ["PathNormMetrics", "metric_values"]
 
@@ -92,7 +93,9 @@ def _regularized_chains(model: keras.Model, spec: pairing.PairsSpec) -> list[lis
 
 
 def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
-    """The ``pathnorm/...`` values of ``model`` now (see the module docstring).
+    """The ``pathnorm/...`` values of ``model`` now (see the module docstring), as Python
+    floats. Warns about a pair with no alive hidden unit (once per pair with the model's
+    ``PathNormSGD``/``ProxOptimizer``).
 
     Args:
         model: a built Keras model.
@@ -100,23 +103,31 @@ def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
             another optimizer (or none) the pairs ``PathNormSGD(pairs="auto")`` would take;
             or ``(first, second)`` layer names (trained Dense layers), as for the optimizer.
     """
-    spec = pairing.normalize_pairs(pairs)
+    return _metric_values(model, pairing.normalize_pairs(pairs), set())
+
+
+def _metric_values(
+    model: keras.Model, spec: pairing.PairsSpec, warned: set[tuple[str, str]]
+) -> dict[str, float]:
+    """:func:`metric_values`; a dead pair is warned about once: per the optimizer's record
+    when it is a path-norm optimizer, else per ``warned``."""
     chains = _regularized_chains(model, spec)
     kernels = [layer.kernel for layer in _dense_layers(model)]
     if not kernels and not chains:
         raise ValueError("PathNormMetrics: the model has no built Dense layer to report on")
     zeros = total = alive = units = 0
+    dead: list[tuple[str, str]] = []
     for chain in chains:
         for k in chain:
             t = tf.convert_to_tensor(k)
             zeros += int(tf.reduce_sum(tf.cast(tf.equal(t, 0), tf.int64)))
             total += int(tf.size(t))
         for k_in, k_out in itertools.pairwise(chain):
-            live = tf.reduce_any(tf.not_equal(k_in, 0), 0) & tf.reduce_any(
-                tf.not_equal(k_out, 0), 1
-            )
-            alive += int(tf.reduce_sum(tf.cast(live, tf.int64)))
-            units += int(live.shape[0])
+            live = int(tf.reduce_sum(tf.cast(alive_units(k_in, k_out), tf.int64)))
+            alive += live
+            units += int(k_in.shape[1])
+            if live == 0 and int(k_in.shape[1]) > 0:
+                dead.append((pairing.layer_path(k_in), pairing.layer_path(k_out)))
     values = {}
     if total:
         values["pathnorm/sparsity"] = zeros / total
@@ -125,6 +136,8 @@ def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
     if kernels and all(a.shape[1] == b.shape[0] for a, b in itertools.pairwise(kernels)):
         values["pathnorm/path_norm_bound"] = path_norm_bound(kernels)
         values["pathnorm/product_bound"] = product_bound(kernels)
+    opt = _regularizing_optimizer(model)
+    warn_dead_pairs(dead, opt, opt._warned_dead if opt is not None else warned)
     return values
 
 
@@ -154,11 +167,12 @@ class PathNormMetrics(keras.callbacks.Callback):
                 f"every_n_batches must be None or an int >= 1, got {every_n_batches!r}"
             )
         self.every_n_batches = every_n_batches
+        self._warned: set[tuple[str, str]] = set()  # dead pairs (with another optimizer)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.every_n_batches and logs is not None and (batch + 1) % self.every_n_batches == 0:
-            logs.update(metric_values(self.model, self.pairs))
+            logs.update(_metric_values(self.model, self.pairs, self._warned))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
-            logs.update(metric_values(self.model, self.pairs))
+            logs.update(_metric_values(self.model, self.pairs, self._warned))

@@ -9,12 +9,18 @@ Two ways to get it:
   follows its step with the path-norm prox, the L1 prox (``regularizer="l1"``) or the
   layer-wise l_inf projection (``regularizer="linf"``, ``||K||_{inf->inf} <= radius``).
 
-"Real update" means what the optimizer means by it: under ``gradient_accumulation_steps=s``
-the prox runs once per ``s`` batches, right after the weights move, with the learning rate that
-step used (schedules are honoured). Which kernels are regularized is resolved from the
-variables' paths when the optimizer is built (see :mod:`pathnorm_tf.pairing`); the optimizer
-stores indices, so model variables never become optimizer variables, and records where explicit
-names resolved in its config, so a reloaded model keeps its pairs. Under
+The invariant, held in one place (:meth:`_KernelRegularizer._apply_regularizer`): **the prox
+runs exactly once per real update, on exactly the variables that update changed.** "Real
+update" means what the optimizer means by it: under ``gradient_accumulation_steps=s`` the prox
+runs once per ``s`` batches, right after the weights move, with the learning rate that step
+used (schedules are honoured). "The variables it changed" are the ones handed to this step
+(``apply``/``apply_gradients``, less those without a gradient), matched by identity: a layer
+frozen after the optimizer was built (``trainable = False``, then ``compile`` again) is left
+alone, and a pair with one side frozen is skipped with a warning. Which kernels *can* be
+regularized is resolved from the variables' paths when the optimizer is built (see
+:mod:`pathnorm_tf.pairing`); the optimizer stores indices, so model variables never become
+optimizer variables, and records where explicit names resolved in its config, so a reloaded
+model keeps its pairs. Under
 ``tf.distribute`` the prox runs on every replica's copy of the (already identical) weights.
 Requires the TensorFlow backend of Keras.
 """
@@ -23,7 +29,9 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import functools
 import inspect
+import itertools
 import warnings
 from typing import Any
 
@@ -98,6 +106,47 @@ def _when(is_real: tf.Tensor | None, fn: Any) -> None:
     tf.cond(is_real, run, lambda: tf.constant(False))
 
 
+def alive_units(k_in: Any, k_out: Any) -> tf.Tensor:
+    """Per hidden unit, (n,) bool: its incoming column ``k_in[:, j]`` and its outgoing row
+    ``k_out[j, :]`` both hold a nonzero weight."""
+    return tf.reduce_any(tf.not_equal(k_in, 0), 0) & tf.reduce_any(tf.not_equal(k_out, 0), 1)
+
+
+def dead_pairs(chains: list[list[Any]]) -> list[tuple[str, str]]:
+    """The layer paths of the consecutive kernels in ``chains`` with hidden units, none alive."""
+    return [
+        (pairing.layer_path(k_in), pairing.layer_path(k_out))
+        for chain in chains
+        for k_in, k_out in itertools.pairwise(chain)
+        if int(k_in.shape[1]) > 0 and not bool(tf.reduce_any(alive_units(k_in, k_out)))
+    ]
+
+
+def warn_dead_pairs(
+    dead: list[tuple[str, str]], optimizer: Any, warned: set[tuple[str, str]]
+) -> None:
+    """Warn once (per ``warned``) for each pair in ``dead`` that lost every hidden unit."""
+    strength = ""
+    if getattr(optimizer, "_radius", None) is not None:
+        strength = f"radius={optimizer._radius} is too small for these layers; try a larger one"
+    elif getattr(optimizer, "_lam", None) is not None:
+        strength = f"lam={optimizer._lam} is too large for these layers; try one 3-10x smaller"
+    else:
+        strength = "the regularization is too strong for these layers; try a smaller lam"
+    for names in dead:
+        if names in warned:
+            continue
+        warned.add(names)
+        warnings.warn(
+            f"pathnorm_tf: pair {names} has no alive hidden unit left (each unit's incoming or "
+            "outgoing weights are all zero): it maps every input to the same output. "
+            f"{strength}. The pull on each weight grows with the layers' widths: see "
+            "'Choosing lam' in the Keras docs (docs/keras.md).",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 class _KernelRegularizer:
     """Mixin: configuration, resolution at build time and the post-step update."""
 
@@ -110,9 +159,12 @@ class _KernelRegularizer:
     _pair_indices: tuple[tuple[int, int], ...]
     _layer_indices: tuple[int, ...]
     _record: pairing.Record | None
+    _warned_half_frozen: set[tuple[int, int]]
+    _warned_dead: set[tuple[str, str]]
     _trainable_variables: list[Any]
     built: bool
     build: Any  # keras.optimizers.Optimizer's
+    _var_key: Any  # keras.optimizers.Optimizer's: a variable's identity
 
     def _init_regularizer(
         self,
@@ -152,6 +204,8 @@ class _KernelRegularizer:
         self._pair_indices = ()
         self._layer_indices = ()
         self._record = None
+        self._warned_half_frozen = set()
+        self._warned_dead = set()
 
     @property
     def lam(self) -> float | None:
@@ -226,6 +280,12 @@ class _KernelRegularizer:
             return [[tv[i], tv[j]] for i, j in pairs]
         return [[tv[i] for i in chain] for chain in pairing.kernel_chains(tv, layers)]
 
+    def _check_alive(self) -> None:
+        """At the end of ``fit`` (host side, once): warn, once per pair, about a pair that has
+        lost every hidden unit (its prox then keeps it dead; lam is too large)."""
+        if self.built:
+            warn_dead_pairs(dead_pairs(self.regularized_chains([])), self, self._warned_dead)
+
     def _regularizer_config(self) -> dict[str, Any]:
         pairs = self._pairs_spec
         layers = self._layers_spec
@@ -242,26 +302,69 @@ class _KernelRegularizer:
 
     # -- the update: after the step, on each replica's copy ----------------------------------
 
-    def _apply_regularizer(self, learning_rate: Any, is_real: tf.Tensor | None = None) -> None:
+    def _apply_regularizer(
+        self, learning_rate: Any, updated: list[Any], is_real: tf.Tensor | None = None
+    ) -> None:
+        """The prox (or projection) after a real update, on the targets that update changed.
+
+        The one place that decides what the regularizer acts on: called once per real update
+        (``is_real``: a tensor condition under gradient accumulation), with ``updated``, the
+        variables this update changed. A target is acted on when all its kernels are in
+        ``updated`` (by identity, ``_var_key``); a pair with one kernel there and one not (a
+        layer frozen after the optimizer was built) is skipped, with one warning. The set is
+        known when the step is traced: Keras traces again after ``compile``.
+        """
+        keys = {self._var_key(v) for v in updated}
+        tv = self._trainable_variables
+        pairs = []
+        for i, j in self._pair_indices:
+            moved = [self._var_key(tv[k]) in keys for k in (i, j)]
+            if all(moved):
+                pairs.append((i, j))
+            elif any(moved):
+                self._warn_half_frozen((i, j))
+        layers = [i for i in self._layer_indices if self._var_key(tv[i]) in keys]
+        if not pairs and not layers:
+            return
         tf.__internal__.distribute.interim.maybe_merge_call(
-            self._distributed_regularize,
+            functools.partial(self._distributed_regularize, pairs=pairs, layers=layers),
             tf.distribute.get_strategy(),
             learning_rate,
             is_real,
         )
 
+    def _warn_half_frozen(self, pair: tuple[int, int]) -> None:
+        if pair in self._warned_half_frozen:
+            return
+        self._warned_half_frozen.add(pair)
+        tv = self._trainable_variables
+        names = tuple(pairing.layer_path(tv[k]) for k in pair)
+        warnings.warn(
+            f"{type(self).__name__}: pair {names} is half frozen (one of its layers is not "
+            "trained by this step: trainable=False, or no gradient); the prox couples both "
+            "layers, so it is skipped until both are trainable (compile the model again after "
+            "changing trainable).",
+            UserWarning,
+            stacklevel=2,
+        )
+
     def _distributed_regularize(
-        self, distribution: Any, learning_rate: Any, is_real: tf.Tensor | None
+        self,
+        distribution: Any,
+        learning_rate: Any,
+        is_real: tf.Tensor | None,
+        pairs: list[tuple[int, int]],
+        layers: list[int],
     ) -> None:
         tv = self._trainable_variables
-        for i, j in self._pair_indices:
+        for i, j in pairs:
             distribution.extended.update(
                 _tf_variable(tv[i]),
                 self._path_update,
                 args=(_tf_variable(tv[j]), learning_rate, is_real),
                 group=False,
             )
-        for i in self._layer_indices:
+        for i in layers:
             distribution.extended.update(
                 _tf_variable(tv[i]), self._layer_update, args=(learning_rate, is_real), group=False
             )
@@ -353,8 +456,14 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
         self, grads: Any, trainable_variables: Any, learning_rate: Any
     ) -> None:
         # Called once per real step (inside the accumulation cond), after clipping and decay.
+        # trainable_variables: those of this step that have a gradient.
         super()._backend_update_step(grads, trainable_variables, learning_rate)
-        self._apply_regularizer(learning_rate)
+        self._apply_regularizer(learning_rate, list(trainable_variables))
+
+    def finalize_variable_values(self, var_list: Any) -> None:
+        # model.fit calls it once, after the last epoch
+        super().finalize_variable_values(var_list)
+        self._check_alive()
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -453,13 +562,21 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
                 )
             with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
         learning_rate = self.inner_optimizer.learning_rate  # the rate this step will use
         self.inner_optimizer.apply(grads, trainable_variables)
         steps = getattr(self.inner_optimizer, "gradient_accumulation_steps", None)
         is_real = None
         if steps:
             is_real = tf.equal(self.inner_optimizer._iterations % steps, 0)
-        self._apply_regularizer(learning_rate, is_real)
+        # what the inner step updated: the variables handed in, less those without a gradient
+        variables = (
+            self._trainable_variables if trainable_variables is None else trainable_variables
+        )
+        updated = [v for g, v in zip(grads, variables, strict=True) if g is not None]
+        self._apply_regularizer(learning_rate, updated, is_real)
 
     @property
     def variables(self) -> list[Any]:
@@ -481,7 +598,9 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
         return self.inner_optimizer.scale_loss(loss)
 
     def finalize_variable_values(self, var_list: Any) -> None:
+        # model.fit calls it once, after the last epoch
         self.inner_optimizer.finalize_variable_values(var_list)
+        self._check_alive()
 
     def get_config(self) -> dict[str, Any]:
         return {

@@ -49,6 +49,7 @@ chain; an unpaired last kernel is reported with a warning. Explicit ``pairs`` na
 
 from __future__ import annotations
 
+import collections
 import re
 import warnings
 from collections.abc import Sequence
@@ -58,6 +59,7 @@ __all__ = [
     "check_record",
     "dense_kernels",
     "kernel_chains",
+    "layer_path",
     "normalize_layers",
     "normalize_pairs",
     "record_of",
@@ -126,6 +128,11 @@ def _path(variable: Any) -> str:
 def _layer_of(variable: Any) -> tuple[str, str]:
     layer, _, name = _path(variable).rpartition("/")
     return layer, name
+
+
+def layer_path(variable: Any) -> str:
+    """The path of the layer that owns ``variable`` (``"net/dense_1"``)."""
+    return _layer_of(variable)[0]
 
 
 # The cells Keras' recurrent layers create (named by Keras, then made unique: "lstm_cell_3").
@@ -289,8 +296,9 @@ def check_auto_pairs_in_model(
 ) -> None:
     """Refuse an auto pair whose two Dense layers have a layer with weights between them in
     ``model``'s layer order, frozen ones included (the optimizer's variables cannot show a
-    layer whose weights are all frozen); warn about pairs that the model's graph does not
-    confirm (the second layer fed by the first through pointwise layers only).
+    layer whose weights are all frozen), or one with a shared layer (called more often than
+    its partner); warn about pairs that the model's graph does not confirm (the second layer
+    fed by the first through pointwise layers only).
 
     Args:
         model: the Keras model that trains ``variables``.
@@ -303,6 +311,7 @@ def check_auto_pairs_in_model(
         if not list(layer._flatten_layers(include_self=False))
     ]
     position = {id(w): k for k, layer in enumerate(leaves) for w in layer.weights}
+    calls = _graph_calls(model)
     unverified = []
     for i, j in pairs:
         a, b = position.get(id(variables[i])), position.get(id(variables[j]))
@@ -314,6 +323,7 @@ def check_auto_pairs_in_model(
                 state = "frozen " if not any(w.trainable for w in layer.weights) else ""
                 what = f"{state}{type(layer).__name__} {layer.name!r}"
                 raise _not_consecutive(leaves[a].name, leaves[b].name, what)
+        _check_shared(calls, leaves[a], leaves[b])
         if not _fed_by(leaves[b], leaves[a]):
             unverified.append((leaves[a].name, leaves[b].name))
     if unverified:
@@ -323,6 +333,33 @@ def check_auto_pairs_in_model(
             "second layer's input does not come from the first through activations or dropout "
             "only). Pass pairs=[(first, second), ...] explicitly to confirm them.",
             stacklevel=4,
+        )
+
+
+def _graph_calls(model: Any) -> collections.Counter[str]:
+    """How many times the graphs of ``model`` and of the models inside it call each layer, by
+    ``id`` (Keras names a graph's nodes ``"<id(layer)>_ib-<k>"``; a layer's own list of calls
+    also holds calls from outside these graphs). Empty without a graph (a subclassed model)."""
+    keys: set[str] = set()
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
+        keys |= set(getattr(graph, "_nodes", ()) or ())
+    return collections.Counter(key.partition("_ib-")[0] for key in keys)
+
+
+def _check_shared(calls: collections.Counter[str], first: Any, second: Any) -> None:
+    """Refuse an auto pair whose layers the model's graph calls a different number of times:
+    a shared layer (``s1 -> s2 -> s1``) is also somewhere else in the network, so the pair is
+    no shallow network. (A pair called together several times, as in a Siamese network, is.)"""
+    n_first, n_second = calls[str(id(first))], calls[str(id(second))]
+    if n_first != n_second:
+        shared = first if n_first > n_second else second
+        raise ValueError(
+            f'pairs="auto": the Dense layer {shared.name!r} is shared (the model calls '
+            f"{first.name!r} {n_first} times and {second.name!r} {n_second} times), so "
+            f"({first.name!r}, {second.name!r}) is not one shallow network and its path-norm "
+            "prox would also act on the other uses of the layer. Give each call its own layer, "
+            "or pass pairs=[...] to choose the pairs explicitly."
         )
 
 

@@ -145,6 +145,50 @@ def test_logs_reach_history_and_csv_logger(tmp_path: Path) -> None:
     assert float(rows[-1]["pathnorm/sparsity"]) == pytest.approx(final["pathnorm/sparsity"])
 
 
+def _fit_dead(optimizer: Any, callbacks: list[Any], kill: bool = False) -> list[str]:
+    """Two eager epochs of a 6-5-3 model; the warnings about dead pairs they gave."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((20, 6)), rng.integers(0, 3, 20)
+    model = mlp((5, 3))
+    if kill:  # every hidden unit loses its incoming weights
+        model.layers[0].kernel.assign(np.zeros((6, 5)))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    model.compile(optimizer, loss, run_eagerly=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, epochs=2, batch_size=10, verbose=0, callbacks=callbacks)
+    return [str(w.message) for w in caught if "no alive hidden unit" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    ("make", "callbacks", "kill", "advice"),
+    [
+        (lambda: PathNormSGD(0.5, lam=50.0), [PathNormMetrics], False, "lam=50.0 is too large"),
+        (lambda: PathNormSGD(0.5, lam=50.0), [], False, "lam=50.0 is too large"),  # fit's end
+        (
+            lambda: ProxOptimizer(keras.optimizers.SGD(0.5), regularizer="linf", radius=0.0),
+            [PathNormMetrics],
+            False,
+            "radius=0.0 is too small",
+        ),
+        (lambda: keras.optimizers.SGD(0.0), [PathNormMetrics], True, "try a smaller lam"),
+        (lambda: PathNormSGD(0.5, lam=1e-3), [PathNormMetrics], False, None),  # all alive
+    ],
+    ids=["metrics", "fit-end", "linf", "plain-sgd", "alive"],
+)
+def test_a_pair_that_lost_every_unit_is_warned_about_once(
+    make: Any, callbacks: list[Any], kill: bool, advice: str | None
+) -> None:
+    # Before, a lam too large for the layers' sizes zeroed the network without a word.
+    messages = _fit_dead(make(), [cb() for cb in callbacks], kill)
+    if advice is None:
+        assert messages == []
+        return
+    assert len(messages) == 1, messages  # once, over 2 epochs (and at fit's end)
+    assert "pair ('net/d1', 'net/d2') has no alive hidden unit" in messages[0]
+    assert advice in messages[0] and "Choosing lam" in messages[0]
+
+
 def test_batch_logs_every_n_batches() -> None:
     seen: list[bool] = []
 
@@ -233,12 +277,18 @@ OPTIMIZERS = ["PathNormSGD", "ProxOptimizer", "LossScale(PathNormSGD)", "SGD"]
 @pytest.mark.parametrize("kind", OPTIMIZERS)
 def test_frozen_first_layer_reports_the_optimizers_pair(kind: str) -> None:
     model = frozen_first()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "no partner" warning at any epoch end
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         history = fit_once(model, optimizer_of(kind), [PathNormMetrics()], (6,))
         got = metric_values(model)
     b, c = (model.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
     sparsity, alive = pair_values(b, c)
+    # No "no partner" warning at any epoch end; the pair the prox kills (Adam with lam = 4) is
+    # warned about once (the callback, the end of fit and metric_values share the record).
+    messages = [str(w.message) for w in caught]
+    dead = [m for m in messages if "pair ('net/d2', 'net/d3') has no alive hidden unit" in m]
+    assert messages == dead and len(dead) == (kind == "ProxOptimizer"), messages
+    assert (alive == 0) == (kind == "ProxOptimizer")
     if kind != "SGD":
         assert model.optimizer is not None
         assert sparsity > 0  # the prox zeroed entries of (b, c) ...

@@ -239,6 +239,77 @@ def test_fit_with_accumulation_and_xla() -> None:
         np.testing.assert_allclose(u, v, rtol=1e-10, atol=1e-13)
 
 
+# The prox acts on the variables of *this* step: a layer frozen after the optimizer was built
+# (then compile again, as Keras requires) is left alone, in every mode the step runs in. Two
+# pairs (d1, d2), (d3, d4) where the step is cheap, else one pair (d1, d2), whose second step
+# has no prox left to compile. The optimizer is built by a first fit (its step traced with
+# every layer trained, then traced again after compile), or (PathNormSGD under XLA: no prox
+# compile at all) by verify_pairs.
+FROZEN_CASES = [
+    ("PathNormSGD", "xla", (5, CLASSES), "build"),
+    ("PathNormSGD", "eager", (5, 4, 5, CLASSES), "fit"),
+    ("ProxOptimizer", "graph", (5, CLASSES), "fit"),
+    ("ProxOptimizer", "eager", (5, 4, 5, CLASSES), "fit"),
+    ("ProxOptimizer(l1)", "xla", (5, 4, 5, CLASSES), "fit"),
+]
+
+
+@pytest.mark.parametrize(("kind", "mode", "sizes", "first"), FROZEN_CASES)
+def test_a_layer_frozen_after_build_is_left_alone(
+    kind: str, mode: str, sizes: tuple[int, ...], first: str
+) -> None:
+    # Before, the prox acted on the variables the optimizer was built with: the frozen d1
+    # (pair (d1, d2)) changed although plain SGD leaves it alone.
+    x, y = data()
+    lr, lam = 0.5, 0.3
+    model, manual = mlp(sizes, names=True), mlp(sizes, names=True)
+    inner = keras.optimizers.SGD(lr)
+    opt: Any = {
+        "PathNormSGD": lambda: PathNormSGD(lr, lam=lam),
+        "ProxOptimizer": lambda: ProxOptimizer(inner, lam=lam),
+        "ProxOptimizer(l1)": lambda: ProxOptimizer(inner, lam=lam, regularizer="l1"),
+    }[kind]()
+    how = {"run_eagerly": True} if mode == "eager" else {"jit_compile": mode == "xla"}
+    if first == "fit":
+        model.compile(opt, loss_fn(), **how)
+        model.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0)
+    else:
+        opt.verify_pairs(model)
+    for m in (model, manual):
+        m.set_weights(model.get_weights())
+        m.layers[0].trainable = False
+    model.compile(opt, loss_fn(), **how)  # the same optimizer
+    frozen = model.layers[0].get_weights()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=SAMPLES // 2, epochs=1, verbose=0, shuffle=False)
+    for batch in (slice(0, SAMPLES // 2), slice(SAMPLES // 2, None)):  # the same two steps
+        grads = grads_of(manual, x[batch], y[batch])
+        for g, v in zip(grads, manual.trainable_variables, strict=True):
+            v.assign(v - lr * g)
+        if kind.endswith("(l1)"):
+            for layer in manual.layers[1:]:
+                layer.kernel.assign(prox_l1(layer.kernel, lam * lr))
+        elif len(sizes) == 4:  # (d1, d2) is half frozen: skipped; (d3, d4) proxed
+            k_in, k_out = manual.layers[2].kernel, manual.layers[3].kernel
+            new_in, new_out = prox_path_norm(k_in, k_out, lam * lr)
+            k_in.assign(new_in)
+            k_out.assign(new_out)
+    for got, want in zip(model.layers[0].get_weights(), frozen, strict=True):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(model.get_weights(), manual.get_weights(), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+        np.testing.assert_array_equal(got == 0, want == 0)
+    if len(sizes) == 4:
+        assert np.count_nonzero(model.layers[2].kernel.numpy() == 0) > 0  # a prox that zeroes
+    half = [str(w.message) for w in caught if "half frozen" in str(w.message)]
+    if kind.endswith("(l1)"):
+        assert half == []
+    else:  # once, naming the pair, however many steps and traces
+        assert len(half) == 1, half
+        assert "pair ('net/d1', 'net/d2') is half frozen" in half[0]
+
+
 def test_model_variables_are_not_optimizer_variables() -> None:
     x, y = data()
     model = mlp((5, 4, 4, CLASSES))
@@ -401,6 +472,29 @@ def test_auto_warns_where_the_model_graph_does_not_confirm_a_pair(
         model.fit(x, y, epochs=1, verbose=0)
     unconfirmed = [w for w in caught if "does not confirm them" in str(w.message)]
     assert len(unconfirmed) == (0 if confirmed else 1), [str(w.message) for w in caught]
+
+
+def test_auto_refuses_a_pair_with_a_shared_layer() -> None:
+    # Before, s1 -> s2 -> s1 (s1 called twice) was paired (s1, s2) without a word: s1 is also
+    # the layer after s2, so the pair is no shallow network. A pair called together twice (a
+    # Siamese encoder) is one, and stays accepted.
+    inp = keras.Input((X_DIM,))
+    s1, s2 = keras.layers.Dense(4, name="s1"), keras.layers.Dense(X_DIM, name="s2")
+    shared = keras.Model(inp, s1(s2(s1(inp))), name="net")
+    with pytest.raises(ValueError, match=r"'s1' is shared \(the model calls 's1' 2 times and"):
+        PathNormSGD(0.1, lam=0.1).verify_pairs(shared)
+    opt = PathNormSGD(0.1, lam=0.1, pairs=[("s1", "s2")])  # named: the user's choice
+    opt.verify_pairs(shared)
+    assert opt.regularized_pairs == [("s1/kernel", "s2/kernel")]
+    left, right = keras.Input((X_DIM,)), keras.Input((X_DIM,))
+    e1, e2 = keras.layers.Dense(4, name="e1"), keras.layers.Dense(2, name="e2")
+    out = keras.layers.Add()([e2(e1(left)), e2(e1(right))])
+    siamese = keras.Model([left, right], out, name="net")
+    opt = PathNormSGD(0.1, lam=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.verify_pairs(siamese)
+    assert opt.regularized_pairs == [("e1/kernel", "e2/kernel")]
 
 
 def test_custom_loop_warns_unless_verify_pairs_shows_the_model() -> None:
