@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from shared_spec import layouts
 from shared_spec import reference as ref
 from shared_spec._inputs import (
     ERRATA_ATOL,
@@ -435,6 +436,98 @@ def prox_float32_cases() -> list[dict[str, Any]]:
     ]
 
 
+def conv_case(
+    name: str,
+    description: str,
+    network: str,
+    first: F64,
+    second: F64,
+    lam: float,
+) -> dict[str, Any]:
+    """A ``path_norm_prox`` case of a convolutional pair: the units ``(X, Y)`` of the torch
+    weights ``first`` and ``second`` (see :mod:`shared_spec.layouts`), and under
+    ``layers`` the pair in torch's and Keras's own layouts, inputs and expected values."""
+    X, Y = layouts.units(network, first, second)
+    case = prox_case(name, description, X, Y, lam)
+    V, W = np.array(case["expected"]["V"]), np.array(case["expected"]["W"])
+    new_first, new_second = layouts.weights(network, V, W, first.shape, second.shape)
+
+    def both(a: F64, b: F64) -> dict[str, Any]:
+        k_a, k_b = layouts.keras_kernels(network, a, b)
+        return {
+            "torch": {"first": _clean(a), "second": _clean(b)},
+            "keras": {"first": _clean(k_a), "second": _clean(k_b)},
+        }
+
+    case["inputs"]["layers"] = {"network": network, **both(first, second)}
+    case["expected"]["layers"] = both(new_first, new_second)
+    return case
+
+
+def _conv_weights(seed: int, shape: tuple[int, ...]) -> F64:
+    return uniform(seed, (shape[0], int(np.prod(shape[1:])))).reshape(shape)
+
+
+def conv_cases() -> list[dict[str, Any]]:
+    """Convolutional pairs: which weight is which unit's, in torch's and Keras's layouts."""
+    sparse_first = _conv_weights(640, (3, 2, 2, 2))
+    sparse_first[1] = 0.0  # channel 1 has no incoming weights
+    sparse_first[0, 1, 0, :] = 0.0
+    sparse_second = _conv_weights(641, (2, 3, 2, 3))
+    sparse_second[:, 2] = 0.0  # channel 2 is read by nothing
+    sparse_second[1, 0, 1, 2] = 0.0
+    return [
+        conv_case(
+            "conv2d_conv2d",
+            "torch Conv2d(2, 3, (2, 3)) -> Conv2d(3, 2, (3, 2)), weights (3, 2, 2, 3) and "
+            "(2, 3, 3, 2); Keras Conv2D kernels (2, 3, 2, 3) and (3, 2, 3, 2). Non-square "
+            "kernels pin the two kernel axes; lam = 0.08.",
+            "conv2d-conv2d",
+            _conv_weights(600, (3, 2, 2, 3)),
+            _conv_weights(601, (2, 3, 3, 2)),
+            0.08,
+        ),
+        conv_case(
+            "conv1d_conv1d",
+            "torch Conv1d(2, 4, 3) -> Conv1d(4, 3, 2); Keras Conv1D kernels (3, 2, 4) and "
+            "(2, 4, 3); lam = 0.15.",
+            "conv1d-conv1d",
+            _conv_weights(610, (4, 2, 3)),
+            _conv_weights(611, (3, 4, 2)),
+            0.15,
+        ),
+        conv_case(
+            "conv2d_flatten_linear",
+            "torch Conv2d(1, 3, (2, 3)) on 3 x 5 inputs (2 x 3 = 6 positions per channel) -> "
+            "Flatten -> Linear(18, 2): channel c owns the Linear columns 6c..6c+5 (channels "
+            "first); Keras Conv2D -> Flatten -> Dense, Dense kernel (18, 2): channel c owns the "
+            "rows c, c + 3, ..., c + 15 (channels last); lam = 0.05.",
+            "conv2d-flatten-linear",
+            _conv_weights(620, (3, 1, 2, 3)),
+            uniform(621, (2, 18)),
+            0.05,
+        ),
+        conv_case(
+            "conv1d_flatten_linear",
+            "torch Conv1d(2, 2, 2) on inputs of length 5 (4 positions) -> Flatten -> "
+            "Linear(8, 3); Keras Conv1D -> Flatten -> Dense, kernel (8, 3); lam = 0.1.",
+            "conv1d-flatten-linear",
+            _conv_weights(630, (2, 2, 2)),
+            uniform(631, (3, 8)),
+            0.1,
+        ),
+        conv_case(
+            "conv2d_conv2d_zeros",
+            "torch Conv2d(2, 3, 2) -> Conv2d(3, 2, (2, 3)) with a channel without incoming "
+            "weights, one that nothing reads, and scattered zeros; zeros stay zero; lam = 0.25.",
+            "conv2d-conv2d",
+            sparse_first,
+            sparse_second,
+            0.25,
+        ),
+    ]
+
+
 def _ball_rows() -> F64:
     return np.array(
         [
@@ -502,6 +595,11 @@ FILES: dict[str, tuple[str, Callable[[], list[dict[str, Any]]]]] = {
     "path_norm_prox_wide.json": (
         "Exact prox of the 1-path-norm, float64, wide hidden-to-hidden pairs.",
         prox_wide_cases,
+    ),
+    "path_norm_prox_conv.json": (
+        "Exact prox of the 1-path-norm of convolutional pairs, float64: the units of each pair, "
+        "and the pair in torch's and Keras's own layouts (which weight is which unit's).",
+        conv_cases,
     ),
     "path_norm_prox_float32.json": (
         "Exact prox of the 1-path-norm run in float32 (expected values from float64).",

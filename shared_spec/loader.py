@@ -32,7 +32,7 @@ import numpy as np
 from jsonschema import Draft202012Validator
 from numpy.typing import NDArray
 
-from shared_spec import reference
+from shared_spec import layouts, reference
 
 F64 = NDArray[np.float64]
 
@@ -41,6 +41,7 @@ KINDS = ("path_norm_prox", "l1_prox", "l1_ball_rows")
 __all__ = [
     "KINDS",
     "Case",
+    "Layers",
     "SpecError",
     "iter_cases",
     "load_schema",
@@ -54,11 +55,31 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
+class Layers:
+    """A convolutional pair of a ``path_norm_prox`` case, as native weights: ``(first,
+    second)`` in torch's and in Keras's layout, before (``torch``, ``keras``) and after
+    (``torch_expected``, ``keras_expected``) the prox. See :mod:`shared_spec.layouts`."""
+
+    network: str
+    torch: tuple[F64, F64]
+    keras: tuple[F64, F64]
+    torch_expected: tuple[F64, F64]
+    keras_expected: tuple[F64, F64]
+
+    @property
+    def flatten_positions(self) -> int | None:
+        """Positions per channel of the Flatten (None for conv -> conv)."""
+        if not layouts.NETWORKS[self.network][1]:
+            return None
+        return int(self.torch[1].shape[1] // self.torch[0].shape[0])
+
+
+@dataclass(frozen=True)
 class Case:
     """One test vector. Inputs and expected values are float64 NumPy arrays.
 
     ``path_norm_prox``: inputs ``X`` (n, p), ``Y`` (n, m), ``lam``; expected ``V``, ``W``,
-    ``objective``. ``l1_prox``: inputs ``w``, ``lam``; expected ``expected_w``.
+    ``objective``; a convolutional pair also has ``layers`` (:class:`Layers`). ``l1_prox``: inputs ``w``, ``lam``; expected ``expected_w``.
     ``l1_ball_rows``: inputs ``w``, ``radius``; expected ``expected_w``. Fields that do not
     apply to the kind are None.
     """
@@ -82,6 +103,7 @@ class Case:
     objective: float | None = None
     w: F64 | None = None
     expected_w: F64 | None = None
+    layers: Layers | None = None
 
     @property
     def id(self) -> str:
@@ -152,6 +174,33 @@ class Case:
                         f"first {list(i)}: got {float(got_a[i])!r}, "
                         f"expected {float(want_a[i])!r}"  # type: ignore[index]
                     )
+
+    def check_layers(self, backend: str, first: Any, second: Any) -> None:
+        """Assert a backend's new native weights of a convolutional case conform.
+
+        ``backend`` is ``"torch"`` or ``"keras"``; ``first`` and ``second`` are the new
+        weights in that backend's layout (arrays of the shapes in ``self.layers``). They are
+        mapped to the neutral ``(V, W)`` by :mod:`shared_spec.layouts` and checked as by
+        :meth:`check`: a weight moved to another unit fails.
+        """
+        if self.layers is None:
+            raise ValueError(f"{self.id} is not a convolutional case (it has no layers)")
+        if backend not in ("torch", "keras"):
+            raise ValueError(f'backend must be "torch" or "keras", got {backend!r}')
+        first, second = np.asarray(first, np.float64), np.asarray(second, np.float64)
+        want = self.layers.torch if backend == "torch" else self.layers.keras
+        for label, got, shape in (
+            ("first", first, want[0].shape),
+            ("second", second, want[1].shape),
+        ):
+            if got.shape != shape:
+                raise AssertionError(
+                    f"{self.id}: {backend} {label} has shape {got.shape}, expected {shape}"
+                )
+        if backend == "keras":
+            first, second = layouts.torch_weights(self.layers.network, first, second)
+        V, W = layouts.units(self.layers.network, first, second)
+        self.check(V, W)
 
 
 def _assert_close(cid: str, label: str, got: F64, want: F64 | None, case: Case) -> None:
@@ -247,6 +296,7 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
             fail(f"V has shape {V.shape}, X has {X.shape}", f"{base}.expected.V")
         if W.shape != Y.shape:
             fail(f"W has shape {W.shape}, Y has {Y.shape}", f"{base}.expected.W")
+        native = _parse_layers(inp, exp, X, Y, V, W, base, fail) if "layers" in inp else None
         return Case(
             **common,
             lam=float(inp["lam"]),
@@ -255,6 +305,7 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
             V=V,
             W=W,
             objective=float(exp["objective"]),
+            layers=native,
         )
     w, ew = mat(inp, "w", "inputs"), mat(exp, "w", "expected")
     if ew.shape != w.shape:
@@ -262,6 +313,63 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
     if raw["kind"] == "l1_prox":
         return Case(**common, lam=float(inp["lam"]), w=w, expected_w=ew)
     return Case(**common, radius=float(inp["radius"]), w=w, expected_w=ew)
+
+
+def _parse_layers(
+    inp: dict[str, Any],
+    exp: dict[str, Any],
+    X: F64,
+    Y: F64,
+    V: F64,
+    W: F64,
+    base: str,
+    fail: Any,
+) -> Layers:
+    """The :class:`Layers` of a convolutional case, checked against its units: the torch
+    weights must hold ``(X, Y)`` (and ``(V, W)`` after the prox), the Keras kernels must be
+    the torch weights' (:func:`layouts.keras_kernels`), exactly."""
+    network = inp["layers"]["network"]
+
+    def pair(group: dict[str, Any], backend: str, where: str) -> tuple[F64, F64]:
+        out = []
+        for key in ("first", "second"):
+            try:
+                a = np.asarray(group["layers"][backend][key], dtype=np.float64)
+            except ValueError:
+                fail("not a regular tensor (rows of unequal length)", f"{where}.{backend}.{key}")
+            out.append(a)
+        return out[0], out[1]
+
+    torch_in, keras_in = (
+        pair(inp, "torch", f"{base}.inputs.layers"),
+        pair(inp, "keras", f"{base}.inputs.layers"),
+    )
+    torch_out, keras_out = (
+        pair(exp, "torch", f"{base}.expected.layers"),
+        pair(exp, "keras", f"{base}.expected.layers"),
+    )
+    for where, (first, second), units, keras in (
+        ("inputs", torch_in, (X, Y), keras_in),
+        ("expected", torch_out, (V, W), keras_out),
+    ):
+        path = f"{base}.{where}.layers"
+        try:
+            got = layouts.units(network, first, second)
+            want_keras = layouts.keras_kernels(network, first, second)
+        except ValueError as err:
+            fail(str(err), f"{path}.torch")
+        label = "X, Y" if where == "inputs" else "V, W"
+        if not all(np.array_equal(a, b) for a, b in zip(got, units, strict=True)):
+            fail(f"the torch weights do not hold the units {label} of this case", f"{path}.torch")
+        if not all(
+            a.shape == b.shape and np.array_equal(a, b)
+            for a, b in zip(keras, want_keras, strict=True)
+        ):
+            fail(
+                "the Keras kernels are not the torch weights' (shared_spec.layouts)",
+                f"{path}.keras",
+            )
+    return Layers(network, torch_in, keras_in, torch_out, keras_out)
 
 
 class _Literal(float):

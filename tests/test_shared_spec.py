@@ -12,7 +12,16 @@ import numpy as np
 import pytest
 from jsonschema import Draft202012Validator
 
-from shared_spec import KINDS, Case, SpecError, iter_cases, load_schema, load_vectors, loader
+from shared_spec import (
+    KINDS,
+    Case,
+    SpecError,
+    iter_cases,
+    layouts,
+    load_schema,
+    load_vectors,
+    loader,
+)
 from shared_spec import generate as gen
 from shared_spec import reference as ref
 from shared_spec.loader import parse_document, vector_files
@@ -241,11 +250,52 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(MALFORMED))
+def _conv_doc() -> dict[str, Any]:
+    return json.loads((Path(gen.VECTORS_DIR) / "path_norm_prox_conv.json").read_text())
+
+
+CONV_MALFORMED = {
+    "torch_not_the_units": (
+        _set(["cases", 0, "inputs", "layers", "torch", "first", 0, 0, 0, 0], 9.0),
+        r"at \$\.cases\[0\]\.inputs\.layers\.torch: the torch weights do not hold the units X, Y",
+    ),
+    "expected_not_the_units": (
+        _set(["cases", 1, "expected", "layers", "torch", "second", 0, 0, 0], 9.0),
+        r"at \$\.cases\[1\]\.expected\.layers\.torch: the torch weights do not hold the units V",
+    ),
+    "keras_not_torch": (
+        _set(["cases", 2, "inputs", "layers", "keras", "second", 0, 0], 9.0),
+        r"at \$\.cases\[2\]\.inputs\.layers\.keras: the Keras kernels are not the torch weights'",
+    ),
+    "ragged_tensor": (
+        _set(["cases", 1, "inputs", "layers", "torch", "first", 0], [[0.5]]),
+        r"at \$\.cases\[1\]\.inputs\.layers\.torch\.first: not a regular tensor",
+    ),
+    "unknown_network": (
+        _set(["cases", 0, "inputs", "layers", "network"], "conv3d-conv3d"),
+        r"at \$\.cases\[0\]\.inputs\.layers\.network: 'conv3d-conv3d' is not one of",
+    ),
+    "wrong_network": (
+        _set(["cases", 0, "inputs", "layers", "network"], "conv1d-conv1d"),
+        r"at \$\.cases\[0\]\.inputs\.layers\.torch: conv1d-conv1d: the first weight must have 3",
+    ),
+    "no_expected_layers": (
+        _set(["cases", 0, "expected", "layers"], _DELETE),
+        r"at \$\.cases\[0\]\.expected: 'layers' is a required property",
+    ),
+    "extra_native_key": (
+        _set(["cases", 0, "inputs", "layers", "jax"], {}),
+        r"at \$\.cases\[0\]\.inputs\.layers: Unevaluated properties are not allowed \('jax'",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED) + sorted(CONV_MALFORMED))
 def test_malformed_document_is_rejected_with_a_clear_message(name: str) -> None:
-    edit, pattern = MALFORMED[name]
+    edit, pattern = MALFORMED[name] if name in MALFORMED else CONV_MALFORMED[name]
+    doc = _doc() if name in MALFORMED else _conv_doc()
     with pytest.raises(SpecError) as info:
-        parse_document(edit(_doc()), "broken.json")
+        parse_document(edit(doc), "broken.json")
     assert isinstance(info.value, ValueError)
     message = str(info.value)
     assert message.startswith("broken.json:"), message
@@ -421,3 +471,70 @@ def test_minimiser_margin_flags_a_tie() -> None:
 def test_reference_rejects_bad_input(call: Any, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         call()
+
+
+# --- convolutional pairs: native layouts ----------------------------------------------------
+
+CONV_CASES = [c for c in PROX_CASES if c.layers is not None]
+
+
+def test_conv_cases_round_trip_through_the_layouts() -> None:
+    assert len(CONV_CASES) >= 5
+    for case in CONV_CASES:
+        assert case.layers is not None and case.X is not None and case.Y is not None
+        network, (first, second) = case.layers.network, case.layers.torch
+        for got, want in zip(
+            layouts.weights(network, case.X, case.Y, first.shape, second.shape),
+            (first, second),
+            strict=True,
+        ):
+            np.testing.assert_array_equal(got, want)
+        for got, want in zip(
+            layouts.torch_weights(network, *case.layers.keras), (first, second), strict=True
+        ):
+            np.testing.assert_array_equal(got, want)
+        case.check_layers("torch", *case.layers.torch_expected)
+        case.check_layers("keras", *case.layers.keras_expected)
+
+
+def test_conv_layouts_by_hand() -> None:
+    """Unit c's weights, located by hand in both layouts of a Conv2d -> Flatten -> Linear."""
+    case = next(c for c in CONV_CASES if c.name == "conv2d_flatten_linear")
+    assert case.layers is not None and case.X is not None and case.Y is not None
+    (conv, linear), (kconv, dense) = case.layers.torch, case.layers.keras
+    assert conv.shape == (3, 1, 2, 3) and linear.shape == (2, 18)
+    assert kconv.shape == (2, 3, 1, 3) and dense.shape == (18, 2)
+    for c in range(3):
+        np.testing.assert_array_equal(case.Y[c], conv[c].ravel())
+        np.testing.assert_array_equal(kconv[..., c].transpose(2, 0, 1).ravel(), case.Y[c])
+        np.testing.assert_array_equal(case.X[c], linear[:, 6 * c : 6 * c + 6].ravel())
+        np.testing.assert_array_equal(dense[c::3].T, linear[:, 6 * c : 6 * c + 6])
+
+
+def test_check_layers_rejects_a_weight_in_another_unit() -> None:
+    case = next(c for c in CONV_CASES if c.name == "conv2d_conv2d")
+    assert case.layers is not None
+    first, second = (a.copy() for a in case.layers.torch_expected)
+    first[[0, 1]] = first[[1, 0]]  # two channels' incoming weights swapped
+    with pytest.raises(AssertionError, match=r"conv2d_conv2d: (objective|W)"):
+        case.check_layers("torch", first, second)
+    kfirst, ksecond = case.layers.keras_expected
+    with pytest.raises(AssertionError, match=r"keras second has shape \(2, 3, 3, 2\)"):
+        case.check_layers("keras", kfirst, ksecond.transpose(1, 0, 2, 3))
+    flat = next(c for c in CONV_CASES if c.name == "conv2d_flatten_linear")
+    assert flat.layers is not None
+    kconv, dense = flat.layers.keras_expected
+    channels_first = dense.reshape(6, 3, 2).transpose(1, 0, 2).reshape(18, 2)
+    with pytest.raises(AssertionError, match=r"conv2d_flatten_linear: (objective|V)"):
+        flat.check_layers("keras", kconv, channels_first)
+    with pytest.raises(ValueError, match='backend must be "torch" or "keras"'):
+        case.check_layers("jax", first, second)
+    with pytest.raises(ValueError, match="not a convolutional case"):
+        _unique_case().check_layers("torch", first, second)
+
+
+def test_expected_layers_without_input_layers_is_rejected() -> None:
+    doc = _doc()
+    doc["cases"][0]["expected"]["layers"] = _conv_doc()["cases"][0]["expected"]["layers"]
+    with pytest.raises(SpecError, match=r"at \$\.cases\[0\]\.expected: .*should not be valid"):
+        parse_document(doc, "broken.json")
