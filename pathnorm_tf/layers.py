@@ -1,0 +1,532 @@
+"""The layer seam (Keras): what the prox needs to know about a layer type, one entry per type.
+
+The prox is per hidden unit: unit ``i`` owns incoming weights ``y_i`` and outgoing weights
+``x_i``, and the 1-path-norm is ``sum_i ||x_i||_1 ||y_i||_1``. A layer *pair* ``(first,
+second)`` shares its hidden units: the first layer's outputs (units or channels) are the
+second layer's inputs. An entry of the registry maps one layer type to those units, in the
+layout of :func:`~pathnorm_tf.functional.prox_path_norm` (the Keras layout, transposed from
+the torch seam's):
+
+* :meth:`LayerEntry.in_view` ``(kernel) -> (m', n)``: column ``i`` is ``y_i`` (the
+  ``kernel_in`` of the functional);
+* :meth:`LayerEntry.out_view` ``(kernel, n_units, flat) -> (n, p')``: row ``i`` is ``x_i``
+  (its ``kernel_out``);
+* :meth:`LayerEntry.in_native` / :meth:`LayerEntry.out_native` map such matrices back to the
+  kernel's shape, :meth:`LayerEntry.write_in` / :meth:`LayerEntry.write_out` assign them to a
+  kernel variable (TensorFlow has no views: every view is a tensor of its own);
+* :meth:`LayerEntry.units_out` / :meth:`LayerEntry.units_in`: the unit count of a layer as the
+  first / the second of a pair;
+* :meth:`LayerEntry.check`: refuses configurations the seam does not cover (grouped
+  convolutions, layers not built yet);
+* :meth:`LayerEntry.reuse`: the factor ``s`` of the layer as the *second* of a pair (how many
+  times the unrolled network reads each outgoing weight at most, docs/conv_units.md): the
+  1-path-norm of the unrolled network is at most ``s * path_norm``.
+
+The entries (:data:`ENTRIES`): ``Dense`` (:class:`DenseEntry`) and ``Conv1D`` / ``Conv2D``
+(:class:`ConvEntry`). Layouts (kernels do not depend on ``data_format``):
+
+* ``Dense(n)`` kernel (m, n): ``y_i = kernel[:, i]``; as second layer ``Dense(p)`` kernel
+  (n, p): ``x_i = kernel[i, :]``. Both views are the kernel itself.
+* ``Conv`` kernel (*k, C_in, C): ``y_c = kernel[..., c]``, ``in_view = reshape(kernel, (-1,
+  C))``; as second layer kernel (*k2, C, C_out): ``x_c = kernel[..., c, :]``, ``out_view`` =
+  the kernel with ``C`` moved first, reshaped to ``(C, prod(k2) * C_out)``.
+* Conv -> Flatten -> Dense: a Dense kernel (P * C, p) reads ``P`` positions per channel
+  (:class:`Flat`). A ``Flatten`` of a channels-last tensor is position-major: row ``q * C + c``
+  reads channel ``c`` at position ``q`` (``Flat(P, channels_last=True)``); ``out_view``
+  reshapes to (P, C, p) and moves the channels first. A channels_first convolution read by a
+  ``Flatten`` whose own ``data_format`` is ``"channels_last"`` is channel-major (row
+  ``c * P + q``, ``channels_last=False``). :func:`flat_of` tells which from the layers. A
+  global pooling layer (``keepdims=False``) in place of the Flatten leaves ``P = 1``.
+
+Which layers may stand between the two layers of a pair is data (:data:`BETWEEN`, a role per
+layer type) and :func:`check_between` reads it: pointwise activations and dropout anywhere;
+max/average pooling after a convolution, in its ``data_format``; one ``Flatten`` (or a
+global pooling layer) between a convolution and a Dense layer, which that pair needs.
+
+:func:`prox_kernels` runs the existing exact prox
+(:func:`~pathnorm_tf.functional.prox_path_norm`) on the views of two kernels and returns new
+kernels in their own layouts (tf ops over static shapes: eager, ``tf.function`` and XLA);
+:func:`prox_pair` does it for two layers, and assigns the result with ``assign=True``. Every
+``method`` of the functional works through them.
+
+How the rest of the package is to use the seam (the phase that wires it in):
+
+* pairing: ``entry_of(layer)`` decides whether a layer can be paired (replacing the checks for
+  a 2-D ``kernel``); ``units_out(first) == units_in(second, flat)`` is the chain check, with
+  ``flat = flat_of(first, second, flatten_layer)``; :func:`check_between` on the layers of the
+  graph between the two replaces the pointwise list. An optimizer sees variables only, so the
+  pairing records, per pair, the two entries and the :class:`Flat` next to the kernels'
+  positions.
+* optimizers: a pair's update is ``prox_kernels(k1, k2, lam * lr, first=..., second=...,
+  flat=...)`` followed by the two ``assign`` calls (as today).
+* metrics and bounds: the views are a Dense pair's ``(kernel_in, kernel_out)``, so
+  ``path_norm`` and ``product_bound`` of the views are the pair's ``R`` and product bound;
+  the certified Lipschitz bound of a conv pair is ``reuse(second, its input positions) * R``.
+* compaction (an extension point, not implemented here): removing hidden units is a new pair
+  of entry methods, ``keep_out(layer, index)`` (the kernel's last axis and the bias of the
+  first layer) and ``keep_in(layer, index, flat)`` (the second layer's input channels, with a
+  ``flat`` the ``P`` rows of each kept channel), returning new layers.
+
+A new Keras layer type is a :class:`LayerEntry` subclass given to :func:`register`, with tests.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import keras
+import tensorflow as tf
+
+from pathnorm_tf._common import Scalar
+from pathnorm_tf.functional import prox_path_norm
+
+__all__ = [
+    "BETWEEN",
+    "ENTRIES",
+    "Between",
+    "ConvEntry",
+    "DenseEntry",
+    "Flat",
+    "LayerEntry",
+    "Role",
+    "check_between",
+    "entry_of",
+    "flat_of",
+    "prox_kernels",
+    "prox_pair",
+    "register",
+    "role_of",
+]
+
+
+def _kernel(layer: Any) -> Any:
+    """``layer.kernel``, or a clear error for a layer that has none yet."""
+    kernel = getattr(layer, "kernel", None)
+    if kernel is None or len(getattr(kernel, "shape", ())) < 2:
+        raise ValueError(
+            f"layer {getattr(layer, 'name', layer)!r} ({type(layer).__name__}) has no kernel yet: "
+            "build the model first (call it on an example batch, or give it an Input)"
+        )
+    return kernel
+
+
+Shape = Sequence[int]
+
+
+@dataclass(frozen=True)
+class Flat:
+    """A flattening between a convolution and a Dense layer: ``positions`` per channel, read
+    position-major (``channels_last``: Dense row ``q * C + c``) or channel-major (row
+    ``c * P + q``)."""
+
+    positions: int
+    channels_last: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.positions, bool) or not isinstance(self.positions, int):
+            raise ValueError(f"Flat.positions must be an int, got {self.positions!r}")
+        if self.positions < 1:
+            raise ValueError(f"Flat.positions must be >= 1, got {self.positions}")
+
+
+class LayerEntry:
+    """How the prox sees one layer type (subclass per type, then :func:`register` it).
+
+    View methods take kernels (tensors or variables: an optimizer holds variables); counts,
+    checks and the reuse factor take the layer (they need its configuration). ``flat`` is the
+    :class:`Flat` between a convolution and this (second) layer, or None.
+    """
+
+    #: Whether the layer's outputs have spatial positions (pooling and Flatten may follow).
+    spatial: ClassVar[bool] = False
+
+    def check(self, layer: Any) -> None:
+        """Raise ``ValueError`` when the seam cannot take ``layer`` as it is configured."""
+        _kernel(layer)
+
+    def units_out(self, layer: Any) -> int:
+        """Hidden units of ``layer`` first in a pair: its kernel's last axis."""
+        return int(_kernel(layer).shape[-1])
+
+    def units_in(self, layer: Any, flat: Flat | None = None) -> int:
+        """Hidden units of ``layer`` second in a pair: the channels it reads."""
+        raise NotImplementedError
+
+    def in_view(self, kernel: Any) -> tf.Tensor:
+        """``(m', n)``: column ``i`` is unit ``i``'s incoming weights."""
+        raise NotImplementedError
+
+    def in_native(self, matrix: tf.Tensor, shape: Shape) -> tf.Tensor:
+        """The kernel of ``shape`` that :meth:`in_view` reads as ``matrix``."""
+        return tf.reshape(matrix, list(shape))
+
+    def out_view(self, kernel: Any, n_units: int, flat: Flat | None = None) -> tf.Tensor:
+        """``(n, p')``: row ``i`` is unit ``i``'s outgoing weights."""
+        raise NotImplementedError
+
+    def out_native(self, matrix: tf.Tensor, shape: Shape, flat: Flat | None = None) -> tf.Tensor:
+        """The kernel of ``shape`` that :meth:`out_view` reads as ``matrix``."""
+        raise NotImplementedError
+
+    def reuse(self, layer: Any, in_positions: Shape = ()) -> int:
+        """The factor ``s`` of ``layer`` second in a pair, on an input grid of ``in_positions``
+        (its spatial shape; empty for a Dense layer)."""
+        raise NotImplementedError
+
+    def write_in(self, variable: Any, matrix: tf.Tensor) -> None:
+        """``variable.assign`` the kernel an :meth:`in_view`-shaped ``matrix`` stands for."""
+        variable.assign(self.in_native(matrix, tuple(variable.shape)))
+
+    def write_out(self, variable: Any, matrix: tf.Tensor, flat: Flat | None = None) -> None:
+        """``variable.assign`` the kernel an :meth:`out_view`-shaped ``matrix`` stands for."""
+        variable.assign(self.out_native(matrix, tuple(variable.shape), flat))
+
+
+class DenseEntry(LayerEntry):
+    """``Dense``: kernel (in, out); both views are the kernel itself, or, after a
+    :class:`Flat`, the (C, P * p) regrouping of its rows by channel."""
+
+    def units_in(self, layer: Any, flat: Flat | None = None) -> int:
+        rows, positions = int(_kernel(layer).shape[0]), 1 if flat is None else flat.positions
+        if rows % positions:
+            raise ValueError(
+                f"Dense layer {layer.name!r} takes {rows} inputs, not a whole number of "
+                f"channels of {positions} positions each"
+            )
+        return rows // positions
+
+    def in_view(self, kernel: Any) -> tf.Tensor:
+        return tf.convert_to_tensor(kernel)
+
+    def out_view(self, kernel: Any, n_units: int, flat: Flat | None = None) -> tf.Tensor:
+        k = tf.convert_to_tensor(kernel)
+        positions = 1 if flat is None else flat.positions
+        if int(k.shape[0]) != n_units * positions:
+            raise ValueError(
+                f"a Dense kernel of shape {tuple(k.shape)} does not read {n_units} units of "
+                f"{positions} position(s) each ({n_units * positions} inputs)"
+            )
+        if flat is None or not flat.channels_last:  # unit c's rows are adjacent
+            return tf.reshape(k, [n_units, -1])
+        by_position = tf.reshape(k, [positions, n_units, -1])  # row q * C + c
+        return tf.reshape(tf.transpose(by_position, [1, 0, 2]), [n_units, -1])
+
+    def out_native(self, matrix: tf.Tensor, shape: Shape, flat: Flat | None = None) -> tf.Tensor:
+        if flat is None or not flat.channels_last:
+            return tf.reshape(matrix, list(shape))
+        by_unit = tf.reshape(matrix, [int(matrix.shape[0]), flat.positions, -1])
+        return tf.reshape(tf.transpose(by_unit, [1, 0, 2]), list(shape))
+
+    def reuse(self, layer: Any, in_positions: Shape = ()) -> int:
+        return 1  # every input (a unit at one position) is read by its own row only
+
+
+class ConvEntry(LayerEntry):
+    """``Conv1D`` / ``Conv2D`` (``groups=1``): kernel (*k, C_in, C_out); a unit is an output
+    channel (first layer) or an input channel (second layer)."""
+
+    spatial = True
+
+    def check(self, layer: Any) -> None:
+        super().check(layer)
+        groups = getattr(layer, "groups", 1)
+        if groups != 1:
+            what = f"{type(layer).__name__} {layer.name!r} has groups={groups}"
+            raise ValueError(
+                f"{what}: a grouped convolution splits a channel's weights between groups, which "
+                "the seam does not cover (use groups=1, or leave the layer out of the pairs)"
+            )
+
+    def units_in(self, layer: Any, flat: Flat | None = None) -> int:
+        if flat is not None:
+            raise ValueError(f"a Flatten cannot stand before {type(layer).__name__} {layer.name!r}")
+        return int(_kernel(layer).shape[-2])
+
+    def in_view(self, kernel: Any) -> tf.Tensor:
+        k = tf.convert_to_tensor(kernel)
+        return tf.reshape(k, [-1, int(k.shape[-1])])
+
+    def out_view(self, kernel: Any, n_units: int, flat: Flat | None = None) -> tf.Tensor:
+        k = tf.convert_to_tensor(kernel)
+        rank = len(k.shape)
+        if flat is not None or rank < 3 or int(k.shape[-2]) != n_units:
+            raise ValueError(
+                f"a convolution kernel of shape {tuple(k.shape)} does not read {n_units} input "
+                f"channels{' (and no Flatten stands before a convolution)' if flat else ''}"
+            )
+        channels_first = tf.transpose(k, [rank - 2, *range(rank - 2), rank - 1])  # (C, *k, C_out)
+        return tf.reshape(channels_first, [n_units, -1])
+
+    def out_native(self, matrix: tf.Tensor, shape: Shape, flat: Flat | None = None) -> tf.Tensor:
+        *kernel, n_units, c_out = (int(d) for d in shape)
+        rank = len(shape)
+        channels_first = tf.reshape(matrix, [n_units, *kernel, c_out])
+        return tf.transpose(channels_first, [*range(1, rank - 1), 0, rank - 1])
+
+    def reuse(self, layer: Any, in_positions: Shape = ()) -> int:
+        kernel, strides, dilation = layer.kernel_size, layer.strides, layer.dilation_rate
+        if len(in_positions) != len(kernel):
+            raise ValueError(
+                f"{type(layer).__name__} {layer.name!r} reads a grid of {len(kernel)} spatial "
+                f"dimensions, got in_positions={tuple(in_positions)}"
+            )
+        factor = 1
+        for size, k, st, d in zip(in_positions, kernel, strides, dilation, strict=True):
+            span = d * (k - 1)
+            if layer.padding == "valid":
+                outputs, left = (size - span - 1) // st + 1, 0
+            elif layer.padding == "causal":
+                outputs, left = (size - 1) // st + 1, span
+            else:  # "same": TensorFlow pads the extra position at the end
+                outputs = (size + st - 1) // st
+                left = max((outputs - 1) * st + span + 1 - size, 0) // 2
+            factor *= max(
+                sum(0 <= r * st + t * d - left < size for r in range(outputs)) for t in range(k)
+            )
+        return factor
+
+
+#: The registry: layer class -> entry. A subclass of a registered class uses its entry;
+#: ``Conv2DTranspose``, ``DepthwiseConv2D`` and ``SeparableConv2D`` are not subclasses.
+ENTRIES: dict[type, LayerEntry] = {
+    keras.layers.Dense: DenseEntry(),
+    keras.layers.Conv1D: ConvEntry(),
+    keras.layers.Conv2D: ConvEntry(),
+}
+
+
+def register(layer_type: type, entry: LayerEntry) -> None:
+    """Use ``entry`` for Keras layers of class ``layer_type`` and its subclasses."""
+    if not (isinstance(layer_type, type) and issubclass(layer_type, keras.layers.Layer)):
+        raise TypeError(f"layer_type must be a keras.layers.Layer subclass, got {layer_type!r}")
+    if not isinstance(entry, LayerEntry):
+        raise TypeError(f"entry must be a LayerEntry, got {type(entry).__name__}")
+    ENTRIES[layer_type] = entry
+
+
+def _by_class(table: dict[type, Any], layer: Any) -> Any:
+    """``table``'s value for the nearest class of ``layer`` (its own, then its bases)."""
+    return next((table[cls] for cls in type(layer).__mro__ if cls in table), None)
+
+
+def entry_of(layer: Any) -> LayerEntry:
+    """The :class:`LayerEntry` of a Keras layer, which has checked that it can take it.
+
+    Raises:
+        ValueError: a layer class without an entry (the message lists those with one), a layer
+            not built yet, or a configuration the entry refuses (:meth:`LayerEntry.check`).
+    """
+    entry = _by_class(ENTRIES, layer)
+    if entry is None:
+        known = ", ".join(sorted(cls.__name__ for cls in ENTRIES))
+        raise ValueError(
+            f"{type(layer).__name__} {getattr(layer, 'name', '')!r} has no hidden units the "
+            f"path-norm prox knows; the seam has entries for {known}"
+        )
+    entry.check(layer)
+    return entry
+
+
+class Role(enum.Enum):
+    """What a layer between the two layers of a pair does."""
+
+    #: acts on each entry alone and holds no weights: activations, dropout, noise, identity
+    POINTWISE = "pointwise"
+    #: acts on each channel alone and keeps the channels: max and average pooling
+    POOL = "pool"
+    #: global pooling: one value per channel (with ``keepdims=False`` it also flattens)
+    GLOBAL_POOL = "global_pool"
+    #: ``Flatten``: between a convolution and a Dense layer
+    FLATTEN = "flatten"
+
+
+_L = keras.layers
+#: The layer classes that may stand between two paired layers, by role (data the pairing
+#: reads). Layers with weights (BatchNormalization, LayerNormalization, PReLU, ...) have none.
+BETWEEN: dict[type, Role] = {
+    **dict.fromkeys(
+        (_L.Activation, _L.ReLU, _L.LeakyReLU, _L.ELU, _L.Dropout, _L.SpatialDropout1D,
+         _L.SpatialDropout2D, _L.AlphaDropout, _L.GaussianDropout, _L.GaussianNoise,
+         _L.Identity),
+        Role.POINTWISE,
+    ),
+    **dict.fromkeys(
+        (_L.MaxPooling1D, _L.MaxPooling2D, _L.AveragePooling1D, _L.AveragePooling2D), Role.POOL
+    ),
+    **dict.fromkeys(
+        (_L.GlobalMaxPooling1D, _L.GlobalMaxPooling2D, _L.GlobalAveragePooling1D,
+         _L.GlobalAveragePooling2D),
+        Role.GLOBAL_POOL,
+    ),
+    _L.Flatten: Role.FLATTEN,
+}  # fmt: skip
+#: Activations that mix the entries of a vector: an ``Activation`` of one has no role.
+_MIXING = frozenset({"softmax", "log_softmax"})
+
+
+def role_of(layer: Any) -> Role | None:
+    """The :class:`Role` of a Keras layer between two paired layers; None: not allowed there
+    (it holds weights, mixes entries, or is unknown)."""
+    mixing = getattr(getattr(layer, "activation", None), "__name__", "") in _MIXING
+    if getattr(layer, "weights", None) or (isinstance(layer, _L.Activation) and mixing):
+        return None
+    return _by_class(BETWEEN, layer)
+
+
+@dataclass(frozen=True)
+class Between:
+    """The layers :func:`check_between` found between a pair: the pooling layers (global ones
+    included), and the layer that flattens (a ``Flatten`` or a global pool), if any."""
+
+    pools: tuple[Any, ...]
+    flatten: Any | None
+
+
+def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
+    """Check the Keras layers between ``first`` and ``second`` (in the order they run).
+
+    Allowed: pointwise layers anywhere; pooling after a convolution, in the convolution's
+    ``data_format``, before the flattening; exactly one ``Flatten`` or global pooling layer
+    (``keepdims=False``) between a convolution and a Dense layer, which that pair needs.
+
+    Raises:
+        ValueError: naming the layer and why it breaks the pair.
+    """
+    spatial_in, spatial_out = entry_of(first).spatial, entry_of(second).spatial
+    where = f"between {first.name!r} and {second.name!r}"
+    pools: list[Any] = []
+    flattening: Any | None = None
+    for layer in between:
+        role, label = role_of(layer), f"{type(layer).__name__} {layer.name!r}"
+        if role is None:
+            raise ValueError(
+                f"{where}: {label} is neither pointwise, nor pooling, nor a Flatten; the pair "
+                "would not be a shallow network and its path-norm would not bound it (pair "
+                "other layers, or leave this pair out)"
+            )
+        if role in (Role.POOL, Role.GLOBAL_POOL):
+            if not spatial_in or flattening is not None:
+                raise ValueError(f"{where}: {label} pools positions, but there are none here")
+            if layer.data_format != first.data_format:
+                raise ValueError(
+                    f"{where}: {label} pools in {layer.data_format} but {first.name!r} writes "
+                    f"{first.data_format}: it would pool across channels"
+                )
+            pools.append(layer)
+        if role is Role.FLATTEN or (role is Role.GLOBAL_POOL and not layer.keepdims):
+            if not (spatial_in and not spatial_out) or flattening is not None:
+                raise ValueError(f"{where}: {label} may stand only once, after a convolution")
+            flattening = layer
+    if spatial_in and not spatial_out and flattening is None:
+        raise ValueError(
+            f"{where}: the convolution's output needs a Flatten (or a global pooling layer) "
+            "before the Dense layer, which would otherwise read each position separately"
+        )
+    if spatial_out and not spatial_in:
+        raise ValueError(f"{where}: a convolution cannot read the units of a Dense layer")
+    return Between(tuple(pools), flattening)
+
+
+def flat_of(first: Any, second: Any, flatten: Any | None = None) -> Flat | None:
+    """The :class:`Flat` between a convolution ``first`` and a Dense ``second`` (None for any
+    other pair): the positions per channel from the shapes, the order from ``flatten`` (the
+    layer that flattens, when known) and ``first``'s ``data_format``.
+
+    A ``Flatten`` moves the channels of a channels_first input last only when its own
+    ``data_format`` is ``"channels_first"``; so after a channels_first convolution the order
+    depends on the Flatten, and ``flatten`` must be given.
+
+    Raises:
+        ValueError: shapes that do not divide, an order that cannot be told, or a Flatten that
+            would interleave positions and channels.
+    """
+    if not (entry_of(first).spatial and not entry_of(second).spatial):
+        return None  # no flattening: conv -> conv or Dense -> Dense
+    rows, channels = int(_kernel(second).shape[0]), entry_of(first).units_out(first)
+    positions, rest = divmod(rows, channels)
+    if rest:
+        message = f"{rows} inputs are not a whole number of positions of {channels} channels"
+        raise ValueError(f"Dense layer {second.name!r} cannot read {first.name!r}: {message}")
+    fmt = first.data_format
+    if not isinstance(flatten, _L.Flatten) or flatten.data_format == fmt:
+        if flatten is None and fmt != "channels_last":
+            raise ValueError(
+                f"{first.name!r} is channels_first: the order the Dense layer reads depends on "
+                "the Flatten's data_format; pass the Flatten layer"
+            )
+        return Flat(positions, True)
+    if fmt == "channels_last":
+        raise ValueError(
+            f"Flatten {flatten.name!r} (data_format='channels_first') after the channels_last "
+            f"{first.name!r} would interleave positions and channels; give the Flatten "
+            "data_format='channels_last'"
+        )
+    return Flat(positions, False)  # a channels_first tensor flattened as it is
+
+
+def prox_kernels(
+    kernel_first: Any,
+    kernel_second: Any,
+    lam: Scalar,
+    *,
+    first: LayerEntry,
+    second: LayerEntry,
+    flat: Flat | None = None,
+    method: str = "auto",
+    check_finite: bool = True,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """The exact path-norm prox of two kernels (tensors or variables) whose layers' entries
+    are ``first`` and ``second``, with ``flat`` between them: new kernels, in the kernels'
+    shapes and dtype. The views go through :func:`~pathnorm_tf.functional.prox_path_norm`
+    (``method`` and ``check_finite`` as there); tf ops only, for eager, graph and XLA use.
+    """
+    k1, k2 = tf.convert_to_tensor(kernel_first), tf.convert_to_tensor(kernel_second)
+    kernel_in = first.in_view(k1)
+    kernel_out = second.out_view(k2, int(kernel_in.shape[1]), flat)
+    new_in, new_out = prox_path_norm(
+        kernel_in, kernel_out, lam, method=method, check_finite=check_finite
+    )
+    new_first = first.in_native(new_in, tuple(k1.shape))
+    return new_first, second.out_native(new_out, tuple(k2.shape), flat)
+
+
+def prox_pair(
+    first: Any,
+    second: Any,
+    lam: Scalar,
+    *,
+    flatten: Any = None,
+    assign: bool = False,
+    **options: Any,
+) -> tuple[tf.Tensor, tf.Tensor]:
+    """The exact path-norm prox of two Keras layers: their new kernels, assigned to them too
+    with ``assign``; ``options`` (``method``, ``check_finite``) go to :func:`prox_kernels`.
+
+    A convolution followed by a Dense layer reads a flattening in between (:func:`flat_of`;
+    ``flatten``: that Flatten layer, needed after a channels_first convolution).
+
+    Raises:
+        ValueError: unsupported layers, a pair whose units do not match, and whatever
+            :func:`~pathnorm_tf.functional.prox_path_norm` raises (nothing assigned).
+    """
+    if first is second:
+        raise ValueError(f"layer {first.name!r} cannot pair with itself")
+    entry_first, entry_second = entry_of(first), entry_of(second)
+    if entry_second.spatial and not entry_first.spatial:
+        raise ValueError(f"{second.name!r} (a convolution) cannot read the units of {first.name!r}")
+    flat = flat_of(first, second, flatten)
+    n_units, width = entry_first.units_out(first), entry_second.units_in(second, flat)
+    if width != n_units:
+        raise ValueError(
+            f"{first.name!r} with {n_units} outputs and {second.name!r} with {width} inputs do "
+            "not pair (they must share the hidden units)"
+        )
+    k1, k2 = _kernel(first), _kernel(second)
+    new = prox_kernels(k1, k2, lam, first=entry_first, second=entry_second, flat=flat, **options)
+    if assign:
+        k1.assign(new[0])
+        k2.assign(new[1])
+    return new
