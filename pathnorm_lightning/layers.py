@@ -301,13 +301,13 @@ class ConvEntry(LayerEntry):
         ):
             outputs = (size + total - d * (k - 1) - 1) // st + 1
             if conv.padding_mode == "zeros":  # taps on the zero padding read nothing
-                factor *= max(tap_reads(size, outputs, st, d, left, t) for t in range(k))
+                factor *= max(_tap_reads(size, outputs, st, d, left, t) for t in range(k))
             else:  # every tap reads a real position
                 factor *= outputs
         return factor
 
 
-def tap_reads(size: int, outputs: int, stride: int, dilation: int, left: int, tap: int) -> int:
+def _tap_reads(size: int, outputs: int, stride: int, dilation: int, left: int, tap: int) -> int:
     """In one spatial dimension of a zero-padded convolution: how many of the ``outputs``
     positions read an input position (of ``size``) through kernel tap ``tap``."""
     return sum(0 <= r * stride + tap * dilation - left < size for r in range(outputs))
