@@ -1,6 +1,7 @@
 """Lightning callbacks that apply a prox (or projection) right after every real optimizer step.
 
-``PathNormProx`` applies the exact 1-path-norm prox to pairs of ``nn.Linear`` layers;
+``PathNormProx`` applies the exact 1-path-norm prox to layer pairs (``nn.Linear``,
+``nn.Conv1d``, ``nn.Conv2d``, through the layer seam of :mod:`pathnorm_lightning.layers`);
 ``L1Prox`` and ``LayerwiseLinfProjection`` are the paper's layer-wise baselines. All three share
 :class:`AfterOptimizerStep`, which runs them through the step post-hook of
 :mod:`pathnorm_lightning.hook` (the same hook :func:`~pathnorm_lightning.attach` gives plain
@@ -38,11 +39,13 @@ from pathnorm_lightning.pairing import (
     ForwardCheck,
     LayerPair,
     LayersSpec,
-    linear_chain,
+    chains,
+    layer_chain,
     normalize_layers,
     normalize_pairs,
     resolve_layers,
     resolve_pairs,
+    weight_parameter,
 )
 
 __all__ = [
@@ -200,7 +203,7 @@ class AfterOptimizerStep(Callback):
         if self.log_metrics:
             self._check_unique_prefix(trainer)
         targets = self.resolve_targets(pl_module)
-        chain = linear_chain(pl_module)
+        chain = layer_chain(pl_module)
         self._hook = self._last_hook = StepHook(
             trainer.optimizers,
             targets,
@@ -216,8 +219,9 @@ class AfterOptimizerStep(Callback):
         )
         if self.log_metrics and chain is None:
             rank_zero_warn(
-                f"{type(self).__name__}: the nn.Linear layers of {type(pl_module).__name__} do "
-                "not form a chain (consecutive out/in features differ), so the network bounds "
+                f"{type(self).__name__}: the Linear and convolution layers of "
+                f"{type(pl_module).__name__} do not form a chain (a layer does not read exactly "
+                "the outputs of the one before it), so the network bounds "
                 "pathnorm/path_norm_bound and pathnorm/product_bound are not logged."
             )
         self._last_logged_step = -1
@@ -386,17 +390,17 @@ def _normalize(value: Any) -> Any:
     return value
 
 
-def _consecutive_chains(layers: list[nn.Linear]) -> list[list[Tensor | nn.Module]]:
-    """Split layers (in the given order) into maximal runs whose dimensions chain."""
-    chains: list[list[Tensor | nn.Module]] = []
-    previous: nn.Linear | None = None
+def _consecutive_chains(layers: list[nn.Module]) -> list[list[Tensor | nn.Module]]:
+    """Split layers (in the given order) into maximal runs whose units chain."""
+    runs: list[list[Tensor | nn.Module]] = []
+    previous: nn.Module | None = None
     for layer in layers:
-        if previous is not None and previous.out_features == layer.in_features:
-            chains[-1].append(layer)
+        if previous is not None and chains(previous, layer):
+            runs[-1].append(layer)
         else:
-            chains.append([layer])
+            runs.append([layer])
         previous = layer
-    return chains
+    return runs
 
 
 class PathNormProx(AfterOptimizerStep):
@@ -413,8 +417,9 @@ class PathNormProx(AfterOptimizerStep):
 
     Args:
         lam: regularization strength lambda (finite, >= 0); the prox step is ``lam * lr``.
-        pairs: ``"auto"`` pairs the ``nn.Linear`` layers in module order, (L1, L2), (L3, L4), ...;
-            or explicit ``[("encoder.0", "encoder.2"), ...]`` module names.
+        pairs: ``"auto"`` pairs the ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` layers in
+            module order, (L1, L2), (L3, L4), ...; or explicit ``[("encoder.0", "encoder.2"),
+            ...]`` module names. A convolution's output channels are its hidden units.
         log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
             :class:`AfterOptimizerStep`.
     """
@@ -477,7 +482,7 @@ class _LayerwiseBase(AfterOptimizerStep):
         super().__init__(
             log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix, self.layers
         )
-        self._linear_layers: list[nn.Linear] = []
+        self._layers: list[nn.Module] = []
 
     @override
     def config(self) -> dict[str, Any]:
@@ -487,15 +492,15 @@ class _LayerwiseBase(AfterOptimizerStep):
     def resolve_targets(self, pl_module: pl.LightningModule) -> list[StepTarget]:
         spec: LayersSpec = self.layers
         found = resolve_layers(pl_module, spec)
-        self._linear_layers = [layer for _, layer in found]
+        self._layers = [layer for _, layer in found]
         return [
-            StepTarget(f"layer {name!r}", (layer.weight,), ((name, layer),))
+            StepTarget(f"layer {name!r}", (weight_parameter(name, layer),), ((name, layer),), True)
             for name, layer in found
         ]
 
     @override
     def sparsity_chains(self) -> list[list[Tensor | nn.Module]]:
-        return _consecutive_chains(self._linear_layers)
+        return _consecutive_chains(self._layers)
 
 
 class L1Prox(_LayerwiseBase):
@@ -504,7 +509,8 @@ class L1Prox(_LayerwiseBase):
 
     Args:
         lam: regularization strength (finite, >= 0); the threshold is ``lam * lr``.
-        layers: ``"auto"`` (every ``nn.Linear``) or module names.
+        layers: ``"auto"`` (every ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d``) or module
+            names.
         log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
             :class:`AfterOptimizerStep`.
     """
@@ -539,9 +545,15 @@ class LayerwiseLinfProjection(_LayerwiseBase):
     step each row of ``W`` is projected onto the l1 ball of that radius (the paper's layer-wise
     Lipschitz baseline; the product of the radii bounds the network's Lipschitz constant).
 
+    For a convolution the rows are those of the layer seam's ``in_view``: output channel ``c``'s
+    weights over every input channel and tap, ``weight[c]`` flattened. Every row of the unrolled
+    convolution (channel ``c`` at one output position) holds those weights, or some of them at
+    a zero-padded border, so its l_inf operator norm is at most ``radius`` too.
+
     Args:
         radius: the l1 radius of every row (finite, >= 0); independent of the learning rate.
-        layers: ``"auto"`` (every ``nn.Linear``) or module names.
+        layers: ``"auto"`` (every ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d``) or module
+            names.
         log_every_n_steps, log_metrics, prog_bar, check_finite, log_prefix: see
             :class:`AfterOptimizerStep`.
     """
@@ -568,4 +580,9 @@ class LayerwiseLinfProjection(_LayerwiseBase):
     @override
     def apply(self, target: StepTarget, lr: float, check: FiniteCheck) -> None:
         check(target)
-        project_rows_l1_ball_(target.weights[0], self.radius)
+        if target.views is None:  # a target built by hand: its weight is the matrix
+            project_rows_l1_ball_(target.weights[0], self.radius)
+            return
+        (rows,) = target.views.matrices(target.weights)
+        project_rows_l1_ball_(rows, self.radius)
+        target.views.write_back(target.weights, (rows,))

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
+from pathnorm_lightning import layers as seam
 from pathnorm_lightning._chain import acc_dtype, alive_units, check_chain, counts
 from pathnorm_lightning._chain import path_norm_bound as _path_norm_bound
 from pathnorm_lightning._chain import product_bound as _product_bound
@@ -49,12 +50,80 @@ from pathnorm_lightning.pairing import (
     ForwardCheck,
     LayerPair,
     PairsSpec,
-    linear_chain,
+    layer_chain,
     resolve_pairs,
     weight_parameter,
 )
 
-__all__ = ["DeferredCheck", "FiniteCheck", "StepHook", "StepTarget", "SyncCheck", "attach"]
+__all__ = [
+    "DeferredCheck",
+    "FiniteCheck",
+    "StepHook",
+    "StepTarget",
+    "SyncCheck",
+    "UnitViews",
+    "attach",
+]
+
+
+@dataclass(frozen=True)
+class UnitViews:
+    """A target's weights as the layer seam's unit matrices (:mod:`pathnorm_lightning.layers`),
+    built when the hook plans, not at every step.
+
+    For a pair, ``(in_view, out_view)``: ``(n, m')``, row ``i`` unit ``i``'s incoming weights,
+    and ``(p', n)``, column ``i`` its outgoing weights; for one layer, ``(in_view,)``. Where a
+    matrix is a view of the weight (a Linear weight, a contiguous convolution's incoming
+    weights) it is kept in :attr:`cached` and the prox writes through it; where the layout
+    needs a copy (a convolution's outgoing weights, a Linear layer after a Flatten, a
+    channels-last weight) :attr:`cached` holds None, and :meth:`matrices` copies the weight at
+    each step and :meth:`write_back` writes the result into it.
+    """
+
+    entries: tuple[seam.LayerEntry, ...]
+    n_units: int
+    flatten: int | None
+    cached: tuple[Tensor | None, ...] = dataclasses.field(repr=False)
+
+    @classmethod
+    def plan(cls, modules: Sequence[nn.Module], weights: Sequence[Tensor]) -> UnitViews:
+        """The views of one layer (``modules`` of one) or of a pair, from their weights now."""
+        entries = tuple(seam.entry_of(m) for m in modules)
+        n_units = entries[0].units_out(modules[0])
+        flatten = seam.flatten_positions(*modules) if len(modules) == 2 else None
+        views = cls(entries, n_units, flatten, (None,) * len(modules))
+        fresh = views.matrices(weights)
+        cached = tuple(m if _is_view(m, w) else None for m, w in zip(fresh, weights, strict=True))
+        return cls(entries, n_units, flatten, cached)
+
+    def matrices(self, weights: Sequence[Tensor]) -> tuple[Tensor, ...]:
+        """The unit matrices of ``weights``: the cached views, or copies made now."""
+        made = []
+        for index, (cached, weight) in enumerate(zip(self.cached, weights, strict=True)):
+            if cached is not None:
+                made.append(cached)
+            elif index == 0:
+                made.append(self.entries[0].in_view(weight.detach()))
+            else:
+                made.append(self.entries[1].out_view(weight.detach(), self.n_units, self.flatten))
+        return tuple(made)
+
+    def write_back(self, weights: Sequence[Tensor], matrices: Sequence[Tensor]) -> None:
+        """Write the matrices that are copies into their weights, in place."""
+        for index, (cached, weight, matrix) in enumerate(
+            zip(self.cached, weights, matrices, strict=True)
+        ):
+            if cached is not None:
+                continue  # written through the view
+            if index == 0:
+                self.entries[0].write_in(weight, matrix)
+            else:
+                self.entries[1].write_out(weight, matrix, self.flatten)
+
+
+def _is_view(matrix: Tensor, weight: Tensor) -> bool:
+    """Whether ``matrix`` is ``weight``'s memory (writes to it are writes to the weight)."""
+    return matrix.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
 
 
 @dataclass
@@ -65,12 +134,15 @@ class StepTarget:
     ``layers`` names the modules the weights belong to, as ``(name, module)``: the hook then
     follows them, reading each module's ``weight`` parameter at every step (a weight replaced
     or parametrized during training is seen at the next step); without ``layers`` the
-    ``weights`` are taken as given.
+    ``weights`` are taken as given. With ``unit_views`` (and ``layers``) the hook also plans
+    the seam's :class:`UnitViews` of the layers into ``views``, whenever it re-plans.
     """
 
     name: str
     weights: tuple[Tensor, ...]
     layers: tuple[tuple[str, nn.Module], ...] = ()
+    unit_views: bool = False
+    views: UnitViews | None = None
 
 
 class FiniteCheck:
@@ -211,8 +283,10 @@ class StepHook:
         sparsity_chains: chains (forward order) of weights or of modules (their ``weight`` is
             read when the metrics are computed) whose zeros and hidden units :meth:`metrics`
             counts.
-        chain: every ``nn.Linear`` of the network in forward order, for the network bounds
-            (None: not a chain, no bounds).
+        chain: every layer of the seam's types (``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``)
+            in forward order, for the network bounds (None: not a chain, no bounds). When the
+            last one is a convolution, its bounds depend on the positions it reads: a forward
+            pre-hook records them at each forward pass (no bounds before the first).
         num_steps: the step count to start from (a resumed run).
         penalty: what the update regularizes (``"path-norm"``, ``"l1"``, ...; default: the
             owner's name): two live hooks with the same penalty may not share a weight after one
@@ -234,7 +308,7 @@ class StepHook:
         check_finite: bool = True,
         owner: str = "attach",
         sparsity_chains: Sequence[Sequence[Tensor | nn.Module]] = (),
-        chain: Sequence[nn.Linear] | None = None,
+        chain: Sequence[nn.Module] | None = None,
         num_steps: int = 0,
         penalty: str | None = None,
         watch_units: bool = False,
@@ -247,6 +321,8 @@ class StepHook:
         self.penalty = owner if penalty is None else penalty
         self.sparsity_chains = [list(c) for c in sparsity_chains]
         self.chain = list(chain) if chain is not None else None
+        self._positions: tuple[int, ...] | None = None  # what a convolution last in chain read
+        self._chain_handle: RemovableHandle | None = None
         self.num_steps = num_steps  # real optimizer steps acted on
         self._checks = {
             "off": FiniteCheck(),
@@ -268,6 +344,8 @@ class StepHook:
         self._handles: list[RemovableHandle] = [
             o.register_step_post_hook(self._after_step) for o in self.optimizers
         ]
+        if self.chain and seam.entry_of(self.chain[-1]).spatial:
+            self._chain_handle = self.chain[-1].register_forward_pre_hook(self._record_positions)
         _LIVE.add(self)
 
     def remove(self) -> None:
@@ -275,6 +353,9 @@ class StepHook:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._chain_handle is not None:
+            self._chain_handle.remove()
+            self._chain_handle = None
         _LIVE.discard(self)
         self._drop_forward_check()
         self._checks["deferred"].pending.clear()  # type: ignore[attr-defined]
@@ -287,7 +368,8 @@ class StepHook:
     def metrics(self) -> dict[str, float]:
         """The current metric values as Python floats: ``sparsity`` and ``alive_units`` of the
         regularized weights, ``path_norm_bound`` and ``product_bound`` of the network (when its
-        ``nn.Linear`` layers form a chain). Read from the weights now (a host sync on CUDA)."""
+        layers form a chain; a network ending in a convolution, once a forward pass showed the
+        positions that convolution reads). Read from the weights now (a host sync on CUDA)."""
         zeros = entries = alive = units = 0
         for chain in self.sparsity_chains:
             z, n, a, u = counts(check_chain([_weight_of(w) for w in chain], "metrics"))
@@ -295,12 +377,29 @@ class StepHook:
         values = {"sparsity": zeros / max(entries, 1)}
         if units:
             values["alive_units"] = alive / units
-        if self.chain is not None:
-            weights = check_chain([layer.weight for layer in self.chain], "metrics")
+        reuse = self.reuse()
+        if self.chain is not None and reuse is not None:
+            weights = check_chain([_weight_of(layer) for layer in self.chain], "metrics")
             dtype = acc_dtype(weights[0])
-            values["path_norm_bound"] = float(_path_norm_bound(weights, dtype))
-            values["product_bound"] = float(_product_bound(weights, dtype))
+            values["path_norm_bound"] = float(_path_norm_bound(weights, dtype, reuse))
+            values["product_bound"] = float(_product_bound(weights, dtype, reuse))
         return values
+
+    def reuse(self) -> int | None:
+        """The factor ``s`` of the chain's last layer (docs/conv_units.md): 1 for a Linear
+        layer; for a convolution, from the positions it read in the latest forward pass (None
+        before any, or without a chain)."""
+        if not self.chain:
+            return None
+        last = self.chain[-1]
+        entry = seam.entry_of(last)
+        if not entry.spatial:
+            return entry.reuse(last)
+        return None if self._positions is None else entry.reuse(last, self._positions)
+
+    def _record_positions(self, module: nn.Module, args: Any) -> None:
+        if args and isinstance(args[0], Tensor):
+            self._positions = tuple(args[0].shape[2:])
 
     # --- the step ------------------------------------------------------------------------
     def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -404,7 +503,13 @@ class StepHook:
             weights = tuple(weight_parameter(name, module) for name, module in target.layers)
         except ValueError as err:
             raise ValueError(f"{self.owner}: {err}") from None
-        return dataclasses.replace(target, weights=weights)
+        views = None
+        if target.unit_views:
+            try:
+                views = UnitViews.plan([m for _, m in target.layers], weights)
+            except ValueError as err:  # a layer changed shape or configuration since
+                raise ValueError(f"{self.owner}: {target.name}: {err}") from None
+        return dataclasses.replace(target, weights=weights, views=views)
 
     def _build_plan(self) -> dict[int, list[_Planned]]:
         owner_of: dict[int, tuple[int, int]] = {}  # id(param) -> (optimizer index, group index)
@@ -529,7 +634,8 @@ def attach(
     Args:
         optimizer: the optimizer (or several) that trains ``model``; a Fabric or Lightning
             wrapper is unwrapped.
-        model: the network; its ``nn.Linear`` layers are paired as in :func:`resolve_pairs`.
+        model: the network; its ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` layers are paired
+            as in :func:`resolve_pairs`.
         lam: regularization strength lambda (finite, >= 0).
         pairs: ``"auto"`` or explicit ``[(first_name, second_name), ...]`` module names.
         check_finite: raise :class:`NonFiniteWeightsError` when a regularized weight is NaN or
@@ -556,7 +662,7 @@ def attach(
         update,
         check_finite=check_finite,
         sparsity_chains=[[p.first, p.second] for p in layer_pairs],
-        chain=linear_chain(model),
+        chain=layer_chain(model),
         penalty="path-norm",
         watch_units=True,
         forward_check=forward_check(layer_pairs),
@@ -569,23 +675,33 @@ def forward_check(pairs: Sequence[LayerPair]) -> ForwardCheck | None:
 
 
 def pair_target(
-    first_name: str, second_name: str, first: nn.Linear, second: nn.Linear
+    first_name: str, second_name: str, first: nn.Module, second: nn.Module
 ) -> StepTarget:
-    """The :class:`StepTarget` of a layer pair (followed: its modules' weights at each step)."""
+    """The :class:`StepTarget` of a layer pair (followed: its modules' weights at each step,
+    seen through the seam's :class:`UnitViews`)."""
     return StepTarget(
         f"pair ({first_name!r}, {second_name!r})",
-        (first.weight, second.weight),
+        (weight_parameter(first_name, first), weight_parameter(second_name, second)),
         ((first_name, first), (second_name, second)),
+        unit_views=True,
     )
 
 
 def prox_pair(target: StepTarget, step: float, check: FiniteCheck) -> None:
     """The path-norm prox of a pair target in place, with the finiteness ``check``: the prox's
-    own (free in the CPU kernel) when a synchronous check is wanted, else ``check``."""
+    own (free in the CPU kernel) when a synchronous check is wanted, else ``check``. Runs on
+    the target's planned unit views (writing back those that are copies), or on its weights
+    as given (2-D matrices) when it has none."""
     if not check.synchronous:
         check(target)
-    w_in, w_out = target.weights
+    views = target.views
+    if views is None:
+        w_in, w_out = target.weights
+        prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)
+        return
+    w_in, w_out = views.matrices(target.weights)
     prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)
+    views.write_back(target.weights, (w_in, w_out))
 
 
 class _StepError(NonFiniteWeightsError):

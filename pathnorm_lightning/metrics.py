@@ -1,9 +1,14 @@
-"""torchmetrics ``Metric``s of a Linear chain: sparsity, the 1-path-norm bound, the product bound.
+"""torchmetrics ``Metric``s of a layer chain: sparsity, the 1-path-norm bound, the product bound.
 
 Every metric takes a *chain* of weights in forward order, torch layout: ``update([W_1, ..., W_L])``
-with ``W_l`` of shape (d_l, d_{l-1}) (an ``nn.Linear`` weight), consecutive shapes chaining.
-For one pair ``[w_in, w_out]`` the bounds equal :func:`~pathnorm_lightning.path_norm` and
-:func:`~pathnorm_lightning.product_bound`. Several ``update`` calls accumulate: ``Sparsity``
+with ``W_l`` an ``nn.Linear`` weight (d_l, d_{l-1}) or an ``nn.Conv1d`` / ``nn.Conv2d`` weight
+(C_l, C_{l-1}, *kernel), consecutive shapes chaining (a Linear weight after a convolution reads
+its channels through a channels-first ``nn.Flatten``: ``in_features`` a multiple of the
+channels). The hidden units are the features or channels between two weights. For one Linear
+pair ``[w_in, w_out]`` the bounds equal :func:`~pathnorm_lightning.path_norm` and
+:func:`~pathnorm_lightning.product_bound`; for a convolution pair they are ``s`` times the path
+norm and product bound of the layer seam's unit views, ``s`` the factor of the last layer
+(``reuse``, docs/conv_units.md). Several ``update`` calls accumulate: ``Sparsity``
 pools the counts, the bounds average the values (each ``update`` is one snapshot of a network).
 Across processes the states are summed, so identical replicas report their common value.
 """
@@ -77,14 +82,32 @@ class _ChainBound(Metric):
         )
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
-    def _bound(self, chain: list[Tensor], dtype: torch.dtype) -> Tensor:
-        """The bound of the chain, accumulated in ``dtype``."""
+    def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:
+        """The bound of the chain, accumulated in ``dtype``, with the factor ``reuse``."""
         raise NotImplementedError
 
-    def update(self, weights: Sequence[Tensor]) -> None:
-        """Add the bound of the network ``W_L act(... act(W_1 x))`` given as ``[W_1, ..., W_L]``."""
-        chain = check_chain(weights, type(self).__name__)
-        value = self._bound(chain, acc_dtype(chain[0]))
+    def update(self, weights: Sequence[Tensor], *, reuse: int | None = None) -> None:
+        """Add the bound of the network ``W_L act(... act(W_1 x))`` given as ``[W_1, ..., W_L]``.
+
+        ``reuse``: the factor ``s`` of the last layer, how many times the unrolled network reads
+        each of its weights at most (``layers.entry_of(layer).reuse(layer, in_positions)``,
+        ``in_positions`` the spatial shape the layer reads); required when the last weight is a
+        convolution's, 1 (the default) for a Linear layer.
+        """
+        name = type(self).__name__
+        chain = check_chain(weights, name)
+        if reuse is None:
+            if chain[-1].dim() > 2:
+                raise ValueError(
+                    f"{name}.update: the chain ends with a convolution weight "
+                    f"{tuple(chain[-1].shape)}, whose bound grows with the positions it reads; "
+                    "pass reuse=s, its factor: pathnorm_lightning.layers.entry_of(conv)"
+                    ".reuse(conv, in_positions) with the spatial shape of its input"
+                )
+            reuse = 1
+        if isinstance(reuse, bool) or not isinstance(reuse, int) or reuse < 1:
+            raise ValueError(f"{name}.update: reuse must be a positive int, got {reuse!r}")
+        value = self._bound(chain, acc_dtype(chain[0]), reuse)
         self.value_sum += value.to(self.value_sum.device, self.value_sum.dtype)
         self.count += 1
 
@@ -96,23 +119,29 @@ class _ChainBound(Metric):
 
 
 class PathNormBound(_ChainBound):
-    """1-path-norm of a Linear chain: ``1^T |W_L| ... |W_1| 1``, the sum over input-output paths
-    of the product of absolute weights.
+    """1-path-norm of a chain: ``1^T |W_L| ... |W_1| 1``, the sum over input-output paths of the
+    product of absolute weights; with convolutions, ``s`` times that of the per-channel weights
+    (each channel's weights summed over its taps or positions), which bounds the path norm of
+    the unrolled network.
 
     It upper-bounds the (l_inf, l_1) Lipschitz constant of ``W_L act(... act(W_1 x))`` for
-    activations with slope in [0, 1]. For one pair it equals ``path_norm(w_in, w_out)``.
+    activations with slope in [0, 1] (and max or average pooling between). For one Linear pair
+    it equals ``path_norm(w_in, w_out)``, for a convolution pair ``s * path_norm`` of the seam's
+    unit views.
     """
 
-    def _bound(self, chain: list[Tensor], dtype: torch.dtype) -> Tensor:
-        return path_norm_bound(chain, dtype)
+    def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:
+        return path_norm_bound(chain, dtype, reuse)
 
 
 class ProductBound(_ChainBound):
-    """Layer-wise bound ``(sum |W_L|) * prod_{l<L} ||W_l||_inf`` (``||W||_inf``: largest row l1 norm).
+    """Layer-wise bound ``s * (sum |W_L|) * prod_{l<L} ||W_l||_inf`` (``||W||_inf``: largest row
+    l1 norm of the weight as (out, everything else): for a convolution, the l_inf operator norm
+    of its unrolled matrix is at most that).
 
     Also an upper bound on the (l_inf, l_1) Lipschitz constant, never below
-    :class:`PathNormBound`; for one pair it equals ``product_bound(w_in, w_out)``.
+    :class:`PathNormBound`; for one Linear pair it equals ``product_bound(w_in, w_out)``.
     """
 
-    def _bound(self, chain: list[Tensor], dtype: torch.dtype) -> Tensor:
-        return product_bound(chain, dtype)
+    def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:
+        return product_bound(chain, dtype, reuse)

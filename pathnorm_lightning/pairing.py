@@ -1,17 +1,22 @@
-"""Which ``nn.Linear`` layers a callback regularizes: layer pairs (path-norm) or single layers.
+"""Which layers a callback regularizes: layer pairs (path-norm) or single layers.
 
-A *pair* ``(first, second)`` is two ``nn.Linear`` layers ``Linear(m, n) -> act -> Linear(n, p)``
-whose hidden units (``first.weight[i, :]`` incoming, ``second.weight[:, i]`` outgoing) the
-1-path-norm prox couples. ``pairs="auto"`` pairs the network's Linear layers in module order,
-(L1, L2), (L3, L4), ..., as in the paper's multilayer extension; a pair the module tree does not
-show to be a shallow network is checked against the first training forward pass
-(:class:`ForwardCheck`). Needs torch only (no Lightning).
+A *pair* ``(first, second)`` is two layers of the layer seam (:mod:`pathnorm_lightning.layers`:
+``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``) whose hidden units, the first layer's outputs
+(features or channels) and the second layer's inputs, the 1-path-norm prox couples:
+``Linear -> act -> Linear``, ``Conv -> act (-> pool) -> Conv`` or ``Conv -> act (-> pool) ->
+Flatten -> Linear``. The seam says which weights are a unit's, how many units a layer has and
+what may stand between the two layers; this module never names a layer type. ``pairs="auto"``
+pairs the network's seam layers in module order, (L1, L2), (L3, L4), ..., as in the paper's
+multilayer extension; a pair the module tree does not show to be a shallow network is checked
+against the first training forward pass (:class:`ForwardCheck`). Needs torch only (no
+Lightning).
 """
 
 from __future__ import annotations
 
 import difflib
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +26,7 @@ from torch import nn
 from torch.nn.utils import parametrize, prune
 from torch.utils.hooks import RemovableHandle
 
+from pathnorm_lightning import layers
 from pathnorm_lightning._common import rank_zero_warn, shares_memory
 
 __all__ = [
@@ -28,7 +34,8 @@ __all__ = [
     "LayerPair",
     "LayersSpec",
     "PairsSpec",
-    "linear_chain",
+    "chains",
+    "layer_chain",
     "normalize_layers",
     "normalize_pairs",
     "resolve_layers",
@@ -42,44 +49,56 @@ LayersSpec = str | Sequence[str]
 
 @dataclass(frozen=True)
 class LayerPair:
-    """Two chained ``nn.Linear`` layers, named as in ``model.named_modules()``.
+    """Two chained layers, named as in ``model.named_modules()``.
 
     ``verified`` is False for an ``"auto"`` pair whose data flow the module tree does not show
-    (not neighbours in one ``nn.Sequential`` with only activations between them): the hooks
-    check it against the first training forward pass (:class:`ForwardCheck`).
+    (not neighbours in one ``nn.Sequential`` with only the seam's allowed modules between
+    them): the hooks check it against the first training forward pass (:class:`ForwardCheck`).
+    ``flatten``: for a convolution followed by a Linear layer, the positions per channel of
+    the Flatten between them (the Linear's inputs over the convolution's channels); else None.
     """
 
     first_name: str
     second_name: str
-    first: nn.Linear
-    second: nn.Linear
+    first: nn.Module
+    second: nn.Module
     verified: bool = True
+    flatten: int | None = None
 
 
-def _linear_layers(model: nn.Module) -> list[tuple[str, nn.Linear]]:
-    return [(name, mod) for name, mod in model.named_modules() if isinstance(mod, nn.Linear)]
+def _has_entry(module: nn.Module) -> bool:
+    """Whether the layer seam has an entry for ``module``'s type (its configuration unchecked)."""
+    return any(cls in layers.ENTRIES for cls in type(module).__mro__)
 
 
-def _lookup(model: nn.Module, name: str, what: str) -> nn.Linear:
-    """The ``nn.Linear`` called ``name`` in ``model``, with a helpful error otherwise."""
+def _seam_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, mod) for name, mod in model.named_modules() if _has_entry(mod)]
+
+
+def _types() -> str:
+    return ", ".join(sorted(f"nn.{t.__name__}" for t in layers.ENTRIES))
+
+
+def _lookup(model: nn.Module, name: str, what: str) -> nn.Module:
+    """The seam layer called ``name`` in ``model``, with a helpful error otherwise."""
     if not isinstance(name, str):
         raise TypeError(
             f"{what}: layer names must be strings, got {name!r} ({type(name).__name__})"
         )
     modules = dict(model.named_modules())
     if name not in modules:
-        linear_names = [n for n, _ in _linear_layers(model)]
+        seam_names = [n for n, _ in _seam_layers(model)]
         close = difflib.get_close_matches(name, list(modules), n=3)
         hint = f" Did you mean {close}?" if close else ""
         raise ValueError(
             f"{what}: {type(model).__name__} has no submodule named {name!r}.{hint} "
-            f"Its nn.Linear layers are {linear_names} (names as in model.named_modules())."
+            f"Its {_types()} layers are {seam_names} (names as in model.named_modules())."
         )
     module = modules[name]
-    if not isinstance(module, nn.Linear):
+    if not _has_entry(module):
         raise ValueError(
-            f"{what}: module {name!r} is a {type(module).__name__}, but only nn.Linear layers are "
-            "supported (the prox acts on 2-D weight matrices of fully connected layers)."
+            f"{what}: module {name!r} is a {type(module).__name__}, but only {_types()} layers "
+            "are supported (the prox needs layers whose outputs are hidden units)."
         )
     return module
 
@@ -124,31 +143,57 @@ def weight_parameter(name: str, layer: nn.Module) -> nn.Parameter:
     )
 
 
-def _check_materialized(name: str, layer: nn.Linear) -> None:
+def _check_layer(name: str, layer: nn.Module) -> layers.LayerEntry:
+    """The seam entry of ``layer``, after checking that its weight is a materialized parameter
+    and that the seam takes its configuration."""
     weight_parameter(name, layer)
     if isinstance(layer.weight, nn.parameter.UninitializedParameter):
         raise ValueError(
             f"layer {name!r} is a {type(layer).__name__} whose weight is not materialized yet "
-            "(its in_features are unknown). Run one forward pass on an example batch before "
+            "(its input size is unknown). Run one forward pass on an example batch before "
             "fit, as torch requires before building the optimizers."
         )
+    try:
+        return layers.entry_of(layer)
+    except ValueError as err:
+        raise ValueError(f"layer {name!r}: {err}") from None
 
 
-def _check_chain(first_name: str, first: nn.Linear, second_name: str, second: nn.Linear) -> None:
-    _check_materialized(first_name, first)
-    _check_materialized(second_name, second)
-    if first.out_features != second.in_features:
+def _check_chain(
+    first_name: str, first: nn.Module, second_name: str, second: nn.Module
+) -> int | None:
+    """Check that the two layers pair (the seam's unit counts, tied weights); return the
+    positions per channel of the Flatten between a convolution and a Linear layer (else None)."""
+    entry_first = _check_layer(first_name, first)
+    entry_second = _check_layer(second_name, second)
+    what = f"pairs: layers {first_name!r} and {second_name!r}"
+    if shares_memory(weight_parameter(first_name, first), weight_parameter(second_name, second)):
         raise ValueError(
-            f"pairs: layers {first_name!r} (out_features={first.out_features}) and "
-            f"{second_name!r} (in_features={second.in_features}) do not chain: the first layer's "
-            "out_features must equal the second layer's in_features (they share the hidden units)."
-        )
-    if shares_memory(first.weight, second.weight):
-        raise ValueError(
-            f"pairs: layers {first_name!r} and {second_name!r} share one weight (tied weights); "
+            f"{what} share one weight (tied weights); "
             "the prox of a pair needs two independent weight matrices (it would write one "
             "result over the other). Untie them or leave this pair out."
         )
+    if entry_second.spatial and not entry_first.spatial:
+        raise ValueError(
+            f"{what} do not chain: a {type(second).__name__} cannot read the units of a "
+            f"{type(first).__name__} (a convolution reads channels, a Linear layer has none)"
+        )
+    try:
+        flatten = layers.flatten_positions(first, second)
+    except ValueError as err:
+        raise ValueError(
+            f"{what} do not chain: {err}; the Linear layer must read every channel at the "
+            "same number of positions"
+        ) from None
+    outputs = entry_first.units_out(first)
+    inputs = entry_second.units_in(second, flatten)
+    if outputs != inputs:
+        raise ValueError(
+            f"pairs: layers {first_name!r} ({outputs} outputs) and {second_name!r} ({inputs} "
+            "inputs) do not chain: the first layer's outputs (features or channels) must be the "
+            "second layer's inputs (they share the hidden units)."
+        )
+    return flatten
 
 
 def normalize_pairs(pairs: PairsSpec) -> str | list[tuple[str, str]]:
@@ -194,7 +239,7 @@ def normalize_layers(layers: LayersSpec) -> str | list[str]:
     if not isinstance(layers, Sequence) or not all(isinstance(name, str) for name in layers):
         raise TypeError(f"layers must be 'auto' or a list of module names, got {layers!r}")
     if len(layers) == 0:
-        raise ValueError("layers is empty: name at least one nn.Linear layer or use 'auto'")
+        raise ValueError("layers is empty: name at least one layer or use 'auto'")
     return list(layers)
 
 
@@ -203,38 +248,44 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
 
     Args:
         model: the network (usually the ``LightningModule``).
-        pairs: ``"auto"`` pairs the ``nn.Linear`` layers in module order, (L1, L2), (L3, L4),
-            ...; an unpaired last layer is left alone with a warning. A pair whose data flow the
-            module tree does not show (not neighbours in one ``nn.Sequential`` with only
-            activations between them) is returned with ``verified=False``, for a
-            :class:`ForwardCheck` (``attach`` and the callbacks run one on the first training
+        pairs: ``"auto"`` pairs the layers of the layer seam (``nn.Linear``, ``nn.Conv1d``,
+            ``nn.Conv2d``) in module order, (L1, L2), (L3, L4), ...; an unpaired last layer is
+            left alone with a warning. A pair whose data flow the module tree does not show
+            (not neighbours in one ``nn.Sequential`` with only pointwise modules, pooling and a
+            Flatten between them, as the seam allows) is returned with ``verified=False``, for
+            a :class:`ForwardCheck` (``attach`` and the callbacks run one on the first training
             batch). Otherwise a sequence of ``(first_name, second_name)`` module names, taken as
             given.
 
     Raises:
-        ValueError: unknown names, non-Linear modules, parametrized or pruned weights (computed,
-            not parameters), dimensions that do not chain, tied weights, a layer in two pairs,
-            no pair at all, or (``"auto"``) a module with parameters or buffers (Conv,
-            BatchNorm, LayerNorm, PReLU, ...) between two paired layers.
+        ValueError: unknown names, modules the seam does not know (or a configuration it does
+            not take, such as a grouped convolution), parametrized or pruned weights (computed,
+            not parameters), units that do not chain (a Linear layer whose inputs are not a
+            whole number of positions per channel of the convolution before it), tied weights,
+            a layer in two pairs, no pair at all, or (``"auto"``) a module with parameters or
+            buffers (BatchNorm, LayerNorm, PReLU, ...) between two paired layers, a module in
+            an ``nn.Sequential`` that the seam does not allow where it stands, or a
+            convolution after a Linear layer.
     """
     spec = normalize_pairs(pairs)
     if spec == "auto":
-        layers = _linear_layers(model)
-        if len(layers) < 2:
+        found = _seam_layers(model)
+        if len(found) < 2:
             raise ValueError(
-                f"pairs='auto' found {len(layers)} nn.Linear layer(s) in {type(model).__name__}; "
-                "the path-norm prox needs at least two chained Linear layers "
-                "(Linear(m, n) -> activation -> Linear(n, p))."
+                f"pairs='auto' found {len(found)} layer(s) of the types {_types()} in "
+                f"{type(model).__name__}; the path-norm prox needs at least two chained layers "
+                "(e.g. Linear(m, n) -> activation -> Linear(n, p), or Conv2d -> activation -> "
+                "Flatten -> Linear)."
             )
-        if len(layers) % 2 == 1:
+        if len(found) % 2 == 1:
             rank_zero_warn(
-                f"pairs='auto': {len(layers)} nn.Linear layers, so the last one "
-                f"({layers[-1][0]!r}) is not paired and is not regularized by the path-norm prox "
+                f"pairs='auto': {len(found)} layers of the types {_types()}, so the last one "
+                f"({found[-1][0]!r}) is not paired and is not regularized by the path-norm prox "
                 "(pairs never share a layer). Pass pairs=[...] explicitly to choose the pairs.",
             )
-        named = [(layers[i], layers[i + 1]) for i in range(0, len(layers) - 1, 2)]
+        named = [(found[i], found[i + 1]) for i in range(0, len(found) - 1, 2)]
         for name, layer in itertools.chain.from_iterable(named):
-            _check_materialized(name, layer)
+            _check_layer(name, layer)
         unverified = _check_auto_pairs(model, named)
     else:
         used: dict[str, int] = {}
@@ -256,35 +307,31 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
         unverified = set()
     result = []
     for (n1, l1), (n2, l2) in named:
-        _check_chain(n1, l1, n2, l2)
-        result.append(LayerPair(n1, n2, l1, l2, verified=(n1, n2) not in unverified))
+        flatten = _check_chain(n1, l1, n2, l2)
+        verified = (n1, n2) not in unverified
+        result.append(LayerPair(n1, n2, l1, l2, verified=verified, flatten=flatten))
     return result
 
 
-# Modules that act entry by entry and hold no state: between two Linear layers of one
-# nn.Sequential they keep the pair a shallow network. (nn.PReLU is not one: it learns its slope.)
-_POINTWISE: tuple[type[nn.Module], ...] = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU,
-    nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus,
-    nn.Softsign, nn.Tanhshrink, nn.LogSigmoid, nn.Identity, nn.Dropout, nn.AlphaDropout,
-)  # fmt: skip
-
-
 def _check_auto_pairs(
-    model: nn.Module, named: list[tuple[tuple[str, nn.Linear], tuple[str, nn.Linear]]]
+    model: nn.Module, named: list[tuple[tuple[str, nn.Module], tuple[str, nn.Module]]]
 ) -> set[tuple[str, str]]:
-    """Refuse an auto pair with a module holding parameters or buffers (Conv, BatchNorm,
-    LayerNorm, PReLU, ...) registered between its layers; return the pairs whose data flow
-    cannot be read from the module tree (not neighbours in one ``nn.Sequential`` with only
-    pointwise activations between them)."""
+    """Refuse an auto pair with a module holding parameters or buffers (BatchNorm, LayerNorm,
+    PReLU, ...) registered between its layers, a convolution after a Linear layer, or, in one
+    ``nn.Sequential``, modules between that the seam does not allow there
+    (:func:`~pathnorm_lightning.layers.check_between`); return the pairs whose data flow cannot
+    be read from the module tree (not neighbours in one ``nn.Sequential`` with only modules the
+    seam knows between them)."""
     order = list(model.named_modules())
     position = {name: index for index, (name, _) in enumerate(order)}
     unverified = set()
-    for (n1, _), (n2, _) in named:
+    for (n1, l1), (n2, l2) in named:
+        refuse = f"pairs='auto' would pair {n1!r} with {n2!r}, but"
+        advice = "Name the pairs explicitly, e.g. pairs=[('encoder.0', 'encoder.2')]."
         between = order[position[n1] + 1 : position[n2]]
         for name, module in between:
             own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-            if own and not isinstance(module, nn.Linear):
+            if own and not _has_entry(module):
                 learned = (
                     " (nn.PReLU learns its slope, which may leave [0, 1], the slopes for which "
                     "the path-norm bounds the Lipschitz constant)"
@@ -292,19 +339,40 @@ def _check_auto_pairs(
                     else ""
                 )
                 raise ValueError(
-                    f"pairs='auto' would pair {n1!r} with {n2!r}, but {name!r} (a "
-                    f"{type(module).__name__} with parameters or buffers) is registered between "
-                    "them: such a pair is not a shallow network Linear -> activation -> Linear, "
-                    f"and its path-norm would not bound that part of the network{learned}. Name "
-                    "the pairs explicitly, e.g. pairs=[('encoder.0', 'encoder.2')]."
+                    f"{refuse} {name!r} (a {type(module).__name__} with parameters or buffers) "
+                    "is registered between them: such a pair is not a shallow network "
+                    "(layer -> activation -> layer), and its path-norm would not bound that "
+                    f"part of the network{learned}. {advice}"
                 )
-        parent1, _, _ = n1.rpartition(".")
-        parent2, _, _ = n2.rpartition(".")
+        if layers.entry_of(l2).spatial and not layers.entry_of(l1).spatial:
+            raise ValueError(
+                f"{refuse} a {type(l2).__name__} cannot read the units of a "
+                f"{type(l1).__name__}: the layers the seam knows do not alternate in pairs "
+                f"here. {advice}"
+            )
+        parent1, _, a = n1.rpartition(".")
+        parent2, _, b = n2.rpartition(".")
         container = dict(order).get(parent1)
         direct = parent1 == parent2 and isinstance(container, nn.Sequential)
-        if not direct or not all(isinstance(m, _POINTWISE) for _, m in between):
+        children = _children_between(container, a, b) if direct else None
+        if children is None or any(layers.role_of(m) is None for m in children):
             unverified.add((n1, n2))
+            continue
+        try:
+            layers.check_between(l1, l2, children)
+        except ValueError as err:
+            raise ValueError(f"{refuse} {err}. {advice}") from None
     return unverified
+
+
+def _children_between(container: Any, first: str, second: str) -> list[nn.Module] | None:
+    """The direct children of ``container`` registered between ``first`` and ``second``, or
+    None where the second is not after the first."""
+    names = list(container._modules)
+    i, j = names.index(first), names.index(second)
+    if i >= j:
+        return None
+    return [m for m in (container._modules[n] for n in names[i + 1 : j]) if m is not None]
 
 
 class ForwardCheck:
@@ -313,8 +381,12 @@ class ForwardCheck:
 
     A pair is verified when both layers ran equally often (at least once) and every input of
     the second layer comes from the first layer's latest output alone (through activations,
-    dropout, reshapes: no parameter, no skip connection), as read from the autograd graph. Passes without gradients (validation, sanity checks) and code being
-    traced by ``torch.compile`` are not recorded. :meth:`finish` removes the forward hooks and
+    dropout, reshapes: no parameter, no skip connection), as read from the autograd graph.
+    After a convolution the path must also keep the channels in place and the positions as
+    they are (no permute or transpose, no padding, upsampling or other known layout change),
+    and a Linear second layer must read a channels-first flatten of ``(N, C, *S)`` with
+    ``prod(S)`` the pair's ``flatten`` positions. Passes without gradients (validation, sanity
+    checks) and code being traced by ``torch.compile`` are not recorded. :meth:`finish` removes the forward hooks and
     warns about the pairs it could not verify.
     """
 
@@ -348,7 +420,8 @@ class ForwardCheck:
         self._calls[id(pair.second)] += 1
         source = self._outputs.get(id(pair.first))
         node = getattr(args[0], "grad_fn", None) if args else None
-        if source is None or not _flows_from(node, source):
+        seen = None if source is None else _flows_from(node, source)
+        if seen is None or not _keeps_units(pair, seen):
             self._broken.add((pair.first_name, pair.second_name))
 
     def remove(self) -> None:
@@ -390,50 +463,84 @@ class ForwardCheck:
             )
 
 
-def _flows_from(node: Any, source: Any, budget: int = 256) -> bool:
-    """Whether every path back from autograd node ``node`` reaches ``source`` before reaching
-    any other input: a parameter, or (except as the factor of a product or quotient, e.g. a
-    dropout mask) a tensor without gradient, such as a skip connection from the data."""
+def _flows_from(node: Any, source: Any, budget: int = 256) -> list[Any] | None:
+    """The autograd nodes on the paths back from ``node`` to ``source``, or None where a path
+    reaches any other input first: a parameter, or (except as the factor of a product or
+    quotient, e.g. a dropout mask) a tensor without gradient, such as a skip connection from
+    the data."""
     stack, seen = [node], set()
+    nodes = []
     while stack:
         current = stack.pop()
         if current is source:
             continue
         if current is None or type(current).__name__ == "AccumulateGrad":
-            return False
+            return None
         if id(current) in seen:
             continue
         seen.add(id(current))
+        nodes.append(current)
         inputs = current.next_functions
         if not inputs or len(seen) > budget:
-            return False
+            return None
         for function, _ in inputs:
             if function is None and type(current).__name__ not in _SCALINGS:
-                return False
+                return None
             if function is not None:
                 stack.append(function)
-    return True
+    return nodes
+
+
+#: Autograd nodes that move channels or positions (their names start so): after a
+#: convolution they break the seam's channel units or its factor ``s``.
+_LAYOUT_CHANGES = (
+    "Permute", "Transpose", "TBackward", "Flip", "Roll", "ConstantPad", "ReflectionPad",
+    "ReplicationPad", "Upsample", "PixelShuffle", "PixelUnshuffle", "Im2Col", "Col2Im",
+    "Unfold", "Repeat", "Expand", "Index", "Gather", "Slice", "Select", "Narrow", "Cat", "Stack",
+)  # fmt: skip
+
+
+def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
+    """After a convolution: no node of :data:`_LAYOUT_CHANGES` on the path, and (before a
+    Linear layer) a reshape of ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions."""
+    if not layers.entry_of(pair.first).spatial:
+        return True
+    names = [type(n).__name__ for n in nodes]
+    if any(name.startswith(_LAYOUT_CHANGES) for name in names):
+        return False
+    if pair.flatten is None:
+        return True
+    channels = layers.entry_of(pair.first).units_out(pair.first)
+    for node in nodes:
+        sizes = getattr(node, "_saved_self_sym_sizes", None)
+        if sizes is not None and len(sizes) >= 3:
+            shape = [int(d) for d in sizes]
+            if shape[1] == channels and math.prod(shape[2:]) == pair.flatten:
+                return True
+    return False
 
 
 _SCALINGS = ("MulBackward0", "DivBackward0")  # a constant factor: dropout's mask, a scale
 
 
-def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[str, nn.Linear]]:
-    """Resolve ``layers`` (``"auto"``: every ``nn.Linear``; or module names) to ``(name, layer)``.
+def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[str, nn.Module]]:
+    """Resolve ``layers`` (``"auto"``: every layer of the seam's types, ``nn.Linear``,
+    ``nn.Conv1d``, ``nn.Conv2d``; or module names) to ``(name, layer)``.
 
     Raises:
-        ValueError: unknown names, non-Linear modules, duplicates, or no layer at all.
+        ValueError: unknown names, modules the seam does not know (or configured as it does
+            not take them), duplicates, or no layer at all.
     """
     spec = normalize_layers(layers)
     if spec == "auto":
-        found = _linear_layers(model)
+        found = _seam_layers(model)
         if not found:
             raise ValueError(
-                f"layers='auto' found no nn.Linear layer in {type(model).__name__}; "
-                "only nn.Linear layers are supported."
+                f"layers='auto' found no layer of the types {_types()} in "
+                f"{type(model).__name__}; only those are supported."
             )
         for name, layer in found:
-            _check_materialized(name, layer)
+            _check_layer(name, layer)
         return found
     seen: set[str] = set()
     result = []
@@ -441,22 +548,41 @@ def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[
         layer = _lookup(model, name, f"layers[{index}]")
         if name in seen:
             raise ValueError(f"layers[{index}]: layer {name!r} is listed twice")
-        _check_materialized(name, layer)
+        _check_layer(name, layer)
         seen.add(name)
         result.append((name, layer))
     return result
 
 
-def linear_chain(model: nn.Module) -> list[nn.Linear] | None:
-    """All ``nn.Linear`` layers of ``model`` in module order if their dimensions chain, else None.
+def chains(first: nn.Module, second: nn.Module) -> bool:
+    """Whether ``second`` reads exactly the units ``first`` outputs, as the seam counts them (a
+    Linear layer after a convolution through a Flatten of a whole number of positions)."""
+    try:
+        entry_first, entry_second = layers.entry_of(first), layers.entry_of(second)
+        if entry_second.spatial and not entry_first.spatial:
+            return False
+        flatten = layers.flatten_positions(first, second)
+        return entry_first.units_out(first) == entry_second.units_in(second, flatten)
+    except ValueError:
+        return False
+
+
+def layer_chain(model: nn.Module) -> list[nn.Module] | None:
+    """All layers of the seam's types in ``model``, in module order, if their units chain (see
+    :func:`chains`), else None.
 
     The network-level bounds (path-norm bound, product bound) are defined for such a chain:
-    a feed-forward MLP ``W_L act(... act(W_1 x))``.
+    a feed-forward network ``W_L act(... act(W_1 x))``, with pooling and a Flatten between a
+    convolution and a Linear layer where the layers are convolutions.
     """
-    layers = [mod for _, mod in _linear_layers(model)]
-    if not layers:
+    found = [mod for _, mod in _seam_layers(model)]
+    if not found:
         return None
-    for a, b in itertools.pairwise(layers):
-        if a.out_features != b.in_features:
+    for layer in found:
+        try:
+            layers.entry_of(layer)
+        except ValueError:
             return None
-    return layers
+    if all(chains(a, b) for a, b in itertools.pairwise(found)):
+        return found
+    return None

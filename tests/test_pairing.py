@@ -1,4 +1,4 @@
-"""Which nn.Linear layers pair up: auto pairing, explicit names, and every error message."""
+"""Which layers pair up: auto pairing, explicit names, and every error message."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from torch import nn
 
 from pathnorm_lightning.pairing import (
-    linear_chain,
+    layer_chain,
     normalize_layers,
     normalize_pairs,
     resolve_layers,
@@ -56,10 +56,10 @@ def test_auto_pairs_consecutive_linears_in_module_order() -> None:
     [
         lambda: nn.BatchNorm1d(4),
         lambda: nn.LayerNorm(4),
-        lambda: nn.Conv1d(1, 1, 1),
+        lambda: nn.PReLU(),
         lambda: nn.Sequential(nn.LayerNorm(4)),
     ],
-    ids=["batchnorm", "layernorm", "conv", "nested-norm"],
+    ids=["batchnorm", "layernorm", "prelu", "nested-norm"],
 )
 def test_auto_refuses_a_pair_across_a_module_with_parameters(between: Any) -> None:
     net = nn.Sequential(nn.Linear(5, 4), between(), nn.ReLU(), nn.Linear(4, 3))
@@ -81,7 +81,7 @@ def test_tied_weights_in_one_pair_are_refused(explicit: bool) -> None:
 def test_auto_warns_about_an_unpaired_last_layer() -> None:
     net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     with pytest.warns(
-        UserWarning, match=r"3 nn.Linear layers, so the last one \('4'\) is not paired"
+        UserWarning, match=r"3 layers of the types .*, so the last one \('4'\) is not paired"
     ):
         pairs = resolve_pairs(net, "auto")
     assert names(pairs) == [("0", "2")]
@@ -112,25 +112,27 @@ def test_explicit_pairs_by_module_name() -> None:
             Net(),
             [("encoder.0", "tail")],
             ValueError,
-            r"Its nn.Linear layers are \['encoder.0', 'encoder.2', 'middle', 'head'\]",
+            r"Its nn.Conv1d, nn.Conv2d, nn.Linear layers are \['encoder.0', 'encoder.2', "
+            r"'middle', 'head'\]",
         ),
         (
             Net(),
             [("encoder.0", "encoder.1")],
             ValueError,
-            r"module 'encoder.1' is a ELU, but only nn.Linear layers are supported",
+            r"module 'encoder.1' is a ELU, but only nn.Conv1d, nn.Conv2d, nn.Linear layers are "
+            r"supported",
         ),
         (
             Net(conv=True),
-            [("conv", "head")],
+            [("head", "conv")],
             ValueError,
-            r"module 'conv' is a Conv1d, but only nn.Linear",
+            r"'head' and 'conv' do not chain: a Conv1d cannot read the units of a Linear",
         ),
         (
             Net(),
             [("encoder.0", "middle")],
             ValueError,
-            r"'encoder.0' \(out_features=6\) and 'middle' \(in_features=5\) do not chain",
+            r"'encoder.0' \(6 outputs\) and 'middle' \(5 inputs\) do not chain",
         ),
         (
             Net(),
@@ -158,14 +160,15 @@ def test_explicit_pairs_by_module_name() -> None:
             nn.Sequential(nn.Linear(3, 2), nn.ReLU()),
             "auto",
             ValueError,
-            r"pairs='auto' found 1 nn.Linear layer\(s\) in Sequential",
+            r"pairs='auto' found 1 layer\(s\) of the types nn.Conv1d, nn.Conv2d, nn.Linear in "
+            r"Sequential",
         ),
-        (nn.Sequential(nn.Conv1d(1, 1, 3)), "auto", ValueError, r"found 0 nn.Linear layer"),
+        (nn.Sequential(nn.ReLU()), "auto", ValueError, r"found 0 layer\(s\) of the types"),
         (
             nn.Sequential(nn.Linear(3, 2), nn.Linear(4, 2)),
             "auto",
             ValueError,
-            r"'0' \(out_features=2\) and '1' \(in_features=4\) do not chain",
+            r"'0' \(2 outputs\) and '1' \(4 inputs\) do not chain",
         ),
         (
             nn.Sequential(nn.LazyLinear(4), nn.ReLU(), nn.Linear(4, 2)),
@@ -182,7 +185,13 @@ def test_resolve_pairs_errors(model: nn.Module, pairs: Any, error: type, match: 
 
 def test_resolve_layers_auto_and_explicit() -> None:
     net = Net(conv=True)
-    assert [n for n, _ in resolve_layers(net)] == ["encoder.0", "encoder.2", "middle", "head"]
+    assert [n for n, _ in resolve_layers(net)] == [
+        "encoder.0",
+        "encoder.2",
+        "middle",
+        "head",
+        "conv",
+    ]
     found = resolve_layers(net, ["head", "encoder.0"])
     assert [n for n, _ in found] == ["head", "encoder.0"]
     assert found[0][1] is net.head
@@ -198,10 +207,10 @@ def test_resolve_layers_auto_and_explicit() -> None:
             r"layers\[0\]: Net has no submodule named 'headd'\. Did you mean \['head'\]",
         ),
         (
-            Net(conv=True),
-            ["conv"],
+            Net(),
+            ["encoder.1"],
             ValueError,
-            r"layers\[0\]: module 'conv' is a Conv1d, but only nn.Linear",
+            r"layers\[0\]: module 'encoder.1' is a ELU, but only nn.Conv1d, nn.Conv2d, nn.Linear",
         ),
         (Net(), ["head", "head"], ValueError, r"layers\[1\]: layer 'head' is listed twice"),
         (Net(), [], ValueError, r"layers is empty"),
@@ -211,7 +220,8 @@ def test_resolve_layers_auto_and_explicit() -> None:
             nn.Sequential(nn.ReLU()),
             "auto",
             ValueError,
-            r"layers='auto' found no nn.Linear layer in Sequential",
+            r"layers='auto' found no layer of the types nn.Conv1d, nn.Conv2d, nn.Linear in "
+            r"Sequential",
         ),
         (nn.Sequential(nn.LazyLinear(4)), "auto", ValueError, r"'0' is a LazyLinear whose weight"),
         (nn.Sequential(nn.LazyLinear(4)), ["0"], ValueError, r"'0' is a LazyLinear whose weight"),
@@ -228,8 +238,15 @@ def test_normalize_specs() -> None:
     assert normalize_layers(("a", "b")) == ["a", "b"]
 
 
-def test_linear_chain() -> None:
+def test_layer_chain() -> None:
     net = Net()
-    assert linear_chain(net) == [net.encoder[0], net.encoder[2], net.middle, net.head]
-    assert linear_chain(nn.Sequential(nn.Linear(3, 2), nn.Linear(3, 2))) is None
-    assert linear_chain(nn.Sequential(nn.ReLU())) is None
+    assert layer_chain(net) == [net.encoder[0], net.encoder[2], net.middle, net.head]
+    assert layer_chain(nn.Sequential(nn.Linear(3, 2), nn.Linear(3, 2))) is None
+    assert layer_chain(nn.Sequential(nn.ReLU())) is None
+    cnn = nn.Sequential(nn.Conv2d(1, 3, 3), nn.ReLU(), nn.Conv2d(3, 2, 2), nn.Flatten())
+    cnn.append(nn.Linear(2 * 9, 4)).append(nn.ELU()).append(nn.Linear(4, 2))
+    assert layer_chain(cnn) == [cnn[0], cnn[2], cnn[4], cnn[6]]
+    cnn[4] = nn.Linear(7, 4)  # 7 inputs: not a whole number of positions of 2 channels
+    assert layer_chain(cnn) is None
+    assert layer_chain(nn.Sequential(nn.Linear(4, 3), nn.Conv1d(3, 2, 1))) is None
+    assert layer_chain(nn.Sequential(nn.Conv2d(2, 2, 1, groups=2))) is None  # not the seam's
