@@ -125,8 +125,8 @@ def dead_pairs(chains: list[list[Any]]) -> list[tuple[str, str]]:
 def warn_dead_pairs(
     dead: list[tuple[str, str]], optimizer: Any, warned: set[tuple[str, str]]
 ) -> None:
-    """Warn once (per ``warned``) for each pair in ``dead`` that lost every hidden unit."""
-    strength = ""
+    """Warn once (per ``warned``) for each pair in ``dead`` that lost every hidden unit, with
+    what to change on ``optimizer`` (a path-norm optimizer or any other)."""
     if getattr(optimizer, "_radius", None) is not None:
         strength = f"radius={optimizer._radius} is too small for these layers; try a larger one"
     elif getattr(optimizer, "_lam", None) is not None:

@@ -136,9 +136,11 @@ def test_logs_reach_history_and_csv_logger(tmp_path: Path) -> None:
         callbacks=[PathNormMetrics(), keras.callbacks.CSVLogger(str(csv_path))],
     )
     final = metric_values(model)
-    for key, value in final.items():
+    assert len(final) == 4
+    for key, value in final.items():  # the documented way to read them: Python floats
         assert len(history.history[key]) == 2
-        assert history.history[key][-1] == pytest.approx(value)
+        assert all(type(v) is float for v in history.history[key])
+        assert type(value) is float and history.history[key][-1] == pytest.approx(value)
     assert history.history["pathnorm/sparsity"][-1] > 0  # the prox zeroed weights
     with csv_path.open() as f:
         rows = list(csv.DictReader(f))
