@@ -1,31 +1,42 @@
 """``compact``: remove the dead hidden units of every layer pair; a smaller network, same function.
 
 The 1-path-norm prox zeroes whole hidden units, but a zero unit still costs its row and column
-in a dense layer. For a pair ``first -> pointwise ops -> second`` (as paired in training),
-hidden unit ``i`` is removed when
+in a dense layer, or its output channel and input channel in two convolutions. For a pair
+``first -> ops -> second`` (as paired in training; the ops pointwise, and after a
+convolution pooling and a Flatten), hidden unit ``i`` (a feature, or a channel) is removed
+when
 
-* its **outgoing** weights are all zero (``second.weight[:, i] == 0``): it adds nothing to the
-  output. Its incoming row, bias entry and outgoing column go;
-* its **incoming** weights are all zero (``first.weight[i] == 0``) but not its outgoing ones:
-  it outputs the constant ``c_i = act(b_i)`` for every input. ``c_i * second.weight[:, i]`` is
-  added to ``second``'s bias (one is created if ``second`` has none) and the unit goes.
+* its **outgoing** weights are all zero (the layer seam's ``out_view`` column): it adds
+  nothing to the output. Its incoming weights, bias entry and outgoing weights go (for a
+  Linear layer after a Flatten, the ``P`` columns of that channel);
+* its **incoming** weights are all zero (the seam's ``in_view`` row) but not its outgoing ones:
+  it outputs the constant ``c_i = act(b_i)`` for every input, at every position.
+  ``c_i`` times its outgoing weights (summed over a convolution's taps or a Flatten's
+  positions) is added to ``second``'s bias (one is created if ``second`` has none) and the
+  unit goes. Where that is not exact the unit is kept and counted in ``constant_kept``: a
+  second convolution that reads zero padding (at the borders it reads the constant through
+  fewer taps), or pooling that does not keep a constant channel constant (average pooling
+  that counts its zero padding).
 
-``c`` is computed by running ``first`` on a zero input and the operations between the two
-layers on its output, in eval mode (dropout is the identity). So the compacted model computes
-the same function at inference, up to floating-point rounding. A pair whose units are all dead
-keeps one zero unit (zero weights and bias in, zero weights out), so both layers stay ordinary
-layers with at least one unit.
+``c`` is computed by running ``first`` on a zero input and the pointwise operations between the
+two layers on its output, in eval mode (dropout is the identity). So the compacted model
+computes the same function at inference, up to floating-point rounding. A pair whose units are
+all dead keeps one zero unit (zero weights and bias in, zero weights out), so both layers stay
+ordinary layers with at least one unit.
 
-Exactness needs the hidden units to feed nothing but ``second``, through entry-wise operations
-only. This is checked on the model's ``torch.fx`` trace: ``first`` and ``second`` each run
-once, and every value between them has one user, a pointwise activation or dropout (module,
-function or method). A model that cannot be traced is accepted where the pair are neighbours in
-one ``nn.Sequential`` with only such modules between them; anything else is refused.
+Exactness needs the hidden units to feed nothing but ``second``, through operations that act
+on each unit alone. This is checked on the model's ``torch.fx`` trace: ``first`` and ``second``
+each run once, and every value between them has one user, a pointwise activation or dropout
+(module, function or method), or after a convolution a max/average pooling or a Flatten
+(module or function), in the order the layer seam allows
+(:func:`~pathnorm_lightning.layers.check_between`). A model that cannot be traced is accepted
+where the pair are neighbours in one ``nn.Sequential`` with only such modules between them;
+anything else is refused.
 
-Layer types enter through one seam: :data:`_UNIT_OPS` maps a layer type to the class holding
-everything ``compact`` asks of it (unit count, which units have zero weights, removing output
-units of the first layer or input units of the second, folding constants into the bias).
-Only ``nn.Linear`` has an entry today; a convolution entry adds a class there.
+Which weights are a unit's comes from the layer seam (:mod:`pathnorm_lightning.layers`); what
+``compact`` does to a layer type beyond that is one class in :data:`_UNIT_OPS` (a probe input,
+removing output units of the first layer or input units of the second, folding constants into
+the bias): ``nn.Linear`` and ``nn.Conv1d`` / ``nn.Conv2d``.
 """
 
 from __future__ import annotations
@@ -41,8 +52,9 @@ from torch import Tensor, fx, nn
 from torch.nn import functional as F
 from torch.nn.utils import parametrize
 
+from pathnorm_lightning import layers
 from pathnorm_lightning.layers import Role, role_of
-from pathnorm_lightning.pairing import PairsSpec, resolve_pairs
+from pathnorm_lightning.pairing import LayerPair, PairsSpec, resolve_pairs
 
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
 
@@ -57,7 +69,9 @@ class PairCompaction:
     """What ``compact`` did to one pair: hidden units and the pair's parameters, before/after.
 
     ``removed`` units had zero outgoing weights; ``folded`` ones zero incoming weights (their
-    constant output went into ``second``'s bias). ``units_after`` is 1 where all were dead.
+    constant output went into ``second``'s bias). ``constant_kept`` units have zero incoming
+    weights too, but stay: their constant could not be folded exactly (a zero-padded second
+    convolution, or pooling that changes a constant). ``units_after`` is 1 where all were dead.
     """
 
     first: str
@@ -68,6 +82,7 @@ class PairCompaction:
     folded: int
     params_before: int
     params_after: int
+    constant_kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -107,43 +122,37 @@ class CompactionReport:
         ]
         share = self.params_after / self.params_before if self.params_before else 1.0
         total = f"model parameters {self.params_before:,} -> {self.params_after:,} ({share:.1%})"
-        return "\n".join([*lines, total])
+        notes = [
+            f"{p.first} -> {p.second}: {p.constant_kept} unit(s) with zero incoming weights kept "
+            "(their constant output cannot be folded exactly into the second layer's bias)"
+            for p in self.pairs
+            if p.constant_kept
+        ]
+        return "\n".join([*lines, total, *notes])
 
 
 # -- the layer seam: one entry per layer type ----------------------------------------------------
 
 
 class _UnitOps(Protocol):
-    """What ``compact`` asks of a layer type (see :class:`_LinearUnits` for the meanings)."""
+    """What ``compact`` asks of a layer type beyond the seam's views (see :class:`_LinearUnits`
+    for the meanings; ``positions``: the Flatten's positions per channel before a Linear
+    second layer, else 1)."""
 
-    def units_out(self, layer: Any) -> int: ...
-    def zero_incoming(self, layer: Any) -> Tensor: ...
-    def zero_outgoing(self, layer: Any) -> Tensor: ...
     def probe(self, layer: Any) -> Tensor: ...
     def unit_values(self, output: Tensor) -> Tensor: ...
-    def input_shift(self, layer: Any, constants: Tensor) -> Tensor | None: ...
+    def input_shift(self, layer: Any, constants: Tensor, positions: int) -> Tensor | None: ...
     def keep_out(self, layer: Any, keep: Tensor, zero: bool) -> None: ...
-    def keep_in(self, layer: Any, keep: Tensor, zero: bool, shift: Tensor | None) -> None: ...
+    def keep_in(
+        self, layer: Any, keep: Tensor, zero: bool, shift: Tensor | None, positions: int
+    ) -> None: ...
 
 
 class _LinearUnits:
     """``nn.Linear``: hidden unit ``i`` is output feature ``i`` of the first layer (row ``i`` of
-    its weight) and input feature ``i`` of the second (column ``i``). Layers are changed in
-    place (the caller owns them: a deep copy), so hooks and attributes stay."""
-
-    @staticmethod
-    def units_out(layer: nn.Linear) -> int:
-        return layer.out_features
-
-    @staticmethod
-    def zero_incoming(layer: nn.Linear) -> Tensor:
-        """Which output units of ``layer`` have all incoming weights zero, ``(n,)`` bool."""
-        return (layer.weight == 0).all(dim=1)
-
-    @staticmethod
-    def zero_outgoing(layer: nn.Linear) -> Tensor:
-        """Which input units of ``layer`` have all their weights zero, ``(n,)`` bool."""
-        return (layer.weight == 0).all(dim=0)
+    its weight) and input feature ``i`` of the second (column ``i``; after a Flatten of ``P``
+    positions per channel, columns ``i * P : (i + 1) * P``). Layers are changed in place (the
+    caller owns them: a deep copy), so hooks and attributes stay."""
 
     @staticmethod
     def probe(layer: nn.Linear) -> Tensor:
@@ -157,42 +166,111 @@ class _LinearUnits:
         return output[0]
 
     @staticmethod
-    def input_shift(layer: nn.Linear, constants: Tensor) -> Tensor | None:
+    def input_shift(layer: nn.Linear, constants: Tensor, positions: int) -> Tensor | None:
         """The change to ``layer``'s output when input unit ``i`` is the constant
-        ``constants[i]`` instead of zero: exactly a bias (None where a type cannot fold)."""
-        return layer.weight @ constants.to(layer.weight.dtype)
+        ``constants[i]`` (at each of its positions) instead of zero: exactly a bias (None
+        where a type cannot fold)."""
+        weight = layer.weight
+        per_unit = weight.reshape(weight.shape[0], -1, positions).sum(2)
+        return per_unit @ constants.to(weight.dtype)
 
     @staticmethod
     def keep_out(layer: nn.Linear, keep: Tensor, zero: bool) -> None:
         """Keep only output units ``keep`` (index tensor); ``zero``: make them zero units."""
-        weight, bias = layer.weight.detach()[keep], layer.bias
-        layer.weight = _like(layer.weight, weight.zero_() if zero else weight)
-        if bias is not None:
-            kept = bias.detach()[keep]
-            layer.bias = _like(bias, kept.zero_() if zero else kept)
+        _keep_outputs(layer, keep, zero)
         layer.out_features = len(keep)
 
     @staticmethod
-    def keep_in(layer: nn.Linear, keep: Tensor, zero: bool, shift: Tensor | None) -> None:
-        """Keep only input units ``keep``, zeroing their weights if ``zero``; add ``shift`` to
-        the bias (created where the layer has none and the shift is nonzero)."""
-        weight = layer.weight.detach()[:, keep]
-        layer.weight = _like(layer.weight, weight.zero_() if zero else weight)
-        layer.in_features = len(keep)
-        if shift is None or not bool((shift != 0).any()):
-            return
-        if layer.bias is None:
-            layer.bias = nn.Parameter(shift.clone(), requires_grad=layer.weight.requires_grad)
-        else:
-            layer.bias = _like(layer.bias, layer.bias.detach() + shift)
+    def keep_in(
+        layer: nn.Linear, keep: Tensor, zero: bool, shift: Tensor | None, positions: int
+    ) -> None:
+        """Keep only input units ``keep`` (their ``positions`` columns each), zeroing their
+        weights if ``zero``; add ``shift`` to the bias (created where the layer has none and
+        the shift is nonzero)."""
+        columns = (
+            keep[:, None] * positions + torch.arange(positions, device=keep.device)
+        ).flatten()
+        _keep_inputs(layer, columns, zero, shift)
+        layer.in_features = len(columns)
+
+
+class _ConvUnits:
+    """``nn.Conv1d`` / ``nn.Conv2d`` (``groups=1``): hidden unit ``c`` is output channel ``c``
+    of the first layer (``weight[c]``) and input channel ``c`` of the second
+    (``weight[:, c]``)."""
+
+    @staticmethod
+    def probe(layer: nn.Conv1d | nn.Conv2d) -> Tensor:
+        """Zeros with the fewest positions that give an output: a unit with zero incoming
+        weights outputs its bias there (and everywhere)."""
+        size = [d * (k - 1) + 1 for k, d in zip(layer.kernel_size, layer.dilation, strict=True)]
+        return layer.weight.new_zeros(1, layer.in_channels, *size)
+
+    @staticmethod
+    def unit_values(output: Tensor) -> Tensor:
+        return output[0].reshape(output.shape[1], -1)[:, 0]
+
+    @staticmethod
+    def input_shift(
+        layer: nn.Conv1d | nn.Conv2d, constants: Tensor, positions: int
+    ) -> Tensor | None:
+        """A constant input channel shifts every output position by the same amount only where
+        every tap reads a real position or a copy of one: None with zero padding."""
+        if layer.padding_mode == "zeros" and any(layer._reversed_padding_repeated_twice):
+            return None
+        weight = layer.weight
+        return weight.reshape(weight.shape[0], weight.shape[1], -1).sum(2) @ constants.to(
+            weight.dtype
+        )
+
+    @staticmethod
+    def keep_out(layer: nn.Conv1d | nn.Conv2d, keep: Tensor, zero: bool) -> None:
+        _keep_outputs(layer, keep, zero)
+        layer.out_channels = len(keep)
+
+    @staticmethod
+    def keep_in(
+        layer: nn.Conv1d | nn.Conv2d,
+        keep: Tensor,
+        zero: bool,
+        shift: Tensor | None,
+        positions: int,
+    ) -> None:
+        _keep_inputs(layer, keep, zero, shift)
+        layer.in_channels = len(keep)
+
+
+def _keep_outputs(layer: Any, keep: Tensor, zero: bool) -> None:
+    """Keep the output units ``keep`` of ``layer``'s weight (dim 0) and bias."""
+    weight, bias = layer.weight.detach()[keep], layer.bias
+    layer.weight = _like(layer.weight, weight.zero_() if zero else weight)
+    if bias is not None:
+        kept = bias.detach()[keep]
+        layer.bias = _like(bias, kept.zero_() if zero else kept)
+
+
+def _keep_inputs(layer: Any, index: Tensor, zero: bool, shift: Tensor | None) -> None:
+    """Keep the inputs ``index`` of ``layer``'s weight (dim 1); add ``shift`` to its bias."""
+    weight = layer.weight.detach()[:, index]
+    layer.weight = _like(layer.weight, weight.zero_() if zero else weight)
+    if shift is None or not bool((shift != 0).any()):
+        return
+    if layer.bias is None:
+        layer.bias = nn.Parameter(shift.clone(), requires_grad=layer.weight.requires_grad)
+    else:
+        layer.bias = _like(layer.bias, layer.bias.detach() + shift)
 
 
 def _like(old: Tensor, value: Tensor) -> nn.Parameter:
     return nn.Parameter(value.contiguous(), requires_grad=old.requires_grad)
 
 
-#: The layer types ``compact`` can shrink (exact type), each with its seam entry.
-_UNIT_OPS: dict[type[nn.Module], _UnitOps] = {nn.Linear: _LinearUnits}
+#: The layer types ``compact`` can shrink (exact type), each with its entry.
+_UNIT_OPS: dict[type[nn.Module], _UnitOps] = {
+    nn.Linear: _LinearUnits,
+    nn.Conv1d: _ConvUnits,
+    nn.Conv2d: _ConvUnits,
+}
 
 
 def _ops(name: str, layer: nn.Module) -> _UnitOps:
@@ -222,6 +300,13 @@ _FUNCTIONS: frozenset[object] = frozenset(
 )  # fmt: skip
 _DROPOUTS: frozenset[object] = frozenset({F.dropout, F.alpha_dropout, torch.dropout})
 _METHODS = frozenset({"relu", "tanh", "sigmoid"})
+# Pooling functions, as the module of the seam's table that computes the same (same arguments).
+_POOLS: dict[object, type[nn.Module]] = {
+    F.max_pool1d: nn.MaxPool1d, F.max_pool2d: nn.MaxPool2d, F.avg_pool1d: nn.AvgPool1d,
+    F.avg_pool2d: nn.AvgPool2d, F.adaptive_max_pool1d: nn.AdaptiveMaxPool1d,
+    F.adaptive_max_pool2d: nn.AdaptiveMaxPool2d, F.adaptive_avg_pool1d: nn.AdaptiveAvgPool1d,
+    F.adaptive_avg_pool2d: nn.AdaptiveAvgPool2d,
+}  # fmt: skip
 
 
 def _pointwise_module(module: nn.Module) -> bool:
@@ -232,25 +317,54 @@ def _pointwise_module(module: nn.Module) -> bool:
     return role_of(module) is Role.POINTWISE
 
 
+def _allowed_module(module: nn.Module) -> bool:
+    """A module that may stand between a pair: pointwise, or pooling or a Flatten (where it
+    stands is checked by :func:`_check_order`)."""
+    return _pointwise_module(module) or role_of(module) in (Role.POOL, Role.FLATTEN)
+
+
 def _identity(x: Tensor) -> Tensor:
     return x
 
 
 def _node_op(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> Op | None:
-    """``node`` as an entry-wise operation of ``value`` alone (at inference), or None."""
+    """``node`` as an operation of ``value`` alone that the seam allows between a pair (at
+    inference; a pooling or flatten function as its module), or None."""
     rest = [*node.args[1:], *node.kwargs.values()]
     if not node.args or node.args[0] is not value or any(isinstance(a, fx.Node) for a in rest):
         return None
     if node.op == "call_module":
         module = gm.get_submodule(str(node.target))
-        return module if _pointwise_module(module) and len(node.args) == 1 else None
+        return module if _allowed_module(module) and len(node.args) == 1 else None
     if node.op == "call_function" and node.target in _DROPOUTS:
         return _identity
     if node.op == "call_function" and node.target in _FUNCTIONS:
         return functools.partial(_apply, node.target, node.args[1:], node.kwargs)
+    if node.op == "call_function" and node.target in _POOLS:
+        try:
+            return _POOLS[node.target](*node.args[1:], **node.kwargs)
+        except TypeError:  # arguments the module does not take
+            return None
+    is_flatten = (node.op == "call_function" and node.target is torch.flatten) or (
+        node.op == "call_method" and node.target == "flatten"
+    )
+    if is_flatten:
+        return _flatten_module(node)
     if node.op == "call_method" and node.target in _METHODS and len(node.args) == 1:
         return functools.partial(_apply, getattr(Tensor, str(node.target)), (), {})
     return None
+
+
+def _flatten_module(node: fx.Node) -> nn.Flatten | None:
+    """``torch.flatten(x, start, end)`` / ``x.flatten(start, end)`` as an ``nn.Flatten``."""
+    names = ("start_dim", "end_dim")
+    bound = dict(zip(names, node.args[1:], strict=False)) | dict(node.kwargs)
+    if set(bound) - set(names):
+        return None
+    start, end = bound.get("start_dim", 0), bound.get("end_dim", -1)  # torch's defaults
+    if not (isinstance(start, int) and isinstance(end, int)):
+        return None
+    return nn.Flatten(start, end)
 
 
 def _apply(fn: Any, args: Sequence[object], kwargs: dict, x: Tensor) -> Tensor:
@@ -265,6 +379,18 @@ def _describe(node: fx.Node) -> str:
     if node.op == "output":
         return "the model's output"
     return f"{getattr(node.target, '__name__', node.target)}()"
+
+
+def _check_order(model: nn.Module, first: str, second: str, ops: list[Op]) -> list[Op]:
+    """``ops``, after checking with the seam (:func:`~pathnorm_lightning.layers.check_between`)
+    that pooling and a Flatten stand where they keep the pair's units."""
+    stand_ins = [op if isinstance(op, nn.Module) else nn.Identity() for op in ops]
+    stand_ins = [nn.Identity() if isinstance(m, nn.PReLU) else m for m in stand_ins]
+    try:
+        layers.check_between(model.get_submodule(first), model.get_submodule(second), stand_ins)
+    except ValueError as err:
+        raise ValueError(f"compact: ({first!r}, {second!r}): {err}") from None
+    return ops
 
 
 def _traced_between(gm: fx.GraphModule, first: str, second: str) -> list[Op]:
@@ -295,13 +421,14 @@ def _traced_between(gm: fx.GraphModule, first: str, second: str) -> list[Op]:
         if user is end:
             if tuple(user.args) != (node,) or user.kwargs:
                 raise ValueError(f"compact: {second!r} takes more than the pair's hidden units")
-            return ops
+            return _check_order(gm, first, second, ops)
         op = _node_op(gm, user, node)
         if op is None:
             raise ValueError(
                 f"compact: {_describe(user)} stands between {first!r} and {second!r}, and "
-                "it is not an entry-wise activation or dropout: the hidden units do not pass "
-                "to the second layer one by one, so removing some would change the function."
+                "it is not an entry-wise activation or dropout (or, after a convolution, a "
+                "pooling or a Flatten): the hidden units do not pass to the second layer one "
+                "by one, so removing some would change the function."
             )
         ops.append(op)
         node = user
@@ -309,7 +436,7 @@ def _traced_between(gm: fx.GraphModule, first: str, second: str) -> list[Op]:
 
 def _sequential_between(model: nn.Module, first: str, second: str) -> list[Op] | None:
     """The modules between ``first`` and ``second`` if they are in one plain ``nn.Sequential``
-    with only pointwise modules between them, else None."""
+    with only modules the seam allows between them, else None."""
     parent, _, a = first.rpartition(".")
     parent2, _, b = second.rpartition(".")
     container = model.get_submodule(parent)
@@ -318,14 +445,14 @@ def _sequential_between(model: nn.Module, first: str, second: str) -> list[Op] |
     names = list(container._modules)
     i, j = names.index(a), names.index(b)
     between = [container._modules[n] for n in names[i + 1 : j]]
-    if i >= j or not all(m is not None and _pointwise_module(m) for m in between):
+    if i >= j or not all(m is not None and _allowed_module(m) for m in between):
         return None
-    return [m for m in between if m is not None]
+    return _check_order(model, first, second, [m for m in between if m is not None])
 
 
 def _between(model: nn.Module, gm: fx.GraphModule | str, first: str, second: str) -> list[Op]:
-    """The entry-wise operations from ``first`` to ``second``; ``gm``: the model's fx trace, or
-    why tracing failed. Raises ValueError where the flow cannot be shown to be a chain."""
+    """The operations from ``first`` to ``second``; ``gm``: the model's fx trace, or why
+    tracing failed. Raises ValueError where the flow cannot be shown to be a chain."""
     if isinstance(gm, fx.GraphModule):
         return _traced_between(gm, first, second)
     ops = _sequential_between(model, first, second)
@@ -333,8 +460,9 @@ def _between(model: nn.Module, gm: fx.GraphModule | str, first: str, second: str
         raise ValueError(
             f"compact: cannot show that the hidden units of ({first!r}, {second!r}) feed only "
             f"{second!r}: torch.fx could not trace {type(model).__name__} ({gm}), and the two "
-            "are not neighbours in one nn.Sequential with only activations or dropout between "
-            "them. Put the pair in an nn.Sequential, or compact the submodule that holds it."
+            "are not neighbours in one nn.Sequential with only activations or dropout (and, "
+            "after a convolution, pooling and a Flatten) between them. Put the pair in an "
+            "nn.Sequential, or compact the submodule that holds it."
         )
     return ops
 
@@ -360,10 +488,22 @@ def _n_params(*modules: nn.Module) -> int:
     return sum(p.numel() for m in modules for p in m.parameters())
 
 
+def _keeps_constants(pool: nn.Module, dims: int, like: Tensor) -> bool:
+    """Whether ``pool`` maps a constant channel to a constant (max pooling, averages that do
+    not count zero padding), tried on ones of 16 positions per dimension."""
+    ones = like.new_ones(1, 1, *([16] * dims))
+    try:
+        out = pool(ones)
+    except RuntimeError:  # a window larger than the probe: not shown to keep constants
+        return False
+    return bool((out == 1).all())
+
+
 @torch.no_grad()
-def _constants(first: nn.Module, ops: list[Op], unit_ops: _UnitOps) -> Tensor:
-    """What each unit outputs, after the ops between the pair, when its inputs are all zero
-    (every module run in eval mode, its mode restored after)."""
+def _constants(first: nn.Module, ops: list[Op], unit_ops: _UnitOps) -> Tensor | None:
+    """What each unit outputs, after the pointwise ops between the pair, when its inputs are
+    all zero (every module run in eval mode, its mode restored after); None where a pooling
+    between does not keep constant channels constant (a Flatten keeps them)."""
     modules = [first, *(op for op in ops if isinstance(op, nn.Module))]
     modes = [m.training for m in modules]
     try:
@@ -371,7 +511,10 @@ def _constants(first: nn.Module, ops: list[Op], unit_ops: _UnitOps) -> Tensor:
             m.eval()
         x = first(unit_ops.probe(first))
         for op in ops:
-            x = op(x)
+            if not isinstance(op, nn.Module) or _pointwise_module(op):
+                x = op(x)
+            elif role_of(op) is Role.POOL and not _keeps_constants(op, x.dim() - 2, x):
+                return None
     finally:
         for m, mode in zip(modules, modes, strict=True):
             m.train(mode)
@@ -379,30 +522,35 @@ def _constants(first: nn.Module, ops: list[Op], unit_ops: _UnitOps) -> Tensor:
 
 
 @torch.no_grad()
-def _compact_pair(first_name: str, first: nn.Module, second_name: str, second: nn.Module,
+def _compact_pair(pair: LayerPair, first: nn.Module, second: nn.Module,
                   ops: list[Op]) -> PairCompaction:  # fmt: skip
+    first_name, second_name = pair.first_name, pair.second_name
     ops_in, ops_out = _ops(first_name, first), _ops(second_name, second)
     before = _n_params(first, second)
-    n = ops_in.units_out(first)
-    removed = ops_out.zero_outgoing(second)
-    constant = ops_in.zero_incoming(first) & ~removed
+    n = layers.entry_of(first).units_out(first)
+    positions = pair.flatten or 1
+    removed = (layers.out_view(second, n, pair.flatten) == 0).all(0)
+    zero_in = (layers.in_view(first) == 0).all(1) & ~removed
+    constant = zero_in
     shift = None
     if bool(constant.any()):
         c = _constants(first, ops, ops_in)
-        if not bool(torch.isfinite(c[constant]).all()):
+        if c is not None and not bool(torch.isfinite(c[constant]).all()):
             raise ValueError(
                 f"compact: units of {first_name!r} with zero incoming weights output NaN or inf "
                 "(from their bias): the network's output is not finite; check the weights."
             )
-        shift = ops_out.input_shift(second, torch.where(constant, c, torch.zeros_like(c)))
-        if shift is None:  # the second layer's type cannot take the constants: keep the units
+        if c is not None:
+            folded = torch.where(constant, c, torch.zeros_like(c))
+            shift = ops_out.input_shift(second, folded, positions)
+        if shift is None:  # the constants cannot be folded exactly here: keep the units
             constant = torch.zeros_like(constant)
     keep = torch.nonzero(~(removed | constant)).flatten()
     zero = len(keep) == 0
     if zero:  # all dead: one zero unit keeps both layers valid
         keep = keep.new_zeros(1)
     ops_in.keep_out(first, keep, zero)
-    ops_out.keep_in(second, keep, zero, shift)
+    ops_out.keep_in(second, keep, zero, shift, positions)
     return PairCompaction(
         first_name,
         second_name,
@@ -412,6 +560,7 @@ def _compact_pair(first_name: str, first: nn.Module, second_name: str, second: n
         folded=int(constant.sum()),
         params_before=before,
         params_after=_n_params(first, second),
+        constant_kept=int((zero_in & ~constant).sum()),
     )
 
 
@@ -425,24 +574,26 @@ def compact(model: nn.Module, pairs: PairsSpec = "auto") -> tuple[nn.Module, Com
 
     Returns:
         ``(compacted, report)``: a deep copy of ``model`` (same classes; a Lightning trainer
-        is not copied) whose paired layers are smaller, computing the same function at
-        inference; and a :class:`CompactionReport` (``print`` it for a table).
+        is not copied) whose paired layers are smaller (fewer features or channels),
+        computing the same function at inference; and a :class:`CompactionReport` (``print``
+        it for a table).
 
     Raises:
         ValueError: pairs that do not resolve, a paired layer of another type than
-            ``nn.Linear``, or a pair whose hidden units reach anything but the second layer,
-            or reach it through anything but entry-wise activations and dropout.
+            ``nn.Linear``, ``nn.Conv1d`` or ``nn.Conv2d``, or a pair whose hidden units reach
+            anything but the second layer, or reach it through anything but entry-wise
+            activations and dropout (and, after a convolution, pooling and a Flatten).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"compact: expected a torch nn.Module, got {type(model).__name__}")
-    names = [(p.first_name, p.second_name) for p in resolve_pairs(model, pairs)]
-    for name in (n for pair in names for n in pair):
+    resolved = resolve_pairs(model, pairs)
+    for name in (n for p in resolved for n in (p.first_name, p.second_name)):
         _ops(name, model.get_submodule(name))
     new = _copy(model)
     gm = _trace(new)
-    flows = [_between(new, gm, first, second) for first, second in names]
+    flows = [_between(new, gm, p.first_name, p.second_name) for p in resolved]
     done = tuple(
-        _compact_pair(first, new.get_submodule(first), second, new.get_submodule(second), ops)
-        for (first, second), ops in zip(names, flows, strict=True)
+        _compact_pair(p, new.get_submodule(p.first_name), new.get_submodule(p.second_name), ops)
+        for p, ops in zip(resolved, flows, strict=True)
     )
     return new, CompactionReport(done, _n_params(model), _n_params(new))
