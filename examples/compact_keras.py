@@ -5,7 +5,7 @@ on the MNIST subset embedded in the package, then compacts it: every hidden unit
 killed is removed, in a new model built of smaller Dense layers. Prints the report, checks that
 the compacted model gives the same outputs on the test images, and saves and reloads it.
 
-    python examples/compact_keras.py
+    .venv/bin/python examples/compact_keras.py
 """
 
 from __future__ import annotations

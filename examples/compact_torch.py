@@ -6,7 +6,7 @@ is removed. Prints the report, checks that the compacted network gives the same 
 test images, and saves and reloads it (a compacted model has another architecture, so it is
 saved whole).
 
-    python examples/compact_torch.py
+    .venv/bin/python examples/compact_torch.py
 """
 
 from __future__ import annotations

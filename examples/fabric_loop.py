@@ -4,7 +4,7 @@ Fabric wraps the model and the optimizer; ``attach`` takes the wrapped objects (
 optimizer inside the wrapper), so the prox follows every real step, also under mixed precision
 or several devices.
 
-    python examples/fabric_loop.py
+    .venv/bin/python examples/fabric_loop.py
 """
 
 from __future__ import annotations

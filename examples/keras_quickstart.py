@@ -1,8 +1,9 @@
 """Keras quick start: proximal SGD on the 1-path-norm, with the metrics in the History.
 
-Runs anywhere in a few seconds (synthetic data, no download):
+Runs anywhere in about 20 s on 2 CPU cores, most of it TensorFlow's import and XLA compilation
+(synthetic data, no download):
 
-    python examples/keras_quickstart.py
+    .venv/bin/python examples/keras_quickstart.py
 
 It trains the paper's kind of network (Dense -> ELU -> Dense) three ways -- plain SGD,
 ``PathNormSGD`` (exact path-norm prox after every step), and Adam wrapped in ``ProxOptimizer`` --

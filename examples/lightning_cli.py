@@ -1,9 +1,9 @@
 """Configure PathNormProx from the command line or a YAML file with LightningCLI.
 
-    python examples/lightning_cli.py fit --config examples/lightning_cli.yaml
-    python examples/lightning_cli.py fit --trainer.max_epochs=1 \
+    .venv/bin/python examples/lightning_cli.py fit --config examples/lightning_cli.yaml
+    .venv/bin/python examples/lightning_cli.py fit --trainer.max_epochs=1 \
         --trainer.callbacks+=pathnorm_lightning.PathNormProx --trainer.callbacks.lam=1e-3
-    python examples/lightning_cli.py fit --config examples/lightning_cli.yaml \
+    .venv/bin/python examples/lightning_cli.py fit --config examples/lightning_cli.yaml \
         --print_config          # the full resolved configuration
 
 The callbacks take plain typed arguments, so every option (``lam``, ``pairs``,

@@ -4,7 +4,7 @@ Trains the paper's 784-200-10 ELU network for three epochs on the MNIST subset e
 the package (5,000 training images, 1,000 test images), with and without
 PathNormProx, and prints the test accuracy, the sparsity and both Lipschitz bounds.
 
-    python examples/lightning_quickstart.py
+    .venv/bin/python examples/lightning_quickstart.py
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Trains the paper's 784-200-10 ELU network for three epochs on the MNIST subset embedded in
 the package, and prints the test accuracy, the sparsity and both Lipschitz bounds.
 
-    python examples/torch_loop.py
+    .venv/bin/python examples/torch_loop.py
 """
 
 from __future__ import annotations
