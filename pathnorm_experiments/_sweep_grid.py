@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,14 @@ from torch import Tensor
 
 from pathnorm_experiments.config import float_key
 from pathnorm_experiments.data import Dataset
-from pathnorm_experiments.runs import COLUMNS, EPS, REGULARIZERS, join_key
+from pathnorm_experiments.runs import (
+    COLUMNS,
+    EPS,
+    OPTIMIZERS,
+    PROTOCOL_COLUMNS,
+    REGULARIZERS,
+    join_key,
+)
 
 __all__ = [
     "Group",
@@ -33,7 +40,10 @@ __all__ = [
     "coarse_to_fine",
     "group_rows",
     "prepare",
+    "protocol",
+    "resume_state",
     "select_lr",
+    "split_sizes",
     "stratified_indices",
 ]
 
@@ -53,7 +63,6 @@ LAMS: dict[str, tuple[float, ...]] = {
 # fmt: on
 LRS = (0.05, 0.1, 0.2, 0.5)
 SEEDS = (0, 1, 2)
-OPTIMIZERS = ("prox", "penalty")
 FULL_TRAIN = 60000  # the published training-set size the validation share refers to
 VAL_SIZE = 5000
 VAL_SEED = 20190  # the validation split and the evaluation sample: one fixed draw each
@@ -311,6 +320,13 @@ class Prepared:
         return int(self.x_train.shape[0])
 
 
+def split_sizes(cfg: SweepConfig, n: int, n_test: int) -> tuple[int, int, int]:
+    """(validation images, training images, evaluation sample) of :func:`prepare` for a
+    dataset of ``n`` training and ``n_test`` test images."""
+    n_val = max(1, round(n * cfg.val_size / FULL_TRAIN))
+    return n_val, n - n_val, n_test if cfg.eval_samples is None else min(cfg.eval_samples, n_test)
+
+
 def prepare(data: Dataset, cfg: SweepConfig) -> Prepared:
     """Split ``data``'s training set into train and validation, and draw the test sample.
 
@@ -322,13 +338,11 @@ def prepare(data: Dataset, cfg: SweepConfig) -> Prepared:
         The tensors.
     """
     n = data.x_train.shape[0]
-    n_val = max(1, round(n * cfg.val_size / FULL_TRAIN))
+    n_val, _, n_eval = split_sizes(cfg, n, data.x_test.shape[0])
     if n_val >= n:
         raise ValueError(f"{data.name}: {n} training images leave none after {n_val} validation")
     val = stratified_indices(data.y_train, n_val, VAL_SEED)
     train = np.setdiff1d(np.arange(n), val)
-    n_test = data.x_test.shape[0]
-    n_eval = n_test if cfg.eval_samples is None else min(cfg.eval_samples, n_test)
     ev = stratified_indices(data.y_test, n_eval, EVAL_SEED)
 
     def t(a: np.ndarray) -> Tensor:
@@ -359,6 +373,57 @@ class GroupState:
     waiting: set[str] = field(default_factory=set)
 
 
+def resume_state(group: Group, rows: Sequence[Mapping[str, str]], index: int) -> GroupState | None:
+    """What is left to run of ``group``, given its rows already written.
+
+    Args:
+        group: the group as the sweep's settings define it.
+        rows: its rows in the folder's results files (a row may appear in two files).
+        index: its place in the sweep's order.
+
+    Returns:
+        The whole group (no rows yet); only the seeds missing at the recorded selected lr (a
+        state in its final phase); or None when nothing is left (every seed is there, or every
+        lr diverged, so no seed is ever added).
+
+    Raises:
+        ValueError: the rows were selected among other lrs, or with other selection seeds, or
+            have two selected lrs: rerunning would mix two selections.
+    """
+    if not rows:
+        return GroupState(group, index)
+    mine = sorted({float_key(lr) for lr in group.lrs}, key=float)
+    lrs = sorted({r["lr"] for r in rows}, key=float)
+    if lrs != mine:
+        raise ValueError(
+            f"group {group.key} has runs at lr {' '.join(lrs)} and this sweep selects among "
+            f"{' '.join(mine)} (--lrs): the selection would differ; give --lrs {' '.join(lrs)} "
+            "to continue it, or another --out"
+        )
+    chosen = sorted({r["lr"] for r in rows if r["selected"] == "1"}, key=float)
+    if len(chosen) > 1:
+        raise ValueError(
+            f"group {group.key} has selected runs at two lrs ({', '.join(chosen)}): keep the rows "
+            "of one selection"
+        )
+    picked = {int(r["seed"]) for r in rows if r["lr"] not in chosen}
+    if picked and picked != set(group.select_seeds):
+        seeds = " ".join(map(str, sorted(picked)))
+        raise ValueError(
+            f"group {group.key} selected its lr with seeds {seeds} and this sweep with "
+            f"{' '.join(map(str, group.select_seeds))} (--select-seeds): give --select-seeds "
+            f"{seeds} to continue it, or another --out"
+        )
+    if not chosen:
+        return None  # every lr diverged: no lr is selected, no seed to add
+    have = {int(r["seed"]) for r in rows if r["lr"] == chosen[0]}
+    missing = tuple(s for s in group.seeds if s not in have)
+    if not missing:
+        return None
+    more = replace(group, seeds=missing, select_seeds=())
+    return GroupState(more, index, selected_lr=float(chosen[0]), phase="final")
+
+
 def select_lr(state: GroupState) -> float | None:
     """The lr of the lowest mean validation error over the selection seeds (ties: the smaller
     lr); an lr with a diverged run is never chosen. None when every lr diverged."""
@@ -374,12 +439,30 @@ def select_lr(state: GroupState) -> float | None:
     return None if best is None else best[1]
 
 
-def group_rows(state: GroupState, machine: str) -> list[dict[str, Any]]:
+def protocol(cfg: SweepConfig, n_eval: int) -> dict[str, int]:
+    """The settings that define a run besides its key: the columns
+    :data:`~pathnorm_experiments.runs.PROTOCOL_COLUMNS`, for a dataset whose evaluation
+    sample holds ``n_eval`` test images (all of them if it has fewer than ``eval_samples``)."""
+    values = {
+        "batch_size": cfg.batch_size,
+        "hidden": cfg.hidden,
+        "eval_samples": n_eval,
+        "pgd_steps": cfg.pgd_steps,
+        "strong_restarts": cfg.strong_restarts,
+    }
+    assert tuple(values) == PROTOCOL_COLUMNS
+    return values
+
+
+def group_rows(
+    state: GroupState, machine: str, settings: Mapping[str, int]
+) -> list[dict[str, Any]]:
     """The CSV rows of a finished group, by lr and seed (a diverged run: NaN errors).
 
     Args:
         state: the group, its results (each with ``_lr`` and ``_seed``) and its selected lr.
         machine: the ``machine`` column.
+        settings: the protocol columns (:func:`protocol`).
 
     Returns:
         Rows with the keys of :data:`~pathnorm_experiments.runs.COLUMNS`.
@@ -402,6 +485,7 @@ def group_rows(state: GroupState, machine: str) -> list[dict[str, Any]]:
             n_train=g.n_train,
             selected=int(lr == state.selected_lr),
             machine=machine,
+            **settings,
         )
         if res.get("diverged"):
             for c in ("val_error", "clean_error", "clean_error_full"):

@@ -288,13 +288,13 @@ def calibrate(cfg: SweepConfig, data: Prepared) -> dict[str, float]:
 
 def estimate(
     groups: Sequence[Group],
-    done: set[str],
     data: Mapping[str, Prepared],
     cfg: SweepConfig,
     times: Mapping[str, float],
     jobs: int,
 ) -> tuple[int, int, float]:
-    """The work of the groups not in ``done``, at the per-step times of :func:`calibrate`.
+    """The work of ``groups`` (those left to run: a group that only adds seeds has no
+    selection seeds), at the per-step times of :func:`calibrate`.
 
     Returns:
         ``(training runs, evaluated runs, seconds with jobs workers)``.
@@ -302,8 +302,6 @@ def estimate(
     runs = evals = 0
     seconds = 0.0
     for g in groups:
-        if g.key in done:
-            continue
         n_runs = len(g.lrs) * len(g.select_seeds) + len(g.seeds) - len(g.select_seeds)
         steps = g.epochs * math.ceil(data[g.dataset].n_train / cfg.batch_size)
         per_step = times[f"{g.regularizer}/{g.optimizer}"]

@@ -206,22 +206,35 @@ def dataset_table(
     return lines
 
 
+def _values(settings: Mapping[tuple, Setting], column: str) -> str:
+    """The values of a protocol column over the settings (``2000``, or ``300 or 2000``)."""
+    if column == "epochs":
+        seen = {s.epochs for s in settings.values()}
+    else:
+        seen = {s.protocol[column] for s in settings.values() if column in s.protocol}
+    return " or ".join(f"{v:,}" for v in sorted(seen)) or "?"
+
+
 def _protocol(settings: Mapping[tuple, Setting], readme: str | None) -> list[str]:
-    epochs = sorted({s.epochs for s in settings.values()})
+    def v(column: str) -> str:
+        return _values(settings, column)
+
+    restarts = v("strong_restarts")
     lines = [
-        "- The paper's network and training: 784-200-10, ELU, cross-entropy, batch 100, plain "
-        f"SGD at a constant lr, {' or '.join(map(str, epochs))} epochs. Prox-SGD is an SGD "
-        "step, then the prox with step lr·λ (for linf: the projection of every layer's rows "
+        f"- The paper's network and training: 784-{v('hidden')}-10, ELU, cross-entropy, batch "
+        f"{v('batch_size')}, plain SGD at a constant lr, {v('epochs')} epochs. Prox-SGD is an "
+        "SGD step, then the prox with step lr·λ (for linf: the projection of every layer's rows "
         "onto the l1 ball of radius 1/λ); SGD is SGD on CE + λ·g.",
         "- The lr of each (dataset, regularizer, optimizer, λ) is chosen by clean error on a "
         "held-out validation split of the training set, never on the test set; the other "
         "seeds then train at that lr.",
         "- Clean error, both attacks and both certificates of a selected run use one fixed "
-        "stratified sample of the test images; *clean (all test images)* is beside it. PGD is "
-        "the paper's attack (cross-entropy, 40 steps of eps/20, random start); the strong "
-        "attack adds margin PGD with restarts. The certified columns give the error that is "
-        "*not* certified: by the per-pair path-norm Lipschitz bound, and by interval bound "
-        "propagation over the eps-box within [0, 1].",
+        f"stratified sample of {v('eval_samples')} test images; *clean (all test images)* is "
+        f"beside it. PGD is the paper's attack (cross-entropy, {v('pgd_steps')} steps of "
+        "eps/20, random start); the strong attack adds margin PGD with "
+        f"{restarts} restart{'' if restarts == '1' else 's'}. The certified columns give the "
+        "error that is *not* certified: by the per-pair path-norm Lipschitz bound, and by "
+        "interval bound propagation over the eps-box within [0, 1].",
         "- Sparsity: *nonzero* is the share of weights that are not exactly zero; *live "
         "nonzero* counts only weights on a path from an input to an output.",
     ]

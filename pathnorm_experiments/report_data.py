@@ -13,8 +13,6 @@ none, and has not enough data when no cell has both sides (:func:`verdict`).
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 # EPS and KEY_COLUMNS are read from here by the claims
-from pathnorm_experiments.runs import COLUMNS
+from pathnorm_experiments.runs import COLUMNS, PROTOCOL_COLUMNS, ResultsError, read_rows
 from pathnorm_experiments.runs import EPS as EPS
 from pathnorm_experiments.runs import KEY_COLUMNS as KEY_COLUMNS
 
@@ -66,11 +64,12 @@ DATASET_LABELS = {
     "embedded": "embedded MNIST subset",
 }
 FULL_TRAIN = 55000  # MNIST's and Fashion-MNIST's training images after the validation split
-REQUIRED = COLUMNS  # a results file has every column of the sweep (more are ignored)
+REQUIRED = COLUMNS  # a results file has the sweep's columns, checked by runs.read_rows
 _NUMERIC = COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("machine")]
+PROTOCOL = ("epochs", "n_train", *PROTOCOL_COLUMNS)  # one value per dataset in a report
 
 
-class ReportError(ValueError):
+class ReportError(ResultsError):
     """The results file cannot be reported (missing, not the sweep's format, inconsistent)."""
 
 
@@ -134,6 +133,7 @@ class Setting:
     epochs: int
     n_train: int
     stats: Mapping[str, Stat] = field(default_factory=dict)
+    protocol: Mapping[str, int] = field(default_factory=dict)  # PROTOCOL_COLUMNS' values
 
     @property
     def seeds(self) -> tuple[int, ...]:
@@ -153,7 +153,8 @@ OPT_LABELS = {"prox": "Prox-SGD", "penalty": "SGD"}
 
 
 def load_runs(path: Path) -> list[dict[str, str]]:
-    """The rows of a results file written by the sweep.
+    """The rows of a results file written by the sweep, every cell checked
+    (:func:`~pathnorm_experiments.runs.read_rows`: the one reader of the sweep and the report).
 
     A torn last line (a write in progress) is left out.
 
@@ -164,24 +165,18 @@ def load_runs(path: Path) -> list[dict[str, str]]:
         Its rows.
 
     Raises:
-        ReportError: the file is missing, lacks a column of the sweep, or holds no row.
+        ReportError: the file is missing or holds no row, or a header, row or cell is not the
+            sweep's (the file, line and column named).
     """
     if not path.is_file():
         raise ReportError(
             f"{path}: no such results file: run the sweep first (pathnorm-reproduce), or give "
             "--results"
         )
-    text = path.read_text()
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    reader = csv.DictReader(io.StringIO(text))
-    gone = [c for c in REQUIRED if c not in (reader.fieldnames or ())]
-    if gone:
-        raise ReportError(
-            f"{path}: not a results file of the sweep: {len(gone)} columns missing "
-            f"({', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''})"
-        )
-    rows = list(reader)
+    try:
+        rows = read_rows(path)
+    except ResultsError as e:
+        raise ReportError(str(e)) from None
     if not rows:
         raise ReportError(f"{path}: no rows yet: the sweep has not finished a group")
     return rows
@@ -204,21 +199,23 @@ def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting
         Settings keyed by ``(dataset, regularizer, optimizer, lam)``.
 
     Raises:
-        ReportError: one dataset's rows come from different epochs or training-set sizes,
-            or one setting's selected rows have different lrs.
+        ReportError: one dataset's rows differ in a setting of :data:`PROTOCOL` (epochs,
+            training-set size, evaluation sample ...), or one setting's selected rows have
+            different lrs.
     """
     groups: dict[tuple, list[Mapping[str, str]]] = {}
-    protocol: dict[str, set[tuple[str, str]]] = {}
+    protocol: dict[tuple[str, str], set[str]] = {}
     for r in rows:
-        protocol.setdefault(r["dataset"], set()).add((r["epochs"], r["n_train"]))
+        for c in PROTOCOL:
+            protocol.setdefault((r["dataset"], c), set()).add(r[c])
         if r["selected"] == "1":
             key = (r["dataset"], r["regularizer"], r["optimizer"], float(r["lam"]))
             groups.setdefault(key, []).append(r)
-    for ds, seen in protocol.items():
+    for (ds, c), seen in protocol.items():
         if len(seen) > 1:
             raise ReportError(
-                f"rows of {ds} have several (epochs, n_train): {sorted(seen)}; the report compares "
-                "one protocol: keep one in the file (the others in another file)"
+                f"rows of {ds} have several {c}: {', '.join(sorted(seen, key=float))}; the report "
+                "compares one protocol: keep one in the file (the others in another file)"
             )
     out = {}
     for key, rs in sorted(groups.items()):
@@ -233,7 +230,14 @@ def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting
                 seeds, values = zip(*sorted(pairs), strict=True)
                 stats[c] = Stat(seeds, values)
         r0 = rs[0]
-        out[key] = Setting(*key, float(r0["lr"]), int(r0["epochs"]), int(r0["n_train"]), stats)  # type: ignore[misc]
+        out[key] = Setting(
+            *key,  # type: ignore[arg-type]
+            float(r0["lr"]),
+            int(r0["epochs"]),
+            int(r0["n_train"]),
+            stats,
+            {c: int(r0[c]) for c in PROTOCOL_COLUMNS},
+        )
     return out
 
 

@@ -12,7 +12,6 @@ the data.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 import warnings
@@ -25,6 +24,7 @@ from pathnorm_experiments.data import DataError, Dataset, load_dataset
 from pathnorm_experiments.deps import MissingDependency, require
 from pathnorm_experiments.report import write_report
 from pathnorm_experiments.report_data import ReportError
+from pathnorm_experiments.runs import protocol_clash, read_rows
 
 __all__ = ["QUICK", "build_parser", "main", "preflight", "run_sweep", "sweep_config"]
 
@@ -119,20 +119,27 @@ def sweep_config(args: argparse.Namespace) -> Any:
     return SweepConfig(**kw)
 
 
-def _check_existing(results: Path, cfg: Any) -> None:
-    """Refuse a results file whose rows of these datasets come from other epochs: the report
-    compares one protocol per dataset."""
-    if not results.is_file():
-        return
-    with results.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-    other = {(r["dataset"], r.get("epochs")) for r in rows if r.get("dataset") in cfg.datasets}
-    clash = sorted((ds, e) for ds, e in other if e != str(cfg.epochs))
-    if clash:
-        raise ValueError(
-            f"--results {results} holds rows of {clash[0][0]} at {clash[0][1]} epochs, and this "
-            f"run trains {cfg.epochs}: give another --results (one protocol per file)"
-        )
+def _check_existing(results: Path, cfg: Any, data: dict[str, Dataset]) -> None:
+    """Refuse a results file whose rows of these datasets were made with other settings
+    (epochs, evaluation sample, ...): the report compares one protocol per dataset.
+
+    Raises:
+        ValueError: naming the file, the dataset and the setting (a
+            :class:`~pathnorm_experiments.runs.ResultsError` for an unreadable file).
+    """
+    from pathnorm_experiments.sweep import protocol, split_sizes
+
+    rows = read_rows(results)
+    for name, ds in data.items():
+        _, n_train, n_eval = split_sizes(cfg, ds.x_train.shape[0], ds.x_test.shape[0])
+        expected = {"epochs": cfg.epochs, "n_train": n_train, **protocol(cfg, n_eval)}
+        clash = protocol_clash(rows, name, expected)
+        if clash is not None:
+            col, theirs = clash
+            raise ValueError(
+                f"--results {results} holds rows of {name} with {col} {theirs}, and this run's "
+                f"{col} is {expected[col]}: give another --results (one protocol per file)"
+            )
 
 
 def preflight(args: argparse.Namespace, results: Path, out: Path) -> tuple[Any, dict[str, Dataset]]:
@@ -172,12 +179,12 @@ def preflight(args: argparse.Namespace, results: Path, out: Path) -> tuple[Any, 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     cfg = sweep_config(args)
-    _check_existing(results, cfg)
     data = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # KMNIST's partial training set: labelled in the report
         for name in cfg.datasets:
             data[name] = load_dataset(name, args.data_dir, allow_partial=True)
+    _check_existing(results, cfg, data)
     return cfg, data
 
 

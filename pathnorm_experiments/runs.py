@@ -1,14 +1,18 @@
 """The sweep's results on disk: the columns of ``runs.csv``, run and group keys, locked
-appends, reading, summarizing and merging result files, and the cache of pending runs.
+appends, the one validating reader of result files, summarizing and merging them, the cache
+of pending runs, and the claims that keep two sweeps of one folder off each other's groups.
 
 One CSV row per training run; a group's rows (one lr selection) are appended together, so a
-group with a row in any results file of a directory is done. A finished run of an unfinished
-group waits in ``<out>/.pending/`` (its metrics, and its weights when they are needed again).
-NumPy only (no torch import), so the report reads results without the training stack.
+group with a row in any results file of a directory has been selected (more seeds may be added
+to it later). A finished run of an unfinished group waits in ``<out>/.pending/`` (its metrics,
+and its weights when they are needed again). A sweep claims a group in ``<out>/.claims/``
+before running it and drops the claim once its rows are written. NumPy only (no torch import),
+so the report reads results without the training stack.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import fcntl
 import hashlib
@@ -16,26 +20,35 @@ import io
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+import re
+import socket
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from pathnorm_experiments.config import float_key
+from pathnorm_experiments.data import DATASET_NAMES
 
 __all__ = [
     "COLUMNS",
     "EPS",
     "KEY_COLUMNS",
+    "OPTIMIZERS",
+    "PROTOCOL_COLUMNS",
     "REGULARIZERS",
+    "ResultsError",
     "append_rows",
-    "done_groups",
+    "claim_group",
+    "folder_rows",
     "join_key",
     "load_pending",
     "merge",
     "pending_path",
+    "protocol_clash",
     "read_rows",
+    "release_group",
     "results_path",
     "row_group_key",
     "row_key",
@@ -45,7 +58,11 @@ __all__ = [
 
 EPS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 REGULARIZERS = ("none", "l1", "path", "linf")  # the grid's order, which merge sorts by
+OPTIMIZERS = ("prox", "penalty")
 KEY_COLUMNS = ("dataset", "regularizer", "optimizer", "lam", "lr", "seed", "epochs", "n_train")
+# the settings that define a run besides its key, one value per dataset in a folder:
+# eval_samples counts the test images of the evaluation sample (all of them if fewer)
+PROTOCOL_COLUMNS = ("batch_size", "hidden", "eval_samples", "pgd_steps", "strong_restarts")
 
 
 def _eps_columns(eps: Sequence[float]) -> list[str]:
@@ -72,6 +89,7 @@ COLUMNS = (
     "nonzero_live",
     "path_norm",
     "machine",
+    *PROTOCOL_COLUMNS,
 )
 
 
@@ -139,26 +157,178 @@ def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+class ResultsError(ValueError):
+    """A results file that cannot be used: its header, a row or a cell is not the sweep's (the
+    message names the file, the line and the column)."""
+
+
+_PERCENT = COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("path_norm")]
+_INT_MIN = {"seed": 0, "epochs": 1, "n_train": 1, **dict.fromkeys(PROTOCOL_COLUMNS, 1)}
+_INT_MIN["strong_restarts"] = 0
+_VOCABULARY = {
+    "dataset": DATASET_NAMES,
+    "regularizer": REGULARIZERS,
+    "optimizer": OPTIMIZERS,
+    "selected": ("0", "1"),
+}
+
+
+def _cell_problem(column: str, text: str) -> str | None:
+    """What is wrong with ``text`` in ``column``, or None when it is a value the sweep writes."""
+    if column in _VOCABULARY:
+        known = _VOCABULARY[column]
+        return None if text in known else f"{text!r} is not one of {', '.join(known)}"
+    if column in _INT_MIN:
+        if not re.fullmatch(r"[0-9]+", text):
+            return f"{text!r} is not a whole number"
+        low = _INT_MIN[column]
+        return None if int(text) >= low else f"{text} is below {low}"
+    if column == "machine":
+        return None
+    if column in _PERCENT or column == "path_norm":
+        if text in ("", "nan"):  # not measured (an unselected lr), or a diverged run
+            return None
+    try:
+        v = float(text)
+    except ValueError:
+        return f"{text!r} is not a number"
+    if column in _PERCENT:
+        return None if 0 <= v <= 100 else f"{text} is not a percentage in [0, 100]"
+    if column == "path_norm":
+        return None if v >= 0 else f"{text} is negative"
+    low_ok = v >= 0 if column == "lam" else v > 0  # lam, lr
+    return (
+        None
+        if math.isfinite(v) and low_ok
+        else f"{text} is not a finite number " + (">= 0" if column == "lam" else "> 0")
+    )
+
+
+def _row_problem(row: Mapping[str, str]) -> tuple[str, str] | None:
+    """(column, what is wrong) of the first bad cell of ``row``, or None."""
+    for c in COLUMNS:
+        problem = _cell_problem(c, row[c])
+        if problem is not None:
+            return c, problem
+    if (row["regularizer"] == "none") != (float(row["lam"]) == 0):
+        return "lam", f"lam {row['lam']} with regularizer {row['regularizer']} (lam 0 is none)"
+    if row["regularizer"] == "linf" and row["optimizer"] != "prox":
+        return "optimizer", f"{row['optimizer']!r} with linf (its projection is prox)"
+    return None
+
+
+def _check_header(path: Path, header: Sequence[str]) -> None:
+    if tuple(header) == COLUMNS:
+        return
+    gone = [c for c in COLUMNS if c not in header]
+    if gone:
+        older = set(gone) <= set(PROTOCOL_COLUMNS)
+        raise ResultsError(
+            f"{path}: not a results file of the sweep: {len(gone)} columns missing "
+            f"({', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''})"
+            + (
+                ": the file predates the columns that record the protocol; append them with "
+                "the values its sweep used"
+                if older
+                else ""
+            )
+        )
+    extra = [c for c in header if c not in COLUMNS]
+    raise ResultsError(
+        f"{path}, line 1: the header is not the sweep's columns in their order ("
+        + (f"unknown columns {extra[:4]}" if extra else "columns in another order")
+        + "); move the file away, or write it with the sweep's columns"
+    )
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """The rows of a results CSV (a torn last line is ignored); [] if the file is missing.
+    """The rows of a results CSV, every cell checked; [] if the file is missing or empty.
+
+    A torn last line (a write in progress, or a writer killed mid-row) is left out. Blank lines
+    are skipped. Everything else must be as the sweep writes it: the header :data:`COLUMNS`,
+    every row with every column, known names (dataset, regularizer, optimizer, ``selected``
+    0 or 1), numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), and
+    each run key on one row only.
+
+    Args:
+        path: the CSV file.
+
+    Returns:
+        The rows, as the text of their cells.
 
     Raises:
-        ValueError: the header is not :data:`COLUMNS`.
+        ResultsError: the first problem, with the file, the line (1 is the header) and the
+            column.
     """
     if not path.is_file():
         return []
     text = path.read_text()
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
-    if not text:
+    reader = csv.reader(io.StringIO(text))
+    header = next(reader, None)
+    if header is None:
         return []
-    reader = csv.DictReader(io.StringIO(text))
-    if tuple(reader.fieldnames or ()) != COLUMNS:
-        raise ValueError(
-            f"{path}: the header is not the sweep's columns (expected {len(COLUMNS)} columns "
-            f"starting {COLUMNS[:3]}, got {reader.fieldnames}); move the file away or merge it"
-        )
-    return list(reader)
+    _check_header(path, header)
+    rows: list[dict[str, str]] = []
+    first_line: dict[str, int] = {}
+    for fields in reader:
+        line = reader.line_num
+        if not fields:
+            continue
+        if len(fields) != len(COLUMNS):
+            n = len(fields)
+            where = (
+                f"column {COLUMNS[n]} ({n + 1} of {len(COLUMNS)}) and after are missing"
+                if n < len(COLUMNS)
+                else f"{n - len(COLUMNS)} fields more than the header's"
+            )
+            raise ResultsError(
+                f"{path}, line {line}: {n} fields where the header has {len(COLUMNS)}: {where}; "
+                "repair or remove the row"
+            )
+        row = dict(zip(COLUMNS, fields, strict=True))
+        bad = _row_problem(row)
+        if bad is not None:
+            raise ResultsError(
+                f"{path}, line {line}, column {bad[0]}: {bad[1]}; repair or remove the row"
+            )
+        key = row_key(row)
+        if key in first_line:
+            raise ResultsError(
+                f"{path}, line {line}: run {key} is already on line {first_line[key]}, and a run "
+                "has one row (two sweeps wrote this file at once?): keep one of the two rows"
+            )
+        first_line[key] = line
+        rows.append(row)
+    return rows
+
+
+def folder_rows(out: Path) -> list[tuple[Path, list[dict[str, str]]]]:
+    """Every results file of ``out`` (``runs*.csv``) with its rows (see :func:`read_rows`)."""
+    return [(p, read_rows(p)) for p in sorted(out.glob("runs*.csv"))]
+
+
+def protocol_clash(
+    rows: Sequence[Mapping[str, str]], dataset: str, expected: Mapping[str, Any]
+) -> tuple[str, str] | None:
+    """The first setting in which a row of ``dataset`` differs from ``expected``.
+
+    Args:
+        rows: rows of :func:`read_rows`.
+        dataset: the dataset whose rows are compared.
+        expected: column -> value (written as the CSV writes it), e.g. ``{"epochs": 20}``.
+
+    Returns:
+        ``(column, the row's value)``, or None when every row agrees.
+    """
+    want = {c: _fmt(v) for c, v in expected.items()}
+    for r in rows:
+        if r["dataset"] == dataset:
+            for c, v in want.items():
+                if r[c] != v:
+                    return c, r[c]
+    return None
 
 
 def summarize(
@@ -235,7 +405,7 @@ def merge(inputs: Sequence[Path], output: Path) -> int:
             int(r["epochs"]),
         )
 
-    tmp = output.with_name(output.name + ".tmp")
+    tmp = output.with_name(f"{output.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
     append_rows(tmp, sorted(rows.values(), key=order))
     if not rows:
@@ -249,26 +419,22 @@ def results_path(out: Path, shard: tuple[int, int] | None) -> Path:
     return out / ("runs.csv" if shard is None else f"runs.shard-{shard[0]}-of-{shard[1]}.csv")
 
 
-def done_groups(out: Path) -> set[str]:
-    """Groups with rows in any results file of ``out`` (a group's rows are written together)."""
-    done: set[str] = set()
-    for p in sorted(out.glob("runs*.csv")):
-        done.update(row_group_key(r) for r in read_rows(p))
-    return done
-
-
 def pending_path(out: Path, key: str) -> Path:
     """The cache file of the run ``key`` in ``out/.pending/`` (a hash of the key names it)."""
     return out / ".pending" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".npz")
 
 
-def save_pending(out: Path, key: str, result: dict[str, Any]) -> None:
+def save_pending(
+    out: Path, key: str, result: dict[str, Any], protocol: Mapping[str, Any] | None = None
+) -> None:
     """Cache a finished run's ``result`` (JSON metrics; ``weights`` as arrays), atomically.
 
     Args:
         out: the results directory.
         key: the run key (stored in the file, checked on loading).
         result: the metrics, and optionally ``weights``: ``(weights, biases)`` NumPy lists.
+        protocol: the settings the run was made with besides its key (:data:`PROTOCOL_COLUMNS`;
+            stored, checked on loading).
     """
     path = pending_path(out, key)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -277,15 +443,23 @@ def save_pending(out: Path, key: str, result: dict[str, Any]) -> None:
     if "weights" in result:
         for i, (w, b) in enumerate(zip(*result["weights"], strict=True)):
             arrays[f"w{i}"], arrays[f"b{i}"] = w, b
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    arrays["meta"] = np.array(json.dumps({"key": key, **meta}))
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")  # one per writer
+    head = {"key": key, "protocol": _protocol_text(protocol)}
+    arrays["meta"] = np.array(json.dumps({**head, **meta}))
     np.savez(tmp, **arrays)  # type: ignore[arg-type]
     os.replace(tmp, path)
 
 
-def load_pending(out: Path, key: str) -> dict[str, Any] | None:
+def _protocol_text(protocol: Mapping[str, Any] | None) -> dict[str, str]:
+    return {c: _fmt(v) for c, v in sorted((protocol or {}).items())}
+
+
+def load_pending(
+    out: Path, key: str, protocol: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
     """The cached result of the run ``key`` (see :func:`save_pending`), or None when there is
-    none, or the file is damaged or belongs to another key (the run is then redone)."""
+    none, or the file is damaged, belongs to another key or was made with another
+    ``protocol`` (the run is then redone)."""
     path = pending_path(out, key)
     if not path.is_file():
         return None
@@ -297,4 +471,78 @@ def load_pending(out: Path, key: str) -> dict[str, Any] | None:
                 meta["weights"] = ([z[f"w{i}"] for i in range(n)], [z[f"b{i}"] for i in range(n)])
     except (OSError, ValueError, KeyError):  # a damaged cache file: the run is redone
         return None
-    return meta if meta.pop("key", None) == key else None
+    same = meta.pop("key", None) == key
+    return meta if meta.pop("protocol", None) == _protocol_text(protocol) and same else None
+
+
+# ---------------------------------------------------------------- claims
+
+
+def _claim_path(out: Path, group_key: str) -> Path:
+    return out / ".claims" / (hashlib.sha256(group_key.encode()).hexdigest()[:24] + ".claim")
+
+
+def _me() -> str:
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+@contextlib.contextmanager
+def _claims_locked(out: Path) -> Iterator[None]:
+    """Hold the folder's claim lock (claims are read, taken and dropped under it only)."""
+    folder = out / ".claims"
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _alive(holder: str) -> bool:
+    """Whether the claim's holder (``HOST PID``) may still run: a process of another machine
+    cannot be checked from here, so it counts as alive."""
+    host, _, pid = holder.partition(" ")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    if int(pid) == os.getpid():
+        return False  # this process's own claim, left by a sweep that stopped: taken again
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def claim_group(out: Path, group_key: str, alive: Callable[[str], bool] = _alive) -> str | None:
+    """Claim the group ``group_key`` of ``out`` for this process.
+
+    A claim is a file naming its holder (host and process id). One left by a process of this
+    machine that no longer runs (a killed sweep) is stale and taken over.
+
+    Args:
+        out: the results directory.
+        group_key: the group.
+        alive: whether a holder still runs (tests replace it).
+
+    Returns:
+        None when this process now holds the claim, else the holder (``"HOST PID"``).
+    """
+    path = _claim_path(out, group_key)
+    with _claims_locked(out):
+        if path.is_file():
+            holder = path.read_text().split("\n", 1)[0]
+            if alive(holder):
+                return holder
+        path.write_text(f"{_me()}\n{group_key}\n")
+    return None
+
+
+def release_group(out: Path, group_key: str) -> None:
+    """Drop this process's claim of ``group_key`` (another process's claim is left alone)."""
+    path = _claim_path(out, group_key)
+    with _claims_locked(out):
+        if path.is_file() and path.read_text().split("\n", 1)[0] == _me():
+            path.unlink()

@@ -49,7 +49,7 @@ import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,10 @@ from pathnorm_experiments._sweep_grid import (
     coarse_to_fine,
     group_rows,
     prepare,
+    protocol,
+    resume_state,
     select_lr,
+    split_sizes,
     stratified_indices,
 )
 from pathnorm_experiments._sweep_train import (
@@ -85,12 +88,16 @@ from pathnorm_experiments.runs import (
     EPS,
     REGULARIZERS,
     append_rows,
-    done_groups,
+    claim_group,
+    folder_rows,
     load_pending,
     merge,
     pending_path,
+    protocol_clash,
     read_rows,
+    release_group,
     results_path,
+    row_group_key,
     row_key,
     save_pending,
     summarize,
@@ -109,9 +116,11 @@ __all__ = [
     "main",
     "merge",
     "prepare",
+    "protocol",
     "read_rows",
     "row_key",
     "run_sweep",
+    "split_sizes",
     "stratified_indices",
     "summarize",
     "train_run",
@@ -202,34 +211,158 @@ def default_machine(device: str = "cpu") -> str:
     return f"cpu {model} ({os.cpu_count()} cores), torch {torch.__version__}"
 
 
+class _Written:
+    """The rows of a folder's results files (``runs*.csv``), read again when a file changed."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self._stamp: tuple[tuple[str, int, int], ...] | None = None
+        self._files: list[tuple[Path, list[dict[str, str]]]] = []
+        self._by_group: dict[str, list[dict[str, str]]] = {}
+
+    def files(self) -> list[tuple[Path, list[dict[str, str]]]]:
+        """Every results file of the folder with its rows (:func:`runs.read_rows`)."""
+        paths = sorted(self.out.glob("runs*.csv")) if self.out.is_dir() else []
+        stamp = tuple((str(q), st.st_size, st.st_mtime_ns) for q in paths for st in [q.stat()])
+        if stamp != self._stamp:
+            self._files = folder_rows(self.out)
+            self._by_group = {}
+            for _, rows in self._files:
+                for r in rows:
+                    self._by_group.setdefault(row_group_key(r), []).append(r)
+            self._stamp = stamp
+        return self._files
+
+    def group(self, key: str) -> list[dict[str, str]]:
+        """The rows of the group ``key``, as the files hold them now."""
+        self.files()
+        return self._by_group.get(key, [])
+
+
+# how a protocol column is set, for the message that refuses a mismatch
+_SETTING = {
+    "epochs": "--epochs",
+    "n_train": "the training set (its images after the validation split)",
+    "eval_samples": "--eval-samples",
+    "batch_size": "SweepConfig.batch_size",
+    "hidden": "SweepConfig.hidden",
+    "pgd_steps": "SweepConfig.pgd_steps",
+    "strong_restarts": "SweepConfig.strong_restarts",
+}
+
+
+def _check_protocol(
+    written: _Written, cfg: SweepConfig, settings: Mapping[str, Mapping[str, int]]
+) -> None:
+    """Refuse a folder whose rows of a dataset of this sweep were made with other settings.
+
+    Raises:
+        ValueError: naming the file, the setting, both values and what to do.
+    """
+    for path, rows in written.files():
+        for ds, mine in settings.items():
+            expected = {"epochs": cfg.epochs, **mine}
+            clash = protocol_clash(rows, ds, expected)
+            if clash is not None:
+                col, theirs = clash
+                how = _SETTING[col]
+                fix = f"give {how} {theirs}" if how.startswith("--") else f"set {how} = {theirs}"
+                raise ValueError(
+                    f"{path} holds {ds} runs with {col} {theirs}, and this sweep's {col} is "
+                    f"{expected[col]} ({how}): a folder holds one protocol per dataset; {fix} to "
+                    "continue those runs, or give another --out"
+                )
+
+
+def _plan(groups: Sequence[Group], written: _Written) -> list[GroupState]:
+    """What is left of ``groups`` given the rows written (see :func:`resume_state`)."""
+    todo: list[GroupState] = []
+    for g in groups:
+        st = resume_state(g, written.group(g.key), len(todo))
+        if st is not None:
+            todo.append(st)
+    return todo
+
+
 class _Scheduler:
-    """The tasks of a sweep's unfinished groups, the earliest group's first. A group moves on
-    when nothing of it runs: after its selection runs, its lr is selected and the selected
-    lr's other seeds are queued; after those, its rows are written and its cache emptied."""
+    """The tasks of a sweep's unfinished groups, the earliest group's first.
+
+    A group is claimed (:func:`runs.claim_group`) when its first task is about to start, so
+    two sweeps of one folder share its groups instead of both running them; a group claimed by
+    a sweep that still runs is skipped. A group moves on when nothing of it runs: after its
+    selection runs, its lr is selected and the selected lr's other seeds are queued; after
+    those, its rows are written, its cache emptied and its claim dropped."""
 
     def __init__(
         self,
         cfg: SweepConfig,
         out: Path,
         results: Path,
-        todo: Sequence[Group],
+        todo: Sequence[GroupState],
         counts: dict[str, int],
         machine: str,
         log: Any,
+        settings: Mapping[str, Mapping[str, int]],
+        written: _Written,
     ) -> None:
         self.cfg, self.out, self.results = cfg, out, results
         self.counts, self.machine, self.log = counts, machine, log
+        self.settings, self.written = settings, written
         self.t_start = time.perf_counter()
-        self.states = [GroupState(g, i) for i, g in enumerate(todo)]
+        self.todo = list(todo)  # in order; claimed one at a time by _activate
+        self.next = 0
+        self.active: dict[int, GroupState] = {}
+        self.held: set[str] = set()  # the keys of the groups this sweep claimed
         self.ready: list[tuple[int, _Task]] = []  # (group index, task): the earliest groups first
-        for st in self.states:
-            for spec in st.group.selection_runs():
-                if not self._take_pending(st, spec):
-                    self._queue(st, _Task(spec, True, False, keep_weights=True))
+
+    def _activate(self) -> bool:
+        """Claim the next group that still needs work and queue its first tasks (a group whose
+        runs were all cached is written at once); False when no group is left."""
+        while self.next < len(self.todo):
+            planned = self.todo[self.next]
+            self.next += 1
+            key = planned.group.key
+            holder = claim_group(self.out, key)
+            if holder is not None:
+                self.counts["claimed"] += 1
+                print(f"  {key}: skipped, claimed by another sweep ({holder})", file=self.log)
+                continue
+            self.held.add(key)
+            # rows written since the plan (by another sweep) count
+            st = resume_state(self._full(planned), self.written.group(key), planned.index)
+            if st is None:
+                self._release(key)
+                self.counts["done_before"] += 1
+                self.counts["remaining"] -= 1
+                continue
+            self.active[st.index] = st
+            if st.phase == "select":
+                for spec in st.group.selection_runs():
+                    if not self._take_pending(st, spec):
+                        self._queue(st, _Task(spec, True, False, keep_weights=True))
+            else:
+                assert st.selected_lr is not None
+                self._queue_selected(st, st.selected_lr)
+            self.advance(st)
+            return True
+        return False
+
+    def _full(self, st: GroupState) -> Group:
+        """The planned state's group with every seed and selection seed of the sweep."""
+        return replace(st.group, seeds=tuple(self.cfg.seeds), select_seeds=self.cfg.select_seeds)
+
+    def _release(self, key: str) -> None:
+        release_group(self.out, key)
+        self.held.discard(key)
+
+    def release_all(self) -> None:
+        """Drop every claim still held (the groups left unfinished)."""
+        for key in list(self.held):
+            self._release(key)
 
     def _take_pending(self, st: GroupState, spec: RunSpec) -> bool:
         """Take the run's result from the pending cache; False if it is not there."""
-        cached = load_pending(self.out, spec.key)
+        cached = load_pending(self.out, spec.key, self.settings[spec.dataset])
         if cached is None:
             return False
         st.results[spec.key] = {**cached, "_lr": spec.lr, "_seed": spec.seed}
@@ -242,14 +375,16 @@ class _Scheduler:
     def run(self, pool: Any, jobs: int, stop_after: float | None) -> None:
         """Run the tasks on ``pool``, ``jobs`` at a time; none starts after ``stop_after`` s."""
         running: dict[cf.Future[Any], tuple[GroupState, _Task]] = {}
-        for st in self.states:
-            self.advance(st)  # groups whose runs were all pending already
-        while self.ready or running:
+        while True:
             elapsed = time.perf_counter() - self.t_start
             stopping = stop_after is not None and elapsed > stop_after
-            while self.ready and len(running) < jobs and not stopping:
-                idx, task = self.ready.pop(0)
-                running[pool.submit(_execute, task, self.cfg)] = (self.states[idx], task)
+            while len(running) < jobs and not stopping:
+                if not self.ready and not self._activate():
+                    break
+                if self.ready:
+                    idx, task = self.ready.pop(0)
+                    fut = pool.submit(_execute, task, self.cfg)
+                    running[fut] = (self.active[idx], task)
             if not running:
                 break
             finished, _ = cf.wait(running, return_when=cf.FIRST_COMPLETED)
@@ -268,7 +403,8 @@ class _Scheduler:
         st.results[spec.key] = merged
         self.counts["trained"] += task.train
         self.counts["evaluated"] += task.evaluate
-        save_pending(self.out, spec.key, {k: v for k, v in merged.items() if k[0] != "_"})
+        kept = {k: v for k, v in merged.items() if k[0] != "_"}
+        save_pending(self.out, spec.key, kept, self.settings[spec.dataset])
         st.waiting.discard(spec.key)
         print(
             f"  {spec.key}: {'train' if task.train else ''}"
@@ -312,16 +448,20 @@ class _Scheduler:
 
     def _write(self, st: GroupState) -> None:
         """Append the group's rows, drop its pending cache, and log it."""
-        append_rows(self.results, group_rows(st, self.machine))
+        g = st.group
+        append_rows(self.results, group_rows(st, self.machine, self.settings[g.dataset]))
         for key in st.results:
             lr, seed = st.results[key]["_lr"], st.results[key]["_seed"]
-            pending_path(self.out, st.group.run(lr, seed).key).unlink(missing_ok=True)
+            pending_path(self.out, g.run(lr, seed).key).unlink(missing_ok=True)
+        self._release(g.key)
+        del self.active[st.index]
         counts = self.counts
         counts["written"] += 1
         counts["remaining"] -= 1
+        what = "selected" if st.group.select_seeds else f"selected before; seeds {g.seeds} added"
         print(
-            f"[{counts['done_before'] + counts['written']}/{counts['groups']}] {st.group.key}: "
-            f"lr {st.selected_lr} selected ({time.perf_counter() - self.t_start:.0f} s)",
+            f"[{counts['done_before'] + counts['written']}/{counts['groups']}] {g.key}: "
+            f"lr {st.selected_lr} {what} ({time.perf_counter() - self.t_start:.0f} s)",
             file=self.log,
             flush=True,
         )
@@ -381,9 +521,15 @@ def run_sweep(
         start_method: how workers start (default: ``fork`` on CPU, ``spawn`` on CUDA).
 
     Returns:
-        Counts: ``groups`` (in this shard), ``done_before``, ``written`` (groups written now),
-        ``remaining``, ``trained`` and ``evaluated`` (runs trained, and attacked and certified,
-        now).
+        Counts: ``groups`` (in this shard), ``done_before``, ``written`` (groups written now,
+        or given the seeds they lacked), ``remaining``, ``claimed`` (skipped: another sweep
+        of this folder runs them), ``trained`` and ``evaluated`` (runs trained, and attacked
+        and certified, now).
+
+    Raises:
+        ValueError: the folder's results are unreadable (file, line and column named), or hold
+            a dataset's runs made with other settings (the setting named), or a group selected
+            among other lrs or selection seeds. Checked before any run.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -395,13 +541,16 @@ def run_sweep(
     machine = machine or default_machine(device)
     out.mkdir(parents=True, exist_ok=True)
     groups = _shard_groups(cfg, data, shard)
-    done = done_groups(out)
-    todo = [g for g in groups if g.key not in done]
+    settings = {name: protocol(cfg, int(p.x_eval.shape[0])) for name, p in data.items()}
+    written = _Written(out)
+    _check_protocol(written, cfg, settings)
+    todo = _plan(groups, written)
     counts = {
         "groups": len(groups),
         "done_before": len(groups) - len(todo),
         "written": 0,
         "remaining": len(todo),
+        "claimed": 0,
         "trained": 0,
         "evaluated": 0,
     }
@@ -410,10 +559,12 @@ def run_sweep(
     _DATA.clear()
     _DATA.update(data)
     pool = _start_pool(jobs, device, start_method, data)
-    scheduler = _Scheduler(cfg, out, results_path(out, shard), todo, counts, machine, log)
+    results = results_path(out, shard)
+    scheduler = _Scheduler(cfg, out, results, todo, counts, machine, log, settings, written)
     try:
         scheduler.run(pool, jobs, stop_after)
     finally:
+        scheduler.release_all()
         pool.shutdown(wait=True)
     return counts
 
@@ -435,7 +586,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m pathnorm_experiments.sweep``."""
     p = argparse.ArgumentParser(
         prog="python -m pathnorm_experiments.sweep",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="The paper's protocol as a resumable, parallel, shardable sweep, one CSV row "
+        "per run in OUT/runs.csv (OUT/runs.shard-K-of-N.csv with --shard). A rerun continues "
+        "where the last one stopped and adds missing seeds; a folder whose runs were made with "
+        "other settings is refused. Two sweeps of one folder share its groups.",
+        epilog="To join result files (the shards of --shard) by run key: "
+        "python -m pathnorm_experiments.sweep merge OUT.csv IN.csv [IN.csv ...]; rows of one "
+        "run key must agree (apart from the machine column).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--data-dir", default=None, help="holds mnist/, fashion-mnist/, kmnist/")
@@ -447,17 +604,36 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=list(SweepConfig().datasets),
         choices=["mnist", "fashion-mnist", "kmnist", "embedded"],
+        help="the datasets to sweep",
     )
-    p.add_argument("--regularizers", nargs="+", default=list(REGULARIZERS), choices=REGULARIZERS)
-    p.add_argument("--epochs", type=int, default=20)
-    p.add_argument("--lrs", type=float, nargs="+", default=list(LRS))
-    p.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS))
+    p.add_argument(
+        "--regularizers",
+        nargs="+",
+        default=list(REGULARIZERS),
+        choices=REGULARIZERS,
+        help="the regularizers to sweep",
+    )
+    p.add_argument("--epochs", type=int, default=20, help="training epochs of every run")
+    p.add_argument(
+        "--lrs", type=float, nargs="+", default=list(LRS), help="the lrs each group selects among"
+    )
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=list(SEEDS),
+        help="seeds at the selected lr (a rerun with more seeds runs the missing ones)",
+    )
     p.add_argument(
         "--select-seeds", type=int, nargs="+", default=[0], help="seeds that run every lr"
     )
     p.add_argument("--eval-samples", type=int, default=2000, help="0: all test images")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] for the workers' tensors")
-    p.add_argument("--machine", default=None, help="the machine column (default: detected)")
+    p.add_argument(
+        "--machine",
+        default=None,
+        help="the machine column; None: this machine's CPU or GPU and torch version",
+    )
     p.add_argument("--stop-after", type=float, default=None, help="seconds; then start no new run")
     p.add_argument("--dry-run", action="store_true", help="print the grid size and a time estimate")
     return p
@@ -518,13 +694,21 @@ def _dry_run(
     cfg: SweepConfig, data: Mapping[str, Prepared], out: Path, args: argparse.Namespace
 ) -> None:
     """Print the grid's size (in ``args.shard``), what ``out`` holds of it, and a time
-    estimate from timing this machine on the first dataset."""
+    estimate from timing this machine on the first dataset.
+
+    Raises:
+        ValueError: as :func:`run_sweep`, for a folder this sweep would refuse.
+    """
     groups = _shard_groups(cfg, data, args.shard)
-    done = done_groups(out) if out.is_dir() else set()
+    written = _Written(out)
+    _check_protocol(
+        written, cfg, {name: protocol(cfg, int(p.x_eval.shape[0])) for name, p in data.items()}
+    )
+    todo = [st.group for st in _plan(groups, written)]
     times = calibrate(cfg, next(iter(data.values())))
-    runs, evals, seconds = estimate(groups, done, data, cfg, times, args.jobs)
+    runs, evals, seconds = estimate(todo, data, cfg, times, args.jobs)
     print(
-        f"{len(groups)} groups ({len(groups) - sum(g.key in done for g in groups)} to run): "
+        f"{len(groups)} groups ({len(todo)} to run): "
         f"{runs} training runs, {evals} evaluated; per step (ms): "
         + ", ".join(f"{k} {1e3 * v:.2f}" for k, v in times.items() if k != "eval")
         + f"; evaluation {times['eval']:.0f} s per selected run"
@@ -555,24 +739,33 @@ def main(argv: list[str] | None = None) -> int:
         print("error: none of the datasets is available; see --data-dir", file=sys.stderr)
         return 2
     out = Path(args.out)
-    if args.dry_run:
-        _dry_run(cfg, data, out, args)
-        return 0
-    counts = run_sweep(
-        cfg,
-        data,
-        out,
-        jobs=args.jobs,
-        shard=args.shard,
-        machine=args.machine,
-        device=args.device,
-        stop_after=args.stop_after,
-    )
+    try:
+        if args.dry_run:
+            _dry_run(cfg, data, out, args)
+            return 0
+        counts = run_sweep(
+            cfg,
+            data,
+            out,
+            jobs=args.jobs,
+            shard=args.shard,
+            machine=args.machine,
+            device=args.device,
+            stop_after=args.stop_after,
+        )
+    except ValueError as e:  # a folder of another protocol, or an unreadable results file
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(
         f"{counts['written']} groups written now, {counts['done_before']} before, "
         f"{counts['remaining']} remaining of {counts['groups']} "
         f"({counts['trained']} runs trained, {counts['evaluated']} evaluated)"
     )
+    if counts["claimed"]:
+        print(
+            f"{counts['claimed']} groups skipped: another sweep of {out} runs them (see the log); "
+            "rerun this command when it has finished"
+        )
     return 0
 
 

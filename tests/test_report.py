@@ -21,6 +21,8 @@ matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
 
 OFFSETS = (-0.5, 0.0, 0.5)  # per seed: every setting's spread is 1 point
+PROTOCOL = {"batch_size": 100, "hidden": 200, "eval_samples": 2000, "pgd_steps": 40}
+PROTOCOL["strong_restarts"] = 2
 
 
 def runs(
@@ -49,6 +51,7 @@ def runs(
             epochs=20, n_train=n_train, selected=1, val_error=clean + d, clean_error=clean + d,
             clean_error_full=clean + d - 0.3, nonzero=nz + d * nz_spread,
             nonzero_live=live + d * nz_spread, path_norm=10.0, machine="test cpu",
+            **PROTOCOL,
         )  # fmt: skip
         for e in EPS:
             r[f"robust_error@{e:g}"] = pgd + d
@@ -165,6 +168,13 @@ def test_report_decides_the_constructed_cases(tmp_path: Path) -> None:
     assert written[0] == out / "results.md" and not stale.exists()
     assert "[results/runs.csv](results/runs.csv)" in page
     assert "[results/README.md](results/README.md)" in page
+    # the protocol as the rows record it
+    assert (
+        "784-200-10, ELU, cross-entropy, batch 100, plain SGD at a constant lr, 20 epochs" in page
+    )
+    assert "stratified sample of 2,000 test images" in page
+    assert "(cross-entropy, 40 steps of eps/20, random start)" in page
+    assert "margin PGD with 2 restarts" in page
     b, c = (
         "(b) 1-path-norm beats L1 at equal clean error",
         "(c) 1-path-norm is close to layer-wise linf",
@@ -245,7 +255,28 @@ def test_ordering_violations_are_counted(tmp_path: Path) -> None:
         (lambda rows: [], "no rows yet"),
         (
             lambda rows: [{**r, "epochs": 5} for r in rows[:3]] + rows[3:],
-            "several (epochs, n_train)",
+            "rows of mnist have several epochs: 5, 20; the report compares one protocol",
+        ),
+        (
+            lambda rows: rows[:3] + [{**r, "eval_samples": 50} for r in rows[3:]],
+            "rows of mnist have several eval_samples: 50, 2000",
+        ),
+        # a duplicated run would count as one more seed: refused where it is
+        (
+            lambda rows: [*rows[:2], rows[1], *rows[2:]],
+            "runs.csv, line 4: run mnist|none|prox|0|0.1|0|20|55000 is already on line 3",
+        ),
+        (
+            lambda rows: [rows[0], {**rows[1], "robust_error@0.1": 250}, *rows[2:]],
+            "runs.csv, line 3, column robust_error@0.1: 250 is not a percentage in [0, 100]",
+        ),
+        (
+            lambda rows: [rows[0], {**rows[1], "selected": "yes"}, *rows[2:]],
+            "runs.csv, line 3, column selected: 'yes' is not one of 0, 1",
+        ),
+        (
+            lambda rows: [{**rows[0], "clean_error": "abc"}, *rows[1:]],
+            "runs.csv, line 2, column clean_error: 'abc' is not a number",
         ),
     ],
 )

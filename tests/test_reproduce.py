@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from pathnorm_experiments import reproduce
+from pathnorm_experiments.runs import COLUMNS, append_rows
 
 
 @pytest.fixture
@@ -78,10 +79,23 @@ def test_results_of_another_protocol_are_refused_before_training(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], no_sweep: None
 ) -> None:
     results = tmp_path / "o" / "results" / "runs.csv"
-    results.parent.mkdir(parents=True)
-    results.write_text("dataset,epochs\nembedded,20\n")
-    err = error_of(["--quick", "--out", str(tmp_path / "o")], capsys)
-    assert f"--results {results} holds rows of embedded at 20 epochs, and this run trains 2" in err
+    row: dict[str, Any] = dict.fromkeys(COLUMNS, "")
+    row.update(dataset="embedded", regularizer="none", optimizer="prox", lam=0, lr=0.1, seed=0)
+    row.update(epochs=2, n_train=4583, selected=0, val_error=10.0, machine="m", batch_size=100)
+    row.update(hidden=200, eval_samples=300, pgd_steps=10, strong_restarts=1)
+    quick = ["--quick", "--out", str(tmp_path / "o")]
+    for setting, ours, theirs in (("epochs", 2, 20), ("eval_samples", 300, 2000)):
+        results.unlink(missing_ok=True)
+        append_rows(results, [{**row, setting: theirs}])
+        err = error_of(quick, capsys)
+        assert (
+            f"--results {results} holds rows of embedded with {setting} {theirs}, and this "
+            f"run's {setting} is {ours}: give another --results (one protocol per file)"
+        ) in err
+    results.unlink()
+    append_rows(results, [{**row, "seed": "x"}])
+    err = error_of(quick, capsys)
+    assert f"{results}, line 2, column seed: 'x' is not a whole number" in err
 
 
 def test_report_only_refuses_a_missing_or_foreign_file(
@@ -95,7 +109,15 @@ def test_report_only_refuses_a_missing_or_foreign_file(
     foreign = tmp_path / "results.csv"
     foreign.write_text("eps,robust_error\n0.1,0.5\n")
     err = error_of([*out, "--results", str(foreign)], capsys)
-    assert "not a results file of the sweep: 40 columns missing (dataset, regularizer" in err
+    assert "not a results file of the sweep: 45 columns missing (dataset, regularizer" in err
+    # a short row (the last line is whole: not a write in progress)
+    header = ",".join(COLUMNS)
+    short = tmp_path / "short.csv"
+    short.write_text(f"{header}\nmnist,l1,prox,0.001,0.1,0\n")
+    assert error_of([*out, "--results", str(short)], capsys) == (
+        f"pathnorm-reproduce: error: {short}, line 2: 6 fields where the header has 45: column "
+        "epochs (7 of 45) and after are missing; repair or remove the row\n"
+    )
 
 
 def test_without_torch_training_is_refused_in_one_line(tmp_path: Path) -> None:

@@ -1,12 +1,21 @@
 """The sweep engine on tiny grids (the embedded MNIST subset, 1 epoch): columns and units,
 clean <= PGD <= certified on every row, lr selection on validation only, resume without
-recomputation, shards that add up to the unsharded sweep, and the main job's training."""
+recomputation, missing seeds added and another protocol refused, two sweeps of one folder
+sharing its groups, shards that add up to the unsharded sweep, the checked reading of a
+results file, and the main job's training."""
 
 from __future__ import annotations
 
 import csv
 import io
 import math
+import multiprocessing
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +27,13 @@ import torch
 from pathnorm_experiments import sweep as S
 from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import Dataset, load_embedded
-from pathnorm_experiments.runs import row_group_key
+from pathnorm_experiments.runs import (
+    claim_group,
+    load_pending,
+    release_group,
+    row_group_key,
+    save_pending,
+)
 from pathnorm_experiments.torch_backend import linear_layers, train_loop
 
 EPS = ("0.02", "0.05", "0.1", "0.15", "0.2", "0.3")
@@ -42,6 +57,12 @@ EXPECTED_COLUMNS = [
     "nonzero_live",
     "path_norm",
     "machine",
+    # the settings that define a run besides its key (added after the first 41 columns)
+    "batch_size",
+    "hidden",
+    "eval_samples",
+    "pgd_steps",
+    "strong_restarts",
 ]
 CFG = S.SweepConfig(
     datasets=("embedded",),
@@ -93,6 +114,7 @@ def test_columns_units_and_ordering(
         "done_before": 0,
         "written": 6,
         "remaining": 0,
+        "claimed": 0,
         "trained": 18,
         "evaluated": 12,
     }
@@ -109,6 +131,8 @@ def test_columns_units_and_ordering(
     assert (n_eval, n_test, data["embedded"].n_train) == (100, 300, 540)
     for r in rows:
         assert r["n_train"] == "540" and r["epochs"] == "1" and r["machine"] == "test machine"
+        protocol = [r[c] for c in ("batch_size", "hidden", "eval_samples", "pgd_steps")]
+        assert protocol == ["100", "200", "100", "4"] and r["strong_restarts"] == "1"
         # percent, in steps of one image of its set
         for col, n in (("clean_error", n_eval), ("clean_error_full", n_test), ("val_error", 60)):
             v = _f(r, col)
@@ -248,6 +272,139 @@ def test_resume_never_recomputes(
     assert calls == [] and again["written"] == 0 and again["done_before"] == 6
 
 
+def _sweep_child(cfg: S.SweepConfig, data: dict[str, S.Prepared], out: Path, queue: Any) -> None:
+    log = io.StringIO()
+    counts = S.run_sweep(cfg, data, out, machine="test machine", log=log)
+    queue.put((counts, log.getvalue()))
+
+
+def test_two_sweeps_of_one_folder_share_its_groups(
+    data: dict[str, S.Prepared], tmp_path: Path, full_run: tuple[Path, dict[str, int]]
+) -> None:
+    """Two sweeps started at once on one --out (no --shard): every group runs once, in one of
+    them, and the file holds each run once, with the values of a single sweep."""
+    cfg = replace(CFG, optimizers=("prox",))  # 4 groups: none, l1, path, linf
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_sweep_child, args=(cfg, data, tmp_path, queue)) for _ in "ab"]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout=300)
+    assert [proc.exitcode for proc in procs] == [0, 0]  # neither died (on a shared temp file)
+    counts = [queue.get(timeout=5)[0] for _ in procs]
+    assert sum(c["written"] for c in counts) == 4  # no group twice
+    assert all(c["written"] + c["claimed"] + c["done_before"] == 4 for c in counts)
+    rows = S.read_rows(tmp_path / "runs.csv")  # refuses a run key written twice
+    assert len(rows) == 12
+    alone = _by_key(full_run[0])
+    assert {S.row_key(r): r for r in rows} == {S.row_key(r): alone[S.row_key(r)] for r in rows}
+    assert not list((tmp_path / ".claims").glob("*.claim"))  # every claim dropped
+
+
+def test_claims_skip_a_live_sweep_and_take_over_a_dead_ones(
+    data: dict[str, S.Prepared], tmp_path: Path
+) -> None:
+    host, key = socket.gethostname(), "embedded|none|prox|0|1|540"
+    assert claim_group(tmp_path, key) is None  # this process holds it
+    (path,) = (tmp_path / ".claims").glob("*.claim")
+    assert path.read_text() == f"{host} {os.getpid()}\n{key}\n"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a process that has ended, as a killed sweep's
+    for holder, taken in (
+        (f"{host} {dead.pid}", None),  # stale: taken over
+        (f"{host} {os.getppid()}", f"{host} {os.getppid()}"),  # a live process of this machine
+        ("another-machine 12", "another-machine 12"),  # cannot be checked: counts as live
+    ):
+        path.write_text(f"{holder}\n{key}\n")
+        assert claim_group(tmp_path, key) == taken
+    release_group(tmp_path, key)  # another machine's claim is left alone
+    assert path.read_text().startswith("another-machine 12")
+    # a sweep skips the claimed group, says so, and runs it once the claim is gone
+    cfg = replace(CFG, regularizers=("none",), seeds=(0,))
+    log = io.StringIO()
+    counts = S.run_sweep(cfg, data, tmp_path, log=log)
+    assert (counts["written"], counts["claimed"], counts["remaining"]) == (0, 1, 1)
+    assert "skipped, claimed by another sweep (another-machine 12)" in log.getvalue()
+    assert not (tmp_path / "runs.csv").exists()
+    path.unlink()
+    counts = S.run_sweep(cfg, data, tmp_path, log=io.StringIO())
+    assert (counts["written"], counts["claimed"], counts["remaining"]) == (1, 0, 0)
+    assert not path.exists()
+
+
+def test_a_rerun_adds_missing_seeds_and_refuses_another_protocol(
+    data: dict[str, S.Prepared],
+    tmp_path: Path,
+    full_run: tuple[Path, dict[str, int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shutil.copy(full_run[0], tmp_path / "runs.csv")
+    before = _by_key(tmp_path / "runs.csv")
+    calls: list[tuple[str, bool, bool]] = []
+    real = S._execute
+
+    def counting(task: Any, cfg: S.SweepConfig) -> dict[str, Any]:
+        calls.append((task.spec.key, task.train, task.evaluate))
+        return real(task, cfg)
+
+    monkeypatch.setattr(S, "_execute", counting)
+    cfg = replace(CFG, regularizers=("none", "path"), optimizers=("prox",), seeds=(0, 1, 2))
+    counts = S.run_sweep(cfg, data, tmp_path, machine="test machine", log=io.StringIO())
+    # seed 2 at each group's recorded lr, trained and evaluated; nothing else runs again
+    chosen = {row_group_key(r): r["lr"] for r in before.values() if r["selected"] == "1"}
+    expected = [
+        (f"embedded|{reg}|prox|{lam}|{chosen[f'embedded|{reg}|prox|{lam}|1|540']}|2|1|540", 1, 1)
+        for reg, lam in (("none", "0"), ("path", "0.002"))
+    ]
+    assert calls == expected
+    assert (counts["written"], counts["done_before"], counts["trained"]) == (2, 0, 2)
+    after = _by_key(tmp_path / "runs.csv")
+    assert {k: after[k] for k in before} == before and len(after) == 20
+    assert all(after[k]["selected"] == "1" for k, *_ in expected)
+    calls.clear()  # a rerun with fewer or the same seeds has nothing to do
+    for seeds in ((0, 1, 2), (0,)):
+        again = S.run_sweep(replace(cfg, seeds=seeds), data, tmp_path, log=io.StringIO())
+        assert (again["written"], again["done_before"], calls) == (0, 2, [])
+    # a setting that defines the runs is refused by name, before any run
+    fewer = {"embedded": S.prepare(load_embedded().subset(600, 300), replace(CFG, eval_samples=50))}
+    for other, settings, message in (
+        (replace(cfg, eval_samples=50), fewer, "eval_samples 100, and this sweep's eval_samples "
+         "is 50 (--eval-samples): a folder holds one protocol per dataset; give --eval-samples "
+         "100 to continue those runs"),
+        (replace(cfg, pgd_steps=40), data, "pgd_steps 4, and this sweep's pgd_steps is 40 "
+         "(SweepConfig.pgd_steps)"),
+        (replace(cfg, lrs=(0.05, 0.2)), data, "runs at lr 0.05 0.5 and this sweep selects among "
+         "0.05 0.2 (--lrs)"),
+        (replace(cfg, select_seeds=(0, 1)), data, "selected its lr with seeds 0 and this sweep "
+         "with 0 1 (--select-seeds)"),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match=re.escape(message)):
+            S.run_sweep(other, settings, tmp_path, log=io.StringIO())
+    assert calls == [] and _by_key(tmp_path / "runs.csv") == after
+
+
+def test_the_cli_refuses_another_protocol_by_name(
+    tmp_path: Path, full_run: tuple[Path, dict[str, int]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copy(full_run[0], tmp_path / "runs.csv")
+    # (--stop-after 0: a sweep that does not refuse starts no run)
+    argv = ["--datasets", "embedded", "--regularizers", "none", "--stop-after", "0"]
+    rc = S.main([*argv, "--out", str(tmp_path), "--epochs", "2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"error: {tmp_path / 'runs.csv'} holds embedded runs ")
+    assert "with epochs 1, and this sweep's epochs is 2 (--epochs)" in err
+    assert "give --epochs 1 to continue those runs, or give another --out" in err
+
+
+def test_a_cached_run_of_another_protocol_is_redone(tmp_path: Path) -> None:
+    protocol = {"batch_size": 100, "hidden": 200, "eval_samples": 100, "pgd_steps": 4}
+    save_pending(tmp_path, "k", {"val_error": 1.5}, protocol)
+    assert load_pending(tmp_path, "k", protocol) == {"val_error": 1.5}
+    assert load_pending(tmp_path, "k", {**protocol, "eval_samples": 50}) is None
+    assert load_pending(tmp_path, "other key", protocol) is None
+
+
 def test_shards_add_up_to_the_unsharded_sweep(
     data: dict[str, S.Prepared], tmp_path: Path, full_run: tuple[Path, dict[str, int]]
 ) -> None:
@@ -281,21 +438,98 @@ def test_shards_add_up_to_the_unsharded_sweep(
         S.merge([merged, bad], tmp_path / "out.csv")
 
 
+def _row(**values: Any) -> dict[str, Any]:
+    """A valid unselected row of the sweep's format, with ``values`` changed."""
+    row: dict[str, Any] = dict.fromkeys(S.COLUMNS, "")
+    row.update(dataset="embedded", regularizer="l1", optimizer="prox", lam="0.001", lr="0.1")
+    row.update(seed=0, epochs=1, n_train=5, selected=0, val_error=1.5, machine="m, with a comma")
+    row.update(batch_size=100, hidden=200, eval_samples=100, pgd_steps=4, strong_restarts=1)
+    row.update(values)
+    return row
+
+
 def test_append_rows_repairs_a_torn_line(tmp_path: Path) -> None:
-    row = dict.fromkeys(S.COLUMNS, "")
-    row.update(dataset="d", regularizer="l1", optimizer="prox", lam="0.001", lr="0.1", seed=0)
-    row.update(epochs=1, n_train=5, selected=0, val_error=1.5, machine="m, with a comma")
     path = tmp_path / "runs.csv"
-    S.append_rows(path, [row])
+    S.append_rows(path, [_row()])
     with path.open("a") as f:
-        f.write("d,l1,prox,0.001,0.1,1,1,5,0,2.")  # a writer killed mid-row
+        f.write("embedded,l1,prox,0.001,0.1,1,1,5,0,2.")  # a writer killed mid-row
     assert len(S.read_rows(path)) == 1  # the torn line is not read
-    S.append_rows(path, [{**row, "seed": 2}])
+    S.append_rows(path, [_row(seed=2)])
     rows = S.read_rows(path)
     assert [r["seed"] for r in rows] == ["0", "2"] and rows[1]["machine"] == "m, with a comma"
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(ValueError, match="header is not the sweep's columns"):
+    with pytest.raises(ValueError, match="not a results file of the sweep: 45 columns missing"):
         S.read_rows(tmp_path / "other.csv")
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            [_row(), _row(val_error=2.0)],  # two sweeps wrote one run
+            "line 3: run embedded|l1|prox|0.001|0.1|0|1|5 is already on line 2, and a run has "
+            "one row",
+        ),
+        (
+            [_row(selected=1, **{"robust_error@0.1": 250})],
+            "line 2, column robust_error@0.1: 250 is not a percentage in [0, 100]",
+        ),
+        (
+            [_row(), _row(seed=1, selected="yes")],
+            "line 3, column selected: 'yes' is not one of 0, 1",
+        ),
+        ([_row(val_error="abc")], "line 2, column val_error: 'abc' is not a number"),
+        (
+            [_row(regularizer="l2")],
+            "line 2, column regularizer: 'l2' is not one of none, l1, path, linf",
+        ),
+        ([_row(dataset="cifar")], "line 2, column dataset: 'cifar' is not one of embedded, mnist,"),
+        ([_row(seed="1.5")], "line 2, column seed: '1.5' is not a whole number"),
+        ([_row(epochs=0)], "line 2, column epochs: 0 is below 1"),
+        ([_row(lr="0")], "line 2, column lr: 0 is not a finite number > 0"),
+        ([_row(lam="inf")], "line 2, column lam: inf is not a finite number >= 0"),
+        ([_row(path_norm=-1.0)], "line 2, column path_norm: -1 is negative"),
+        (
+            [_row(regularizer="none")],
+            "line 2, column lam: lam 0.001 with regularizer none (lam 0 is none)",
+        ),
+        (
+            [_row(regularizer="linf", optimizer="penalty")],
+            "line 2, column optimizer: 'penalty' with linf",
+        ),
+        ([_row(eval_samples="")], "line 2, column eval_samples: '' is not a whole number"),
+    ],
+)
+def test_a_bad_cell_is_refused_with_file_line_and_column(
+    tmp_path: Path, rows: list[dict[str, Any]], message: str
+) -> None:
+    path = tmp_path / "runs.csv"
+    S.append_rows(path, rows)
+    with pytest.raises(ValueError, match=re.escape(f"{path}, {message}")):
+        S.read_rows(path)
+
+
+@pytest.mark.parametrize(
+    ("cut", "message"),
+    [
+        (10, "line 3: 10 fields where the header has 45: column clean_error (11 of 45) and after "
+         "are missing; repair or remove the row"),
+        (-1, "line 3: 46 fields where the header has 45: 1 fields more than the header's"),
+    ],
+)  # fmt: skip
+def test_a_short_or_long_row_is_refused_with_its_line(
+    tmp_path: Path, cut: int, message: str
+) -> None:
+    path = tmp_path / "runs.csv"
+    S.append_rows(path, [_row()])
+    fields = next(csv.reader([path.read_text().splitlines()[1]]))
+    bad = fields[:cut] if cut > 0 else [*fields, "extra"]
+    with path.open("a") as f:
+        csv.writer(f, lineterminator="\n").writerow(bad)
+    with pytest.raises(ValueError, match=re.escape(f"{path}, {message}")):
+        S.read_rows(path)
+    with pytest.raises(ValueError, match=re.escape(message)):  # merge reads the same way
+        S.merge([path], tmp_path / "merged.csv")
 
 
 def test_splits_are_stratified_disjoint_and_fixed() -> None:
