@@ -29,6 +29,7 @@ from pathnorm_lightning import (
     L1Prox,
     LayerwiseLinfProjection,
     PathNormProx,
+    attach,
     path_norm,
     product_bound,
     project_rows_l1_ball,
@@ -1090,3 +1091,40 @@ def test_the_docs_commands_run_the_venv_and_bound_the_epochs() -> None:
         assert command.startswith((".venv/bin/python ", ".venv/bin/pathnorm-")), command
         if " fit" in command and "--config" not in command:
             assert "--trainer.max_epochs=" in command, command
+
+
+class CNN(MLP):
+    """The MLP's 20 inputs as 1 x 4 x 5 images: Conv2d(1, 3, 2) -> ELU -> Flatten -> Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Unflatten(1, (1, 4, 5)), nn.Conv2d(1, 3, 2), nn.ELU(), nn.Flatten(),
+            nn.Linear(3 * 3 * 4, 4),
+        )  # fmt: skip
+
+
+def test_path_norm_prox_on_a_cnn_follows_attach_and_logs_its_bounds() -> None:
+    torch.manual_seed(0)
+    model = CNN()
+    plain = copy.deepcopy(model)
+    callback = PathNormProx(lam=0.05)
+    trainer(max_epochs=1, callbacks=[callback]).fit(model, loader(make_data()))
+    optimizer = plain.configure_optimizers()
+    handle = attach(optimizer, plain, lam=0.05)
+    for batch in loader(make_data()):
+        optimizer.zero_grad()
+        plain.loss(batch).backward()
+        optimizer.step()
+    assert callback.num_steps == handle.num_steps == 6
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p, q)
+    conv, linear = model.net[1], model.net[4]
+    assert (conv.weight == 0).any()  # the prox acted on the convolution
+    values = callback.metric_values()
+    w_in, w_out = conv.weight.detach().reshape(3, -1), linear.weight.detach().reshape(4, 3, 12)
+    w_out = w_out.transpose(1, 2).reshape(48, 3)  # channel c: the 12 columns it feeds
+    assert values["pathnorm/path_norm_bound"] == pytest.approx(float(path_norm(w_in, w_out)))
+    assert values["pathnorm/product_bound"] == pytest.approx(float(product_bound(w_in, w_out)))
+    alive = ((w_in != 0).any(1) & (w_out != 0).any(0)).double().mean()
+    assert values["pathnorm/alive_units"] == pytest.approx(float(alive))
