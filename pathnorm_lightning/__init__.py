@@ -3,10 +3,12 @@
 Where things live:
 
     functional.py   pure tensor functions: prox_path_norm(_), path_norm, bounds, baselines
-    pairing.py      which nn.Linear layers pair up ("auto" or explicit names), with clear errors
+    layers.py       the layer seam: one entry per layer type (Linear, Conv1d/2d) with its units
+    pairing.py      which layers pair up ("auto" or explicit names), with clear errors
     hook.py         attach(): the prox after every real optimizer step, for any torch loop
     callbacks.py    PathNormProx, L1Prox, LayerwiseLinfProjection: the hook in a Lightning Trainer
     metrics.py      torchmetrics Metrics: sparsity, path-norm bound, product bound
+    compact.py      compact(): remove the dead hidden units (features or channels) of every pair
 
 The algorithms behind ``functional.py`` are private topic modules: ``_sort.py`` (the shortest
 exact algorithm, in tensor ops: read it first), ``_kernel.py`` (numba, CPU), ``_cuda_graph.py``,

@@ -43,26 +43,24 @@ between a convolution and a Linear layer, which it requires.
 (:func:`~pathnorm_lightning.functional.prox_path_norm_`) on the views of a pair and writes the
 result back; every ``method`` of the functional works through it.
 
-How the rest of the package is to use the seam (the phase that wires it in):
+How the rest of the package uses the seam:
 
-* pairing: ``entry_of(layer)`` decides whether a module can be paired (replacing
-  ``isinstance(m, nn.Linear)``); ``entry.units_out(first) == entry.units_in(second, flatten)``
-  is the chain check, with ``flatten = flatten_positions(first, second)`` for conv -> Linear;
-  :func:`check_between` on the modules registered between the two (in an ``nn.Sequential``)
-  replaces the pointwise list of the pairing; the same refusals as for Linear pairs
-  (BatchNorm, LayerNorm: a module with parameters or buffers has no role in :data:`BETWEEN`).
-* hook and callbacks: a pair's update is :func:`prox_pair_` (or, holding weights, the entry
-  views, :func:`~pathnorm_lightning.functional.prox_path_norm_`, then the writes).
-* metrics and bounds: the views are a Linear pair's ``(w_in, w_out)``, so ``path_norm`` and
-  ``product_bound`` of the views are the pair's ``R`` and product bound; the certified
-  Lipschitz bound of a conv pair is ``reuse(second, its input positions) * R`` (pooling
-  contributes a factor 1).
-* compaction (an extension point, not implemented here): removing hidden units is a new pair
-  of entry methods, ``keep_out(layer, index)`` (keep the rows / output channels ``index`` of
-  the first layer, and its bias) and ``keep_in(layer, index, flatten)`` (keep the columns /
-  input channels of the second layer; with ``flatten``, the ``P`` columns of each kept
-  channel), returning new modules; the compaction code then asks the entry and never names a
-  layer type.
+* pairing: ``entry_of(layer)`` decides whether a module can be paired;
+  ``entry.units_out(first) == entry.units_in(second, flatten)`` is the chain check, with
+  ``flatten = flatten_positions(first, second)`` for conv -> Linear; :func:`check_between` on
+  the modules registered between the two (in an ``nn.Sequential``) decides what may stand
+  there; a module with parameters or buffers (BatchNorm, LayerNorm) has no role in
+  :data:`BETWEEN` and is refused.
+* hook and callbacks: the hook plans each pair's views once (``hook.UnitViews``), runs
+  :func:`~pathnorm_lightning.functional.prox_path_norm_` on them and writes back the views that
+  are copies; ``LayerwiseLinfProjection`` projects the rows of :meth:`LayerEntry.in_view`.
+* metrics and bounds: for one pair the bounds are ``s`` times ``path_norm`` and
+  ``product_bound`` of the views, ``s = reuse(second, its input positions)`` (pooling
+  contributes a factor 1); network chains sum each unit's weights over its taps or positions
+  (``_chain``).
+* compaction: the zero rows of :meth:`LayerEntry.in_view` and zero columns of
+  :meth:`LayerEntry.out_view` are the dead units; removing them is per type in
+  ``compact._UNIT_OPS``.
 
 Adding a layer type is one :class:`LayerEntry` subclass, :func:`register`, and its tests.
 """

@@ -292,6 +292,16 @@ def test_a_frozen_conv_layer_skips_its_pair_with_a_warning() -> None:
     handle.remove()
 
 
+def test_a_conv_pair_that_loses_every_channel_is_warned_about() -> None:
+    net = _conv_conv()
+    optimizer = _with_grads(net, 0.1)
+    handle = attach(optimizer, net, lam=1e6)
+    with pytest.warns(UserWarning, match=r"pair \('0', '2'\) has no hidden unit left"):
+        optimizer.step()
+    assert handle.metrics()["alive_units"] == 0.0
+    handle.remove()
+
+
 # --- the baselines on convolutions -----------------------------------------------------------
 
 

@@ -136,7 +136,10 @@ def test_half_precision_weights_do_not_overflow() -> None:
     ("weights", "match"),
     [
         ([], r"needs at least one weight matrix"),
-        ([torch.ones(3)], r"weights\[0\] must be a 2-D weight matrix \(out, in\) or a .*got \(3,\)"),
+        (
+            [torch.ones(3)],
+            r"weights\[0\] must be a 2-D weight matrix \(out, in\) or a .*got \(3,\)",
+        ),
         ([torch.ones(3, 2), "w"], r"weights\[1\] must be a 2-D weight matrix .*, got str"),
         (
             [torch.ones(3, 2), torch.ones(2, 4)],
