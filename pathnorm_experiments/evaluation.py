@@ -119,10 +119,21 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+LEGEND_FONTSIZE = 9  # as large as the tick labels' 10 allows beside them
+
+# what g is in the training curve's "cross-entropy + lam * g", per regularizer
+PENALTY_TEXT = {
+    "path": "g = sum of the pairs' 1-path-norms",
+    "l1": "g = sum of |w| over all weights",
+    "linf": "g = 0: linf is a constraint, ||W||_inf <= 1/lam",
+    "none": "g = 0: no regularizer",
+}
+
+
 def legend_below(ax: Any, ncol: int) -> None:
     """Give the axes a legend that :func:`place_legends` puts under its x label, where it
     cannot cover a data point."""
-    leg = ax.legend(fontsize=7, ncol=ncol, loc="upper center", frameon=False)
+    leg = ax.legend(fontsize=LEGEND_FONTSIZE, ncol=ncol, loc="upper center", frameon=False)
     leg.set_in_layout(False)  # tight_layout lays out the axes; the legend then goes below
 
 
@@ -145,8 +156,9 @@ def place_legends(fig: Any) -> None:
 def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
     """Write the run's training curves as a PNG (needs matplotlib).
 
-    Left: the regularized loss, as the minibatch mean between records and on the training set
-    at each epoch's end. Right: the % of nonzero weights, raw and on live paths.
+    Left: the regularized loss ``cross-entropy + lam * g`` (its title says what g is), as the
+    minibatch mean between records and on the training set at each epoch's end. Right: the %
+    of nonzero weights, raw and on live paths.
 
     Args:
         result: a result of :func:`build_result`.
@@ -167,6 +179,7 @@ def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
     ends = [per_epoch * (k + 1) for k in range(len(hist["epoch_objective"]))]
     ax_loss.plot(ends, hist["epoch_objective"], "o-", ms=3, label="training set, epoch end")
     ax_loss.set_ylabel("cross-entropy + lam * g")
+    ax_loss.set_title(PENALTY_TEXT[cfg["regularizer"]], fontsize=10)
     ax_nz.plot(hist["iteration"], hist["nonzero_pct"], lw=1, label="raw")
     ax_nz.plot(hist["iteration"], hist["effective_nonzero_pct"], lw=1, label="on live paths")
     ax_nz.set_ylabel("% nonzero weights")

@@ -1,7 +1,7 @@
 """The paper's claims, decided from the report's settings by the rule of
 :mod:`pathnorm_experiments.report_data`, and the per-row ordering check.
 
-(a) sparsity falls with lam (both measures), SGD on the penalty gives no exact zero;
+(a) sparsity falls with lam (both measures), SGD on the penalty gives (almost) no exact zero;
 (b) path beats L1 within clean-error budgets; (c) path is close to layer-wise linf;
 (d) path sparsity correlates with robustness more than L1 sparsity; (e) on KMNIST path
 struggles to be sparse and accurate.
@@ -42,6 +42,8 @@ from pathnorm_experiments.report_data import (
 )
 
 __all__ = [
+    "SGD_ZERO_TITLE",
+    "ZERO_SHARE",
     "Claim",
     "claims",
     "kmnist_claims",
@@ -50,6 +52,14 @@ __all__ = [
     "sparsity_robustness_claims",
     "tradeoff_claims",
 ]
+
+
+# SGD on the penalty "gives no exact zero": a seed's share of exactly-zero weights stays under
+# ZERO_SHARE percent. Not "every weight nonzero": float rounding can land a few weights of
+# 158,800 on 0.0 (1 to 3 in 11 of the 102 SGD settings of docs/results/runs.csv), where
+# Prox-SGD zeroes whole percents.
+ZERO_SHARE = 0.01
+SGD_ZERO_TITLE = f"SGD on the penalty leaves under {ZERO_SHARE:g}% of the weights exactly zero"
 
 
 @dataclass
@@ -183,19 +193,19 @@ def sparsity_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
                 )
             claim.evidence = "; ".join(notes) or "fewer than 3 λ with 2 seeds"
             out.append(claim)
-    sgd = Claim("SGD on the penalty gives no exact zero", "raw nonzero")
+    sgd = Claim(SGD_ZERO_TITLE, "raw nonzero")
     pen = [s for k, s in settings.items() if k[2] == "penalty" and "nonzero" in s.stats]
-    sgd.outcomes = [s.stats["nonzero"].lo >= 100.0 for s in pen]
+    sgd.outcomes = [100.0 - s.stats["nonzero"].lo < ZERO_SHARE for s in pen]
     prox = [
         s
         for k, s in settings.items()
         if k[2] == "prox" and k[1] in ("l1", "path") and "nonzero" in s.stats
     ]
     sgd.evidence = (
-        f"least raw nonzero over {len(pen)} SGD settings: "
-        + (f"{min(s.stats['nonzero'].lo for s in pen):.2f}%" if pen else "–")
-        + f"; over {len(prox)} Prox-SGD settings: "
-        + (f"{min(s.stats['nonzero'].lo for s in prox):.2f}%" if prox else "–")
+        f"most exact zeros of a seed over {len(pen)} SGD settings: "
+        + (f"{100.0 - min(s.stats['nonzero'].lo for s in pen):.4f}%" if pen else "–")
+        + f" of the weights; over {len(prox)} Prox-SGD settings: "
+        + (f"{100.0 - min(s.stats['nonzero'].lo for s in prox):.2f}%" if prox else "–")
     )
     return [*out, sgd]
 

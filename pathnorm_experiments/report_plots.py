@@ -231,8 +231,9 @@ def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> A
             ax.grid(alpha=0.3)
     for ax, x in zip(axes[-1], ("raw", "live-path"), strict=True):
         ax.set_xlabel(f"% of weights nonzero ({x})")
+    # two lines: one would run under the legend at the right
     fig.suptitle(
-        f"{dataset_label(ds)}: error vs sparsity (Prox-SGD and the linf projection, one point per λ)"
+        f"{dataset_label(ds)}: error vs sparsity\nProx-SGD and the linf projection, one point per λ"
     )
     _legend(fig)
     return fig

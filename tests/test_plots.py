@@ -107,8 +107,15 @@ def test_training_curve_is_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     problems: list[str] = []
     save = Figure.savefig
 
+    texts: list[str] = []
+    sizes: list[float] = []
+
     def checking_savefig(fig: Figure, fname: Any, *args: Any, **kwargs: Any) -> None:
         problems.extend(readability_problems(fig))
+        for ax in fig.axes:
+            texts.extend([ax.get_title(), ax.get_ylabel()])
+            legend = ax.get_legend()
+            sizes.extend(t.get_fontsize() for t in legend.get_texts())  # type: ignore[union-attr]
         save(fig, fname, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", checking_savefig)
@@ -126,3 +133,6 @@ def test_training_curve_is_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     path = plot_training_curve(result, tmp_path / "curve.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
     assert problems == []
+    # the loss axis says what g is, and the legends read at the size of the tick labels
+    assert "cross-entropy + lam * g" in texts and "g = sum of the pairs' 1-path-norms" in texts
+    assert len(sizes) == 4 and min(sizes) >= 9
