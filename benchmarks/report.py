@@ -477,6 +477,23 @@ def record(name: str, command: list[str], folder: Path = RESULTS) -> Path:
     return path
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: rebuild or check the page; ``record`` is named in the usage and the
+    epilog (it takes the benchmark's own command line after ``--``, so it is parsed apart)."""
+    names = ", ".join(e.name for g in GROUPS for e in g.entries)
+    ap = argparse.ArgumentParser(
+        prog="python benchmarks/report.py",
+        usage="%(prog)s [--check]\n       %(prog)s record NAME -- COMMAND ...",
+        description=__doc__.split("\n\n")[0].replace("``", "") if __doc__ else None,
+        epilog="record NAME -- COMMAND ...: run COMMAND (a benchmark, e.g. python "
+        "benchmarks/bench_prox.py --markdown --growth --threads 1) and save its output, with the "
+        "machine, its load and the command, as benchmarks/results/NAME.md; then run this script "
+        f"again to rebuild the page. NAME is one of: {names}.",
+    )
+    ap.add_argument("--check", action="store_true", help="exit 1 if the files are out of date")
+    return ap
+
+
 def main(argv: list[str] | None = None) -> int:
     """Record a run, or rebuild (or check) the page and the README table."""
     argv = sys.argv[1:] if argv is None else argv
@@ -486,8 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit("usage: report.py record NAME -- COMMAND ...")
         print(record(rest[0], rest[2:]))
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--check", action="store_true", help="exit 1 if the files are out of date")
+    ap = build_parser()
     args = ap.parse_args(argv)
     runs = load_runs()
     missing = [e.name for g in GROUPS for e in g.entries if e.name not in runs]

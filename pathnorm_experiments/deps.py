@@ -2,14 +2,28 @@
 
 The project's extras (``pyproject.toml``): ``torch`` (PyTorch, Lightning), ``tf`` / ``tf-cpu``
 (TensorFlow, Keras) and ``experiments`` (matplotlib, tqdm). A check only looks the modules up
-(:func:`importlib.util.find_spec`), so it costs nothing next to importing a framework.
+(:func:`importlib.util.find_spec`), so it costs nothing next to importing a framework. The
+command it names fits the install: ``pip install -e ".[extra]"`` where the code runs from a
+checkout (an editable install, or none), ``pip install "pathnorm[extra]==VERSION"`` where it
+runs from an installed wheel (pip then adds the extra's packages to the installed version).
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+from pathlib import Path
 
-__all__ = ["BACKEND_MODULES", "MissingDependency", "default_backend", "missing", "require"]
+__all__ = [
+    "BACKEND_MODULES",
+    "MissingDependency",
+    "default_backend",
+    "installed_wheel_version",
+    "missing",
+    "pip_install",
+    "require",
+    "where",
+]
 
 # module -> (what it is, the extra that installs it)
 _EXTRA = {
@@ -20,6 +34,7 @@ _EXTRA = {
     "matplotlib": ("matplotlib", "experiments"),
 }
 BACKEND_MODULES = {"torch": ("torch",), "tf": ("tensorflow", "keras")}
+_ROOT = Path(__file__).resolve().parents[1]  # a checkout's root, or site-packages
 
 
 class MissingDependency(RuntimeError):
@@ -40,6 +55,34 @@ def missing(modules: tuple[str, ...]) -> list[str]:
     return out
 
 
+def installed_wheel_version() -> str | None:
+    """pathnorm's installed version where this code runs from an install (a wheel); None where
+    it runs from a checkout (its folder holds ``pyproject.toml``: an editable install, or
+    none), or where pathnorm is not installed."""
+    if (_ROOT / "pyproject.toml").is_file():
+        return None
+    try:
+        return importlib.metadata.version("pathnorm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _spec(extra: str) -> str:
+    version = installed_wheel_version()
+    return f'".[{extra}]"' if version is None else f'"pathnorm[{extra}]=={version}"'
+
+
+def pip_install(extra: str) -> str:
+    """The pip command that installs ``extra`` into this install of pathnorm."""
+    return f"pip install {'-e ' if installed_wheel_version() is None else ''}{_spec(extra)}"
+
+
+def where() -> str:
+    """`` in the pathnorm checkout`` where :func:`pip_install` is meant for a checkout, else
+    nothing."""
+    return " in the pathnorm checkout" if installed_wheel_version() is None else ""
+
+
 def require(modules: tuple[str, ...], what: str) -> None:
     """Raise :class:`MissingDependency` if a module of ``modules`` is missing.
 
@@ -49,19 +92,19 @@ def require(modules: tuple[str, ...], what: str) -> None:
 
     Raises:
         MissingDependency: one line naming the missing packages and the pip command that
-            installs the extra from a checkout.
+            installs the extra (:func:`pip_install`).
     """
     gone = missing(modules)
     if not gone:
         return
     names = " and ".join(_EXTRA.get(m, (m, ""))[0] for m in gone)
     extras = sorted({_EXTRA[m][1] for m in gone if m in _EXTRA})
-    hint = " ".join(f'pip install -e ".[{e}]"' for e in extras)
+    hint = " ".join(pip_install(e) for e in extras)
     if "tf-cpu" in extras:
-        hint += ' (".[tf]" for TensorFlow with GPU support)'
+        hint += f" ({_spec('tf')} for TensorFlow with GPU support)"
     raise MissingDependency(
         f"{what} needs {names}, which {'is' if len(gone) == 1 else 'are'} not installed: "
-        f"install {'it' if len(gone) == 1 else 'them'} with {hint} in the pathnorm checkout"
+        f"install {'it' if len(gone) == 1 else 'them'} with {hint}{where()}"
     )
 
 

@@ -22,7 +22,14 @@ from pathnorm_experiments.config import (
     write_results,
 )
 from pathnorm_experiments.data import DATASET_NAMES, DataError, load_dataset
-from pathnorm_experiments.deps import BACKEND_MODULES, MissingDependency, default_backend, require
+from pathnorm_experiments.deps import (
+    BACKEND_MODULES,
+    MissingDependency,
+    default_backend,
+    pip_install,
+    require,
+    where,
+)
 from pathnorm_experiments.deps import missing as missing_modules
 from pathnorm_experiments.evaluation import format_summary
 
@@ -198,8 +205,8 @@ def _backend(args: argparse.Namespace) -> str:
     """The backend to run (``auto`` resolved), after checking its packages are installed."""
     if args.backend == "auto" and missing_modules(("torch",)) and missing_modules(("tensorflow",)):
         raise MissingDependency(
-            'pathnorm-train needs a backend, and neither is installed: pip install -e ".[torch]" '
-            '(PyTorch) or pip install -e ".[tf-cpu]" (TensorFlow and Keras) in the pathnorm checkout'
+            f"pathnorm-train needs a backend, and neither is installed: {pip_install('torch')} "
+            f"(PyTorch) or {pip_install('tf-cpu')} (TensorFlow and Keras){where()}"
         )
     backend = default_backend() if args.backend == "auto" else args.backend
     if backend == "torch" and args.engine == "lightning":

@@ -4,6 +4,7 @@ and the quick protocol end to end on the embedded data: sweep, report, resumptio
 from __future__ import annotations
 
 import csv
+import importlib.metadata
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pathnorm_experiments import reproduce
+from pathnorm_experiments import deps, reproduce
 from pathnorm_experiments.runs import COLUMNS, append_rows
 
 
@@ -73,6 +74,37 @@ def test_missing_matplotlib_and_a_blocked_out_are_refused_first(
         "checkout\n"
     )
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.usefixtures("no_sweep")
+def test_a_wheel_install_is_told_the_wheel_form(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(deps, "installed_wheel_version", lambda: "0.1.0")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert error_of(["--report-only", "--out", str(tmp_path / "o")], capsys) == (
+        "pathnorm-reproduce: error: pathnorm-reproduce (the plots) needs matplotlib, which is "
+        'not installed: install it with pip install "pathnorm[experiments]==0.1.0"\n'
+    )
+
+
+def test_the_install_kind_is_told_by_where_the_code_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert deps.installed_wheel_version() is None  # this checkout
+    assert deps.pip_install("torch") == 'pip install -e ".[torch]"'
+    assert deps.where() == " in the pathnorm checkout"
+    monkeypatch.setattr(deps, "_ROOT", tmp_path)  # site-packages: no pyproject.toml
+    assert deps.installed_wheel_version() == importlib.metadata.version("pathnorm")
+
+    def absent(name: str) -> None:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.1.0")
+    assert deps.pip_install("torch") == 'pip install "pathnorm[torch]==0.1.0"'
+    assert deps.where() == ""
+    monkeypatch.setattr(importlib.metadata, "version", absent)  # not installed: a source tree
+    assert deps.installed_wheel_version() is None
 
 
 def test_results_of_another_protocol_are_refused_before_training(
@@ -160,7 +192,8 @@ def test_quick_runs_the_protocol_and_resumes(
     assert {r["regularizer"] for r in rows} == {"none", "l1", "path", "linf"}
     page = (out / "results.md").read_text()
     assert "**0 violations**" in page and "## embedded MNIST subset" in page
-    assert "| (a) SGD on the penalty gives no exact zero | raw nonzero | **holds**" in page
+    sgd = "(a) SGD on the penalty leaves under 0.01% of the weights exactly zero"
+    assert f"| {sgd} | raw nonzero | **holds**" in page
     assert len(list((out / "img" / "results").glob("embedded_*.png"))) == 4
     # a rerun trains nothing and rewrites the same report
     assert reproduce.main(["--quick", "--out", str(out)]) == 0

@@ -586,3 +586,12 @@ def test_cli_skips_missing_data_and_dry_run(
         S.main(["--shard", "4/3"])
     with pytest.raises(ValueError, match="select_seeds"):
         S.SweepConfig(select_seeds=(7,))
+
+
+def test_help_names_merge_and_each_default_once() -> None:
+    text = " ".join(S.build_parser().format_help().split())
+    assert "python -m pathnorm_experiments.sweep merge OUT.csv IN.csv [IN.csv ...]" in text
+    assert not re.search(r"\(default: [^)]*\) \(default:", text)  # once per option
+    assert "(default: detected)" not in text
+    for default in ("(default: 2000)", "(default: [0, 1, 2])", "(default: 20)"):
+        assert default in text  # --eval-samples, --seeds, --epochs
