@@ -244,7 +244,8 @@ def _check_header(path: Path, header: Sequence[str]) -> None:
 def read_rows(path: Path) -> list[dict[str, str]]:
     """The rows of a results CSV, every cell checked; [] if the file is missing or empty.
 
-    A torn last line (a write in progress, or a writer killed mid-row) is left out. Blank lines
+    The file is read under a shared lock, so a group appended by :func:`append_rows` is read
+    whole or not at all. A torn last line (a writer killed mid-row) is left out. Blank lines
     are skipped. Everything else must be as the sweep writes it: the header :data:`COLUMNS`,
     every row with every column, known names (dataset, regularizer, optimizer, ``selected``
     0 or 1), numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), and
@@ -262,7 +263,12 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     """
     if not path.is_file():
         return []
-    text = path.read_text()
+    with path.open("rb") as f:  # shared: an append (exclusive) is seen whole or not at all
+        fcntl.flock(f, fcntl.LOCK_SH)
+        try:
+            text = f.read().decode()
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
     if text and not text.endswith("\n"):
         text = text[: text.rfind("\n") + 1]
     reader = csv.reader(io.StringIO(text))
