@@ -242,7 +242,7 @@ class _Written:
 # how a protocol column is set, for the message that refuses a mismatch
 _SETTING = {
     "epochs": "--epochs",
-    "n_train": "the training set (its images after the validation split)",
+    "n_train": "the data (--data-dir)",
     "eval_samples": "--eval-samples",
     "batch_size": "SweepConfig.batch_size",
     "hidden": "SweepConfig.hidden",
@@ -252,26 +252,34 @@ _SETTING = {
 
 
 def _check_protocol(
-    written: _Written, cfg: SweepConfig, settings: Mapping[str, Mapping[str, int]]
+    written: _Written,
+    cfg: SweepConfig,
+    data: Mapping[str, Prepared],
+    settings: Mapping[str, Mapping[str, int]],
 ) -> None:
-    """Refuse a folder whose rows of a dataset of this sweep were made with other settings.
+    """Refuse a folder whose rows of a dataset of this sweep were made with other settings:
+    the key's epochs and training-set size, and the :func:`protocol` columns.
 
     Raises:
         ValueError: naming the file, the setting, both values and what to do.
     """
     for path, rows in written.files():
         for ds, mine in settings.items():
-            expected = {"epochs": cfg.epochs, **mine}
+            expected = {"epochs": cfg.epochs, "n_train": data[ds].n_train, **mine}
             clash = protocol_clash(rows, ds, expected)
-            if clash is not None:
-                col, theirs = clash
-                how = _SETTING[col]
+            if clash is None:
+                continue
+            col, theirs = clash
+            how = _SETTING[col]
+            if col == "n_train":
+                fix = f"use the data those runs trained on ({theirs} training images)"
+            else:
                 fix = f"give {how} {theirs}" if how.startswith("--") else f"set {how} = {theirs}"
-                raise ValueError(
-                    f"{path} holds {ds} runs with {col} {theirs}, and this sweep's {col} is "
-                    f"{expected[col]} ({how}): a folder holds one protocol per dataset; {fix} to "
-                    "continue those runs, or give another --out"
-                )
+            raise ValueError(
+                f"{path} holds {ds} runs with {col} {theirs}, and this sweep's {col} is "
+                f"{expected[col]} ({how}): a folder holds one protocol per dataset; {fix} to "
+                "continue those runs, or give another --out"
+            )
 
 
 def _plan(groups: Sequence[Group], written: _Written) -> list[GroupState]:
@@ -543,7 +551,7 @@ def run_sweep(
     groups = _shard_groups(cfg, data, shard)
     settings = {name: protocol(cfg, int(p.x_eval.shape[0])) for name, p in data.items()}
     written = _Written(out)
-    _check_protocol(written, cfg, settings)
+    _check_protocol(written, cfg, data, settings)
     todo = _plan(groups, written)
     counts = {
         "groups": len(groups),
@@ -702,7 +710,10 @@ def _dry_run(
     groups = _shard_groups(cfg, data, args.shard)
     written = _Written(out)
     _check_protocol(
-        written, cfg, {name: protocol(cfg, int(p.x_eval.shape[0])) for name, p in data.items()}
+        written,
+        cfg,
+        data,
+        {name: protocol(cfg, int(p.x_eval.shape[0])) for name, p in data.items()},
     )
     todo = [st.group for st in _plan(groups, written)]
     times = calibrate(cfg, next(iter(data.values())))

@@ -368,10 +368,14 @@ def test_a_rerun_adds_missing_seeds_and_refuses_another_protocol(
         assert (again["written"], again["done_before"], calls) == (0, 2, [])
     # a setting that defines the runs is refused by name, before any run
     fewer = {"embedded": S.prepare(load_embedded().subset(600, 300), replace(CFG, eval_samples=50))}
+    smaller = {"embedded": S.prepare(load_embedded().subset(500, 300), CFG)}
     for other, settings, message in (
         (replace(cfg, eval_samples=50), fewer, "eval_samples 100, and this sweep's eval_samples "
          "is 50 (--eval-samples): a folder holds one protocol per dataset; give --eval-samples "
          "100 to continue those runs"),
+        (cfg, smaller, "n_train 540, and this sweep's n_train is 450 (the data (--data-dir)): a "
+         "folder holds one protocol per dataset; use the data those runs trained on (540 "
+         "training images)"),
         (replace(cfg, pgd_steps=40), data, "pgd_steps 4, and this sweep's pgd_steps is 40 "
          "(SweepConfig.pgd_steps)"),
         (replace(cfg, lrs=(0.05, 0.2)), data, "runs at lr 0.05 0.5 and this sweep selects among "
