@@ -25,9 +25,14 @@ dataset x regularizer x optimizer x lam x lr x seed.
 Engineering: runs go to ``--jobs`` worker processes (one torch thread each). A group's rows are
 appended to the CSV in one locked write when its last run ends; a finished run of an unfinished
 group waits in ``<out>/.pending/`` (weights and metrics), so an interrupted sweep recomputes
-nothing that finished. ``--shard K/N`` takes the groups whose key hashes to K-1 mod N (a group
-never spans shards: its lr selection needs all its runs), and :func:`merge` joins shard files
-by run key.
+nothing that finished. Every row records the settings that define its run besides its key
+(:data:`~pathnorm_experiments.runs.PROTOCOL_COLUMNS`): a rerun whose settings, lrs or selection
+seeds differ from the folder's rows is refused with the setting named, and a rerun with more
+seeds runs the missing ones at each group's recorded lr. A group is claimed in
+``<out>/.claims/`` before its first run, so two sweeps of one folder share its groups (a claim
+of a dead process of this machine is taken over). ``--shard K/N`` takes the groups whose key
+hashes to K-1 mod N (a group never spans shards: its lr selection needs all its runs), and
+:func:`merge` joins shard files by run key.
 
 CLI: ``python -m pathnorm_experiments.sweep --data-dir DIR --out docs/results --jobs 2``
 (``--dry-run`` prints the grid and a time estimate; ``merge OUT IN...`` joins result files).
