@@ -279,7 +279,8 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
             )
         if len(found) % 2 == 1:
             rank_zero_warn(
-                f"pairs='auto': {len(found)} layers of the types {_types()}, so the last one "
+                f"pairs='auto': {len(found)} chained layers "
+                f"({', '.join(sorted({type(layer).__name__ for _, layer in found}))}), so the last one "
                 f"({found[-1][0]!r}) is not paired and is not regularized by the path-norm prox "
                 "(pairs never share a layer). Pass pairs=[...] explicitly to choose the pairs.",
             )

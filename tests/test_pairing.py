@@ -81,7 +81,7 @@ def test_tied_weights_in_one_pair_are_refused(explicit: bool) -> None:
 def test_auto_warns_about_an_unpaired_last_layer() -> None:
     net = nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
     with pytest.warns(
-        UserWarning, match=r"3 layers of the types .*, so the last one \('4'\) is not paired"
+        UserWarning, match=r"3 chained layers \(Linear\), so the last one \('4'\) is not paired"
     ):
         pairs = resolve_pairs(net, "auto")
     assert names(pairs) == [("0", "2")]
