@@ -174,6 +174,19 @@ GROUPS = (
         (Entry("tf_step_parts", "Parts of the prox in a train step, 1 thread", ""),),
     ),
     Group(
+        "bench_overhead.py",
+        "What the prox adds to a training step, with 95% bootstrap intervals: a plain run and "
+        "a run with the prox (Lightning `PathNormProx`; Keras `PathNormSGD`, XLA) take turns "
+        "in one process, in short windows of the same steps, the order swapped every pair; "
+        "the prox alone is timed between pairs on the prox run's weights, and the hook's own "
+        "cost is the extra per step less the prox's time.",
+        tuple(
+            Entry(f"overhead_{backend}{suffix}", f"{title}, run {run}", "")
+            for backend, title in (("lightning", "Lightning"), ("keras", "Keras"))
+            for run, suffix in ((1, ""), (2, "_2"), (3, "_3"))
+        ),
+    ),
+    Group(
         "bench_lightning_epoch.py",
         "One MNIST epoch of the paper's network (600 steps of batch 100) in a Lightning "
         "`Trainer`, plain and with `PathNormProx`, alternating in one process.",
