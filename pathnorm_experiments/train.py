@@ -254,6 +254,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.n_train is not None or args.n_test is not None:
         data = data.subset(args.n_train, args.n_test)
     progress = not args.no_progress
+    model: Any  # the trained network (compacted after the summary)
     if backend == "torch":
         import torch
 
@@ -262,17 +263,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if args.engine == "lightning":
             from pathnorm_experiments.lightning_module import train_lightning
 
-            _, result = train_lightning(cfg, data, progress=progress)
+            model, result = train_lightning(cfg, data, progress=progress)
         else:
             from pathnorm_experiments.torch_backend import train_loop
 
-            _, result = train_loop(cfg, data, progress=progress)
+            model, result = train_loop(cfg, data, progress=progress)
     else:
         from pathnorm_experiments.tf_backend import train_keras
 
-        _, result = train_keras(cfg, data, progress=progress, threads=args.threads or None)
+        model, result = train_keras(cfg, data, progress=progress, threads=args.threads or None)
     result["engine"] = args.engine if backend == "torch" else "keras"
     print(format_summary(result), flush=True)
+    from pathnorm_experiments import compaction  # the compacted network: printed and recorded
+
+    result["compaction"] = compaction.measure(model, data.x_test, backend)
+    print(compaction.format_compaction(result["compaction"]), flush=True)
     _write(result, Path(args.out))
     return result
 

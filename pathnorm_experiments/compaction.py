@@ -1,0 +1,217 @@
+"""What ``compact`` makes of a trained network: the main job's and the sweep's measures.
+
+``pathnorm-train`` compacts the network it trained (:func:`pathnorm_lightning.compact` in torch,
+:func:`pathnorm_tf.compact` in Keras), prints the hidden units, the parameters and the inference
+time per batch of 1,000 test images before and after, and records them in ``results.json``
+(:func:`measure`, :func:`format_compaction`). The sweep records :func:`hidden_alive` of every
+run in the ``hidden_alive`` column of ``runs.csv``.
+
+``compact`` is called on the model object with ``pairs="auto"``, whatever its layers (dense or
+convolutional pairs): the network is given the test images as the evaluation gives them.
+Times are medians of interleaved repeats in this process (the order of the two networks
+alternates between repeats), in eval mode without autograd in torch and in a ``tf.function``
+in Keras, on the threads the run was given.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+__all__ = [
+    "BATCH",
+    "REPEATS",
+    "batch_of",
+    "format_compaction",
+    "hidden_alive",
+    "measure",
+    "time_calls",
+    "torch_hidden_alive",
+]
+
+BATCH = 1000  # images per timed forward pass
+REPEATS = 15  # timed samples per network
+SAMPLE_S = 0.005  # each sample repeats the call for at least this long
+
+
+class _Pair(Protocol):
+    units_before: int
+    removed: int
+    folded: int
+
+
+class _Report(Protocol):
+    @property
+    def pairs(self) -> tuple[Any, ...]: ...
+
+
+def hidden_alive(report: _Report) -> int:
+    """The hidden units that ``compact`` keeps, over all pairs of its report (either backend).
+
+    A unit goes when its outgoing weights are all zero (``removed``) or its incoming ones are
+    and its constant output was folded into the next bias (``folded``); the rest stay. Where
+    every unit of a pair is dead, ``compact`` keeps one zero unit so the layers stay valid: it
+    is not counted here (0, where the report's ``units_after`` says 1).
+    """
+    pairs: tuple[_Pair, ...] = report.pairs
+    return sum(p.units_before - p.removed - p.folded for p in pairs)
+
+
+def time_calls(
+    calls: Mapping[str, Callable[[], object]], repeats: int, sample_s: float = SAMPLE_S
+) -> dict[str, float]:
+    """Median seconds per call of each function, the functions timed in turn.
+
+    Each is called once to warm up, then ``repeats`` samples are taken of each, in turns (the
+    order reversed every other turn); a sample repeats its call for at least ``sample_s``.
+
+    Args:
+        calls: name -> a function of no arguments.
+        repeats: samples per function (>= 1).
+        sample_s: the least length of one sample.
+
+    Returns:
+        name -> median seconds per call.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    per_sample = {}
+    for name, fn in calls.items():
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        per_sample[name] = max(1, int(sample_s / max(time.perf_counter() - t0, 1e-7)) + 1)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for r in range(repeats):
+        for name in list(calls) if r % 2 == 0 else list(reversed(list(calls))):
+            fn, n = calls[name], per_sample[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - t0) / n)
+    return {name: statistics.median(s) for name, s in samples.items()}
+
+
+def batch_of(x: np.ndarray, n: int = BATCH) -> np.ndarray:
+    """The first ``n`` images of ``x``, taken again from the start where ``x`` has fewer."""
+    if len(x) == 0:
+        raise ValueError("no test images to time the networks on")
+    return x[np.arange(n) % len(x)]
+
+
+@contextlib.contextmanager
+def _auto_pairs() -> Iterator[None]:
+    """Drop the warning that an odd number of layers leaves the last one unpaired: the result
+    names the pairs that were compacted."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"pairs=.auto.: (the last layer|[0-9]+ chained)")
+        yield
+
+
+def torch_hidden_alive(model: Any) -> int:
+    """:func:`hidden_alive` of ``pathnorm_lightning.compact(model)`` (the sweep's column)."""
+    from pathnorm_lightning import compact
+
+    with _auto_pairs():
+        return hidden_alive(compact(model)[1])
+
+
+def _torch(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, float], float]:
+    import torch
+    from torch import nn
+
+    from pathnorm_lightning import compact
+
+    # a LightningModule that keeps its network in ``net`` (the main job's) is compacted
+    # through it: a copy of the whole module would copy its data too
+    net = getattr(model, "net", None)
+    net = net if isinstance(net, nn.Module) else model
+    with _auto_pairs():
+        small, report = compact(net)
+    was_training = net.training
+    net.eval()
+    small.eval()
+    try:
+        xb = torch.from_numpy(batch_of(x)).to(next(net.parameters()).dtype)
+        with torch.no_grad():
+            diff = float((small(xb) - net(xb)).abs().max())
+            times = time_calls({"before": lambda: net(xb), "after": lambda: small(xb)}, repeats)
+    finally:
+        net.train(was_training)
+    return report, times, diff
+
+
+def _keras(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, float], float]:
+    import tensorflow as tf
+
+    from pathnorm_tf import compact
+
+    with _auto_pairs():
+        small, report = compact(model)
+    xb = tf.constant(batch_of(x).astype(model.weights[0].dtype))
+    before = tf.function(lambda t: model(t, training=False))
+    after = tf.function(lambda t: small(t, training=False))
+    diff = float(np.max(np.abs(np.asarray(after(xb)) - np.asarray(before(xb)))))
+    times = time_calls({"before": lambda: before(xb), "after": lambda: after(xb)}, repeats)
+    return report, times, diff
+
+
+def measure(model: Any, x: np.ndarray, backend: str, repeats: int = REPEATS) -> dict[str, Any]:
+    """Compact a trained network and measure both: units, parameters, inference time.
+
+    Args:
+        model: the trained network: a torch ``nn.Module`` / ``LightningModule`` (``backend``
+            ``"torch"``) or a Keras model (``"tf"``); left unchanged.
+        x: test images, as the evaluation feeds them to the network; the first :data:`BATCH`
+            (cycled where there are fewer) are timed.
+        backend: ``"torch"`` or ``"tf"``.
+        repeats: timed samples per network.
+
+    Returns:
+        ``pairs`` (the pairs compacted, ``"first -> second"``), ``hidden_before``,
+        ``hidden_after`` (as the report counts, a pair with all units dead keeping one zero
+        unit), ``hidden_alive`` (:func:`hidden_alive`), ``params_before``, ``params_after``
+        (the whole network's), ``ms_per_1000_before``, ``ms_per_1000_after``, ``speedup``,
+        ``max_abs_output_diff`` (on the timed batch), ``repeats``; or ``error`` (why not)
+        where ``compact`` refuses the network.
+    """
+    if backend not in ("torch", "tf"):
+        raise ValueError(f"backend must be 'torch' or 'tf', got {backend!r}")
+    try:
+        report, times, diff = (_torch if backend == "torch" else _keras)(model, x, repeats)
+    except ValueError as e:  # compact refused the network: the run's results still count
+        return {"error": str(e)}
+    return {
+        "pairs": [f"{p.first} -> {p.second}" for p in report.pairs],
+        "hidden_before": report.units_before,
+        "hidden_after": report.units_after,
+        "hidden_alive": hidden_alive(report),
+        "params_before": report.params_before,
+        "params_after": report.params_after,
+        "ms_per_1000_before": 1e3 * times["before"],
+        "ms_per_1000_after": 1e3 * times["after"],
+        "speedup": times["before"] / times["after"],
+        "max_abs_output_diff": diff,
+        "repeats": repeats,
+    }
+
+
+def format_compaction(info: Mapping[str, Any]) -> str:
+    """Two lines for the run's summary (what :func:`measure` returned)."""
+    if "error" in info:
+        return f"compacted network: not made ({info['error']})"
+    share = info["params_after"] / info["params_before"]
+    return (
+        f"compacted network ({', '.join(info['pairs'])}): hidden units "
+        f"{info['hidden_before']} -> {info['hidden_alive']}, parameters "
+        f"{info['params_before']:,} -> {info['params_after']:,} ({share:.1%})\n"
+        f"inference, batch of {BATCH:,} test images (median of {info['repeats']} interleaved "
+        f"repeats): {info['ms_per_1000_before']:.3f} ms -> {info['ms_per_1000_after']:.3f} ms "
+        f"({info['speedup']:.1f}x); largest output difference {info['max_abs_output_diff']:.1e}"
+    )
