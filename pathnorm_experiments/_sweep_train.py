@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from pathnorm_experiments import certify
+from pathnorm_experiments import certify, compaction
 from pathnorm_experiments._sweep_grid import Group, Prepared, RunSpec, SweepConfig
 from pathnorm_experiments.config import float_key, initial_weights, shuffle_orders
 from pathnorm_experiments.data import N_CLASSES
@@ -121,9 +121,11 @@ def _error_pct(ws: Sequence[Tensor], bs: Sequence[Tensor], x: Tensor, y: Tensor)
 
 
 def train_metrics(ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared) -> dict[str, float]:
-    """The columns every run has: validation, clean errors, sparsity and the path-norm."""
+    """The columns every run has: validation, clean errors, sparsity, the path-norm and the
+    hidden units that ``compact`` keeps (:func:`~pathnorm_experiments.compaction.hidden_alive`)."""
     w_np = [w.cpu().numpy() for w in ws]
     return {
+        "hidden_alive": compaction.torch_hidden_alive(_as_model(ws, bs)),
         "val_error": _error_pct(ws, bs, data.x_val, data.y_val),
         "clean_error": _error_pct(ws, bs, data.x_eval, data.y_eval),
         "clean_error_full": _error_pct(ws, bs, data.x_test, data.y_test),

@@ -35,6 +35,7 @@ __all__ = [
     "COLUMNS",
     "EPS",
     "KEY_COLUMNS",
+    "LATER_COLUMNS",
     "OPTIMIZERS",
     "PROTOCOL_COLUMNS",
     "REGULARIZERS",
@@ -90,7 +91,11 @@ COLUMNS = (
     "path_norm",
     "machine",
     *PROTOCOL_COLUMNS,
+    "hidden_alive",
 )
+# appended last: the hidden units that compact keeps (pathnorm_experiments.compaction); empty
+# in rows written before the column, whose weights are gone
+LATER_COLUMNS = ("hidden_alive",)
 
 
 def join_key(*parts: str) -> str:
@@ -185,6 +190,10 @@ def _cell_problem(column: str, text: str) -> str | None:
         return None if int(text) >= low else f"{text} is below {low}"
     if column == "machine":
         return None
+    if column == "hidden_alive":
+        if text == "":  # a row from before the column, or a diverged run
+            return None
+        return None if re.fullmatch(r"[0-9]+", text) else f"{text!r} is not a whole number"
     if column in _PERCENT or column == "path_norm":
         if text in ("", "nan"):  # not measured (an unselected lr), or a diverged run
             return None
@@ -222,16 +231,19 @@ def _check_header(path: Path, header: Sequence[str]) -> None:
         return
     gone = [c for c in COLUMNS if c not in header]
     if gone:
-        older = set(gone) <= set(PROTOCOL_COLUMNS)
+        fixes = []
+        if set(gone) <= {*PROTOCOL_COLUMNS, *LATER_COLUMNS}:
+            if set(gone) & set(PROTOCOL_COLUMNS):
+                fixes.append(
+                    "the columns that record the protocol: append them with the values its "
+                    "sweep used"
+                )
+            if set(gone) & set(LATER_COLUMNS):
+                fixes.append("the column hidden_alive: append it last, empty in every row")
+        hint = "".join(f"; the file predates {f}" for f in fixes)
         raise ResultsError(
             f"{path}: not a results file of the sweep: {len(gone)} columns missing "
-            f"({', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''})"
-            + (
-                ": the file predates the columns that record the protocol; append them with "
-                "the values its sweep used"
-                if older
-                else ""
-            )
+            f"({', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''}){hint}"
         )
     extra = [c for c in header if c not in COLUMNS]
     raise ResultsError(
@@ -249,7 +261,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     are skipped. Everything else must be as the sweep writes it: the header :data:`COLUMNS`,
     every row with every column, known names (dataset, regularizer, optimizer, ``selected``
     0 or 1), numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), and
-    each run key on one row only.
+    each run key on one row only. ``hidden_alive`` may be empty (rows written before the
+    column, diverged runs).
 
     Args:
         path: the CSV file.

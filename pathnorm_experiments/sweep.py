@@ -21,6 +21,9 @@ dataset x regularizer x optimizer x lam x lr x seed.
   and interval bound propagation (:func:`~pathnorm_experiments.certify.interval_certified_mask`). Certified columns hold the
   error that is NOT certified, so ``clean <= robust <= robust_strong <= certified`` per row.
   All errors are in percent.
+* Compaction: every run records ``hidden_alive``, the hidden units that
+  ``pathnorm_lightning.compact`` keeps (:func:`~pathnorm_experiments.compaction.hidden_alive`;
+  empty in rows written before the column).
 
 Engineering: runs go to ``--jobs`` worker processes (one torch thread each). A group's rows are
 appended to the CSV in one locked write when its last run ends; a finished run of an unfinished

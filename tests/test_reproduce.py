@@ -141,14 +141,14 @@ def test_report_only_refuses_a_missing_or_foreign_file(
     foreign = tmp_path / "results.csv"
     foreign.write_text("eps,robust_error\n0.1,0.5\n")
     err = error_of([*out, "--results", str(foreign)], capsys)
-    assert "not a results file of the sweep: 45 columns missing (dataset, regularizer" in err
+    assert "not a results file of the sweep: 46 columns missing (dataset, regularizer" in err
     # a short row (the last line is whole: not a write in progress)
     header = ",".join(COLUMNS)
     short = tmp_path / "short.csv"
     short.write_text(f"{header}\nmnist,l1,prox,0.001,0.1,0\n")
     assert error_of([*out, "--results", str(short)], capsys) == (
-        f"pathnorm-reproduce: error: {short}, line 2: 6 fields where the header has 45: column "
-        "epochs (7 of 45) and after are missing; repair or remove the row\n"
+        f"pathnorm-reproduce: error: {short}, line 2: 6 fields where the header has 46: column "
+        "epochs (7 of 46) and after are missing; repair or remove the row\n"
     )
 
 

@@ -63,6 +63,8 @@ EXPECTED_COLUMNS = [
     "eval_samples",
     "pgd_steps",
     "strong_restarts",
+    # the hidden units that compact keeps (added last; empty in rows from before it)
+    "hidden_alive",
 ]
 CFG = S.SweepConfig(
     datasets=("embedded",),
@@ -138,6 +140,9 @@ def test_columns_units_and_ordering(
             v = _f(r, col)
             assert 0 <= v <= 100 and v * n / 100 == pytest.approx(round(v * n / 100), abs=1e-6)
         assert 0 < _f(r, "nonzero_live") <= _f(r, "nonzero") <= 100 and _f(r, "path_norm") > 0
+        # no regularization zeroes no unit; the others keep at most the 200 units
+        alive = int(r["hidden_alive"])
+        assert alive == 200 if r["regularizer"] == "none" else 0 <= alive <= 200
         eps_cols = [c for c in EXPECTED_COLUMNS if "@" in c]
         if r["selected"] == "0":
             assert all(r[c] == "" for c in eps_cols)
@@ -462,7 +467,7 @@ def test_append_rows_repairs_a_torn_line(tmp_path: Path) -> None:
     rows = S.read_rows(path)
     assert [r["seed"] for r in rows] == ["0", "2"] and rows[1]["machine"] == "m, with a comma"
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
-    with pytest.raises(ValueError, match="not a results file of the sweep: 45 columns missing"):
+    with pytest.raises(ValueError, match="not a results file of the sweep: 46 columns missing"):
         S.read_rows(tmp_path / "other.csv")
 
 
@@ -502,6 +507,8 @@ def test_append_rows_repairs_a_torn_line(tmp_path: Path) -> None:
             "line 2, column optimizer: 'penalty' with linf",
         ),
         ([_row(eval_samples="")], "line 2, column eval_samples: '' is not a whole number"),
+        ([_row(hidden_alive="1.5")], "line 2, column hidden_alive: '1.5' is not a whole number"),
+        ([_row(hidden_alive="-1")], "line 2, column hidden_alive: '-1' is not a whole number"),
     ],
 )
 def test_a_bad_cell_is_refused_with_file_line_and_column(
@@ -516,9 +523,9 @@ def test_a_bad_cell_is_refused_with_file_line_and_column(
 @pytest.mark.parametrize(
     ("cut", "message"),
     [
-        (10, "line 3: 10 fields where the header has 45: column clean_error (11 of 45) and after "
+        (10, "line 3: 10 fields where the header has 46: column clean_error (11 of 46) and after "
          "are missing; repair or remove the row"),
-        (-1, "line 3: 46 fields where the header has 45: 1 fields more than the header's"),
+        (-1, "line 3: 47 fields where the header has 46: 1 fields more than the header's"),
     ],
 )  # fmt: skip
 def test_a_short_or_long_row_is_refused_with_its_line(
@@ -566,6 +573,38 @@ def test_training_equals_the_main_jobs_loop(data: dict[str, S.Prepared]) -> None
         model, _ = train_loop(cfg, ds, progress=False, evaluate_model=False)
         for w, b, lin in zip(*trained, linear_layers(model), strict=True):
             assert torch.equal(w, lin.weight.detach()) and torch.equal(b, lin.bias.detach())
+
+
+def test_hidden_alive_counts_units_with_weights_in_and_out(data: dict[str, S.Prepared]) -> None:
+    """A unit counts when both its incoming row and outgoing column have a nonzero: compact
+    removes the others (zero out) or folds them into the next bias (zero in)."""
+    gen = torch.Generator().manual_seed(0)
+    w1, w2 = torch.randn(200, 784, generator=gen), torch.randn(10, 200, generator=gen)
+    b1, b2 = torch.randn(200, generator=gen), torch.randn(10, generator=gen)
+    w2[:, :7] = 0  # zero outgoing
+    w1[5:12] = 0  # zero incoming (5, 6: both)
+    w1[20, :-1] = 0  # one incoming weight left: alive
+    metrics = S.train_metrics([w1, w2], [b1, b2], data["embedded"])
+    assert metrics["hidden_alive"] == 200 - 12
+    w2[:] = 0  # every unit dead: compact keeps one zero unit, which is not counted
+    assert S.train_metrics([w1, w2], [b1, b2], data["embedded"])["hidden_alive"] == 0
+
+
+def test_a_file_without_hidden_alive_names_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "runs.csv"
+    S.append_rows(path, [_row()])
+    lines = path.read_text().splitlines()
+    path.write_text("".join(line.rsplit(",", 1)[0] + "\n" for line in lines))
+    with pytest.raises(ValueError, match=re.escape(
+        "1 columns missing (hidden_alive); the file predates the column hidden_alive: append it "
+        "last, empty in every row"
+    )):  # fmt: skip
+        S.read_rows(path)
+    head, *rows = path.read_text().splitlines()
+    path.write_text(
+        "".join(f"{line}\n" for line in [f"{head},hidden_alive", *(f"{r}," for r in rows)])
+    )
+    assert [r["hidden_alive"] for r in S.read_rows(path)] == [""]  # empty: accepted
 
 
 def test_divergence_is_a_row_not_a_crash(data: dict[str, S.Prepared]) -> None:
