@@ -49,23 +49,20 @@ kernels in their own layouts (tf ops over static shapes: eager, ``tf.function`` 
 :func:`prox_pair` does it for two layers, and assigns the result with ``assign=True``. Every
 ``method`` of the functional works through them.
 
-How the rest of the package is to use the seam (the phase that wires it in):
+How the rest of the package uses the seam:
 
-* pairing: ``entry_of(layer)`` decides whether a layer can be paired (replacing the checks for
-  a 2-D ``kernel``); ``units_out(first) == units_in(second, flat)`` is the chain check, with
-  ``flat = flat_of(first, second, flatten_layer)``; :func:`check_between` on the layers of the
-  graph between the two replaces the pointwise list. An optimizer sees variables only, so the
-  pairing records, per pair, the two entries and the :class:`Flat` next to the kernels'
-  positions.
-* optimizers: a pair's update is ``prox_kernels(k1, k2, lam * lr, first=..., second=...,
-  flat=...)`` followed by the two ``assign`` calls (as today).
-* metrics and bounds: the views are a Dense pair's ``(kernel_in, kernel_out)``, so
-  ``path_norm`` and ``product_bound`` of the views are the pair's ``R`` and product bound;
-  the certified Lipschitz bound of a conv pair is ``reuse(second, its input positions) * R``.
-* compaction (an extension point, not implemented here): removing hidden units is a new pair
-  of entry methods, ``keep_out(layer, index)`` (the kernel's last axis and the bias of the
-  first layer) and ``keep_in(layer, index, flat)`` (the second layer's input channels, with a
-  ``flat`` the ``P`` rows of each kept channel), returning new layers.
+* pairing (:mod:`pathnorm_tf.pairing`): a layer can be paired when its class has an entry;
+  two layers chain when ``kernel_units_out`` of the first equals ``kernel_units_in`` of the
+  second (with the :class:`Flat` from :func:`flat_of`); :func:`check_between` checks the
+  layers between them in the model's graph. An optimizer sees variables only, so the pairing
+  records per pair a :class:`PairLayout` (the two entries and the :class:`Flat`).
+* optimizers: a pair's update is the functional prox on ``PairLayout.views`` of the two
+  kernels, written back with ``PairLayout.natives`` (static shapes: eager, graph and XLA); the
+  l_inf baseline projects the columns of :meth:`LayerEntry.in_view`.
+* metrics and bounds: alive units on the views; the bounds sum each layer's views per unit,
+  times ``reuse(last layer, in_positions(last layer))``.
+* compaction (:mod:`pathnorm_tf.compact`): dead units from the views; what it does beyond them
+  (shrinking a layer, folding constants) is its own table of layer types.
 
 A new Keras layer type is a :class:`LayerEntry` subclass given to :func:`register`, with tests.
 """
@@ -91,10 +88,12 @@ __all__ = [
     "DenseEntry",
     "Flat",
     "LayerEntry",
+    "PairLayout",
     "Role",
     "check_between",
     "entry_of",
     "flat_of",
+    "layout_of",
     "prox_kernels",
     "prox_pair",
     "register",
@@ -149,10 +148,18 @@ class LayerEntry:
 
     def units_out(self, layer: Any) -> int:
         """Hidden units of ``layer`` first in a pair: its kernel's last axis."""
-        return int(_kernel(layer).shape[-1])
+        return self.kernel_units_out(tuple(_kernel(layer).shape))
 
     def units_in(self, layer: Any, flat: Flat | None = None) -> int:
         """Hidden units of ``layer`` second in a pair: the channels it reads."""
+        return self.kernel_units_in(tuple(_kernel(layer).shape), flat, getattr(layer, "name", ""))
+
+    def kernel_units_out(self, shape: Shape) -> int:
+        """:meth:`units_out` from the kernel's shape alone (an optimizer sees variables)."""
+        return int(shape[-1])
+
+    def kernel_units_in(self, shape: Shape, flat: Flat | None = None, name: str = "") -> int:
+        """:meth:`units_in` from the kernel's shape alone (``name``: the layer, for errors)."""
         raise NotImplementedError
 
     def in_view(self, kernel: Any) -> tf.Tensor:
@@ -176,6 +183,10 @@ class LayerEntry:
         (its spatial shape; empty for a Dense layer)."""
         raise NotImplementedError
 
+    def in_positions(self, layer: Any) -> tuple[int, ...]:
+        """The spatial shape of ``layer``'s input, for :meth:`reuse` (empty: no positions)."""
+        return ()
+
     def write_in(self, variable: Any, matrix: tf.Tensor) -> None:
         """``variable.assign`` the kernel an :meth:`in_view`-shaped ``matrix`` stands for."""
         variable.assign(self.in_native(matrix, tuple(variable.shape)))
@@ -189,11 +200,11 @@ class DenseEntry(LayerEntry):
     """``Dense``: kernel (in, out); both views are the kernel itself, or, after a
     :class:`Flat`, the (C, P * p) regrouping of its rows by channel."""
 
-    def units_in(self, layer: Any, flat: Flat | None = None) -> int:
-        rows, positions = int(_kernel(layer).shape[0]), 1 if flat is None else flat.positions
+    def kernel_units_in(self, shape: Shape, flat: Flat | None = None, name: str = "") -> int:
+        rows, positions = int(shape[0]), 1 if flat is None else flat.positions
         if rows % positions:
             raise ValueError(
-                f"Dense layer {layer.name!r} takes {rows} inputs, not a whole number of "
+                f"Dense layer {name!r} takes {rows} inputs, not a whole number of "
                 f"channels of {positions} positions each"
             )
         return rows // positions
@@ -240,10 +251,32 @@ class ConvEntry(LayerEntry):
                 "the seam does not cover (use groups=1, or leave the layer out of the pairs)"
             )
 
-    def units_in(self, layer: Any, flat: Flat | None = None) -> int:
+    def kernel_units_in(self, shape: Shape, flat: Flat | None = None, name: str = "") -> int:
         if flat is not None:
-            raise ValueError(f"a Flatten cannot stand before {type(layer).__name__} {layer.name!r}")
-        return int(_kernel(layer).shape[-2])
+            raise ValueError(f"a Flatten cannot stand before the convolution {name!r}")
+        return int(shape[-2])
+
+    def in_positions(self, layer: Any) -> tuple[int, ...]:
+        """The spatial shape ``layer`` was built on (its input's positions per axis), for
+        :meth:`reuse`.
+
+        Raises:
+            ValueError: a layer not built yet, or built on an unknown spatial size.
+        """
+        shape = (getattr(layer, "_build_shapes_dict", None) or {}).get("input_shape")
+        rank = len(layer.kernel_size)
+        if shape is None or len(shape) != rank + 2:
+            raise ValueError(
+                f"{type(layer).__name__} {layer.name!r} has no known input shape: build it on "
+                "an input of fixed spatial size (give the model an Input)"
+            )
+        spatial = shape[1:-1] if layer.data_format == "channels_last" else shape[2:]
+        if any(d is None for d in spatial):
+            raise ValueError(
+                f"{type(layer).__name__} {layer.name!r} was built on inputs of unknown spatial "
+                f"size {tuple(shape)}: its factor s depends on it; give the Input a fixed size"
+            )
+        return tuple(int(d) for d in spatial)
 
     def in_view(self, kernel: Any) -> tf.Tensor:
         k = tf.convert_to_tensor(kernel)
@@ -467,6 +500,72 @@ def flat_of(first: Any, second: Any, flatten: Any | None = None) -> Flat | None:
     return Flat(positions, False)  # a channels_first tensor flattened as it is
 
 
+@dataclass(frozen=True)
+class PairLayout:
+    """A pair as code that sees kernels only (an optimizer holds variables) needs it: the two
+    layers' entries and the :class:`Flat` between them (:func:`layout_of` makes it from the
+    layers)."""
+
+    first: LayerEntry
+    second: LayerEntry
+    flat: Flat | None = None
+
+    def units(
+        self, shape_first: Shape, shape_second: Shape, names: Sequence[str] = ("", "")
+    ) -> int:
+        """The hidden units that kernels of these shapes share.
+
+        Raises:
+            ValueError: the kernels do not chain (naming the layers ``names``).
+        """
+        if self.second.spatial and not self.first.spatial:
+            raise ValueError(
+                f"the convolution {names[1]!r} cannot read the units of the Dense layer "
+                f"{names[0]!r}"
+            )
+        n_units = self.first.kernel_units_out(shape_first)
+        width = self.second.kernel_units_in(shape_second, self.flat, names[1])
+        if width != n_units:
+            raise ValueError(
+                f"{names[0]!r} with {n_units} outputs and {names[1]!r} with {width} inputs do "
+                "not pair (they must share the hidden units)"
+            )
+        return n_units
+
+    def views(self, kernel_first: Any, kernel_second: Any) -> tuple[tf.Tensor, tf.Tensor]:
+        """``(kernel_in (m', n), kernel_out (n, p'))``: the units of the two kernels."""
+        kernel_in = self.first.in_view(kernel_first)
+        return kernel_in, self.second.out_view(kernel_second, int(kernel_in.shape[1]), self.flat)
+
+    def natives(
+        self, kernel_in: tf.Tensor, kernel_out: tf.Tensor, shape_first: Shape, shape_second: Shape
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """The kernels of the given shapes that :meth:`views` reads as these matrices."""
+        return (
+            self.first.in_native(kernel_in, shape_first),
+            self.second.out_native(kernel_out, shape_second, self.flat),
+        )
+
+
+def layout_of(first: Any, second: Any, flatten: Any | None = None) -> PairLayout:
+    """The :class:`PairLayout` of two built Keras layers (``flatten``: the layer that flattens
+    between them, see :func:`flat_of`), after checking that they share their hidden units.
+
+    Raises:
+        ValueError: a layer the seam does not take, or layers that do not pair.
+    """
+    if first is second:
+        raise ValueError(f"layer {first.name!r} cannot pair with itself")
+    entry_first, entry_second = entry_of(first), entry_of(second)
+    if entry_second.spatial and not entry_first.spatial:
+        raise ValueError(f"{second.name!r} (a convolution) cannot read the units of {first.name!r}")
+    layout = PairLayout(entry_first, entry_second, flat_of(first, second, flatten))
+    layout.units(
+        tuple(_kernel(first).shape), tuple(_kernel(second).shape), (first.name, second.name)
+    )
+    return layout
+
+
 def prox_kernels(
     kernel_first: Any,
     kernel_second: Any,
@@ -484,13 +583,12 @@ def prox_kernels(
     (``method`` and ``check_finite`` as there); tf ops only, for eager, graph and XLA use.
     """
     k1, k2 = tf.convert_to_tensor(kernel_first), tf.convert_to_tensor(kernel_second)
-    kernel_in = first.in_view(k1)
-    kernel_out = second.out_view(k2, int(kernel_in.shape[1]), flat)
+    layout = PairLayout(first, second, flat)
+    kernel_in, kernel_out = layout.views(k1, k2)
     new_in, new_out = prox_path_norm(
         kernel_in, kernel_out, lam, method=method, check_finite=check_finite
     )
-    new_first = first.in_native(new_in, tuple(k1.shape))
-    return new_first, second.out_native(new_out, tuple(k2.shape), flat)
+    return layout.natives(new_in, new_out, tuple(k1.shape), tuple(k2.shape))
 
 
 def prox_pair(
@@ -512,20 +610,11 @@ def prox_pair(
         ValueError: unsupported layers, a pair whose units do not match, and whatever
             :func:`~pathnorm_tf.functional.prox_path_norm` raises (nothing assigned).
     """
-    if first is second:
-        raise ValueError(f"layer {first.name!r} cannot pair with itself")
-    entry_first, entry_second = entry_of(first), entry_of(second)
-    if entry_second.spatial and not entry_first.spatial:
-        raise ValueError(f"{second.name!r} (a convolution) cannot read the units of {first.name!r}")
-    flat = flat_of(first, second, flatten)
-    n_units, width = entry_first.units_out(first), entry_second.units_in(second, flat)
-    if width != n_units:
-        raise ValueError(
-            f"{first.name!r} with {n_units} outputs and {second.name!r} with {width} inputs do "
-            "not pair (they must share the hidden units)"
-        )
+    layout = layout_of(first, second, flatten)
     k1, k2 = _kernel(first), _kernel(second)
-    new = prox_kernels(k1, k2, lam, first=entry_first, second=entry_second, flat=flat, **options)
+    new = prox_kernels(
+        k1, k2, lam, first=layout.first, second=layout.second, flat=layout.flat, **options
+    )
     if assign:
         k1.assign(new[0])
         k2.assign(new[1])
