@@ -3,9 +3,11 @@
 Where things live (the same file names do the same jobs in ``pathnorm_lightning``):
 
     functional.py   pure tf functions: prox_path_norm, path_norm, product_bound, baselines
-    pairing.py      which Dense kernels pair up ("auto" or named), with clear errors
+    layers.py       the layer seam: Dense, Conv1D, Conv2D as the unit matrices the prox takes
+    pairing.py      which kernels pair up ("auto" or named), with clear errors
     optimizers.py   the training hook: PathNormSGD and ProxOptimizer (prox after each step)
     metrics.py      sparsity and Lipschitz bounds: metric_values and the PathNormMetrics callback
+    compact.py      compact: a smaller model without the dead units, the same function
     _sort.py        the shortest exact prox (read first); _band.py the default, faster one
 
 Private helpers: ``_common.py`` (argument checks, dtypes, errors) and ``_xla.py`` (the

@@ -1,30 +1,41 @@
-"""``compact``: remove the dead hidden units of every Dense pair; a smaller model, same function.
+"""``compact``: remove the dead hidden units of every layer pair; a smaller model, same function.
 
 The Keras twin of ``pathnorm_lightning.compact`` (same rules; see ``docs/compaction.md``). For a
-pair ``first -> pointwise layers -> second`` (paired as the optimizers pair them), hidden unit
-``i`` is removed when
+pair ``first -> layers between -> second`` (paired as the optimizers pair them: Dense or
+Conv1D/Conv2D layers; between them pointwise layers, and after a convolution pooling and a
+Flatten or global pooling), hidden unit ``i`` (a feature, or a channel) is removed when
 
-* its **outgoing** weights are all zero (``second.kernel[i, :] == 0``): it adds nothing;
-* its **incoming** weights are all zero (``first.kernel[:, i] == 0``) but not its outgoing ones:
-  it outputs the constant ``c_i = act(b_i)`` (``first``'s activation, then the layers between,
-  at inference); ``c_i * second.kernel[i, :]`` is added to ``second``'s bias (``use_bias`` is
-  turned on where it was off) and the unit goes.
+* its **outgoing** weights are all zero (row ``i`` of the layer seam's out-view: a Dense
+  ``second.kernel[i, :]``, a convolution's ``kernel[..., i, :]``, or after a Flatten every row
+  of channel ``i``): it adds nothing;
+* its **incoming** weights are all zero (column ``i`` of the seam's in-view) but not its
+  outgoing ones: it outputs the constant ``c_i = act(b_i)`` at every position (``first``'s
+  activation, then the pointwise layers between, at inference); ``c_i`` times its outgoing
+  weights (summed over a convolution's taps or a Flatten's positions) is added to ``second``'s
+  bias (``use_bias`` is turned on where it was off) and the unit goes. Where that is not exact
+  the unit is kept and counted in ``constant_kept``: a second convolution with zero padding
+  (``"same"``, ``"causal"``: at the borders it reads the constant through fewer taps), or a
+  pooling layer that does not keep a constant channel constant.
 
 A pair whose units are all dead keeps one zero unit (``Dense(0)`` is not a valid layer).
 
 The result is a new model of the same kind (``Sequential`` or functional) built by
-``keras.models.clone_model``: the paired Dense layers are new, smaller ``Dense`` layers, every
-other layer a clone holding the same weights; the input model is not changed. It is compiled
-from the input's compile config when the input was compiled (a fresh optimizer state).
+``keras.models.clone_model``: the paired layers are new, smaller layers of the same classes,
+every other layer a clone holding the same weights; the input model is not changed. It is
+compiled from the input's compile config when the input was compiled (a fresh optimizer state).
 
-Exactness needs the hidden units to reach nothing but ``second``, entry by entry: both layers
-sit in one ``Sequential`` with only pointwise layers between them, or in one functional model
-whose graph takes ``first``'s output through single-consumer pointwise layers into ``second``
-alone (each layer called once; no intermediate is a model output). ``first``'s activation must
-be a built-in entry-wise one (not softmax). Anything else is refused with the reason.
+Exactness needs the hidden units to reach nothing but ``second``, unit by unit: both layers
+sit in one ``Sequential`` with only allowed layers between them, or in one functional model
+whose graph takes ``first``'s output through single-consumer allowed layers into ``second``
+alone (each layer called once; no intermediate is a model output); the order of pooling and
+flattening is checked by the seam (:func:`~pathnorm_tf.layers.check_between`). ``first``'s
+activation must be a built-in entry-wise one (not softmax). Anything else is refused with the
+reason.
 
-Layer types enter through one seam, :data:`_UNIT_OPS` (layer class -> the class that counts,
-reads and shrinks its units); only ``Dense`` has an entry today.
+Which weights are a unit's comes from the layer seam (:mod:`pathnorm_tf.layers`); what
+``compact`` does to a layer type beyond that is one class in :data:`_UNIT_OPS` (a probe input,
+shrinking the first layer's outputs or the second layer's inputs, folding constants into the
+bias): ``Dense``, ``Conv1D`` and ``Conv2D``.
 """
 
 from __future__ import annotations
@@ -36,8 +47,8 @@ from typing import Any
 import keras
 import numpy as np
 
+from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf.pairing import _MIXING, _pointwise
 
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
 
@@ -45,7 +56,9 @@ __all__ = ["CompactionReport", "PairCompaction", "compact"]
 @dataclass(frozen=True)
 class PairCompaction:
     """One pair's hidden units and parameters before/after: ``removed`` units had zero outgoing
-    weights, ``folded`` ones zero incoming weights (their constant went into the bias)."""
+    weights, ``folded`` ones zero incoming weights (their constant went into the bias);
+    ``constant_kept`` ones have zero incoming weights too but stay, their constant not
+    foldable exactly (a zero-padded second convolution, a pooling that changes a constant)."""
 
     first: str
     second: str
@@ -55,6 +68,7 @@ class PairCompaction:
     folded: int
     params_before: int
     params_after: int
+    constant_kept: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,39 +95,51 @@ class CompactionReport:
         ]  # fmt: skip
         width = [max(map(len, column)) for column in zip(*rows, strict=True)]
         share = self.params_after / max(self.params_before, 1)
+        notes = [
+            f"{p.first} -> {p.second}: {p.constant_kept} unit(s) with zero incoming weights kept "
+            "(their constant output cannot be folded exactly into the second layer's bias)"
+            for p in self.pairs
+            if p.constant_kept
+        ]
         return "\n".join(
             ["  ".join(cell.ljust(w) for cell, w in zip(row, width, strict=True)) for row in rows]
             + [f"model parameters {self.params_before:,} -> {self.params_after:,} ({share:.1%})"]
+            + notes
         )
 
 
-# -- the layer seam: one entry per layer type ----------------------------------------------------
+# -- what compact does to a layer type, beyond the seam's views -------------------------------
+
+
+def _with_shift(
+    config: dict, weights: list[np.ndarray], bias: list[np.ndarray], shift: np.ndarray | None
+) -> tuple[dict, list[np.ndarray]]:
+    """``weights`` (the kernel) and the bias plus ``shift`` (a bias turned on if needed)."""
+    if shift is not None and np.any(shift != 0):
+        if bias:
+            return config, [*weights, bias[0] + shift]
+        return {**config, "use_bias": True}, [*weights, shift]
+    return config, [*weights, *bias]
 
 
 class _DenseUnits:
     """``Dense``: hidden unit ``i`` is column ``i`` of the first layer's kernel ``(m, n)`` (and
-    bias entry ``i``), and row ``i`` of the second layer's kernel ``(n, p)``. A shrunk layer is
+    bias entry ``i``), and row ``i`` of the second layer's kernel ``(n, p)``, or after a
+    :class:`~pathnorm_tf.layers.Flat` the ``P`` rows of channel ``i``. A shrunk layer is
     described as ``(config, weights)`` for a new layer of the same class."""
+
+    #: the config key of the first layer's unit count
+    size_key = "units"
 
     @staticmethod
     def check(name: str, layer: Any) -> None:
-        if layer.quantization_mode is not None or layer.lora_enabled:
+        if getattr(layer, "quantization_mode", None) is not None or getattr(
+            layer, "lora_enabled", False
+        ):
             raise ValueError(
-                f"compact: Dense layer {name!r} is quantized or has LoRA enabled; compact "
-                "shrinks plain float Dense layers (compact before quantizing or adding LoRA)."
+                f"compact: layer {name!r} is quantized or has LoRA enabled; compact shrinks "
+                "plain float layers (compact before quantizing or adding LoRA)."
             )
-
-    @staticmethod
-    def units_out(layer: Any) -> int:
-        return int(layer.units)
-
-    @staticmethod
-    def zero_incoming(layer: Any) -> np.ndarray:
-        return np.all(np.asarray(layer.kernel) == 0, axis=0)
-
-    @staticmethod
-    def zero_outgoing(layer: Any) -> np.ndarray:
-        return np.all(np.asarray(layer.kernel) == 0, axis=1)
 
     @staticmethod
     def probe(layer: Any) -> Any:
@@ -121,42 +147,92 @@ class _DenseUnits:
         return keras.ops.zeros((1, layer.kernel.shape[0]), dtype=layer.compute_dtype)
 
     @staticmethod
-    def unit_values(output: Any) -> np.ndarray:
+    def unit_values(layer: Any, output: Any) -> np.ndarray:
         return np.asarray(output)[0]
 
     @staticmethod
-    def input_shift(layer: Any, constants: np.ndarray) -> np.ndarray | None:
-        """The change to the output when input unit ``i`` is ``constants[i]`` instead of zero:
-        exactly a bias (None where a type cannot fold)."""
+    def input_shift(layer: Any, constants: np.ndarray, flat: seam.Flat | None) -> np.ndarray | None:
+        """The change to the output when input unit ``i`` is ``constants[i]`` (at each of its
+        positions or taps) instead of zero: exactly a bias (None where it is not one)."""
         kernel = np.asarray(layer.kernel)
-        return constants.astype(kernel.dtype) @ kernel
+        rows = np.asarray(seam.entry_of(layer).out_view(kernel, len(constants), flat))
+        per_unit = rows.reshape(len(constants), -1, kernel.shape[-1]).sum(1)
+        return constants.astype(kernel.dtype) @ per_unit
 
-    @staticmethod
-    def keep_out(layer: Any, keep: np.ndarray, zero: bool) -> tuple[dict, list[np.ndarray]]:
+    @classmethod
+    def keep_out(cls, layer: Any, keep: np.ndarray, zero: bool) -> tuple[dict, list[np.ndarray]]:
+        """The first layer with only its output units ``keep`` (kernel's last axis, bias);
+        ``zero``: their weights zeroed."""
         weights = [w[..., keep] * (not zero) for w in layer.get_weights()]  # kernel, bias
-        return {**layer.get_config(), "units": len(keep)}, weights
+        return {**layer.get_config(), cls.size_key: len(keep)}, weights
 
     @staticmethod
     def keep_in(
-        layer: Any, keep: np.ndarray, zero: bool, shift: np.ndarray | None
+        layer: Any, keep: np.ndarray, zero: bool, shift: np.ndarray | None, flat: seam.Flat | None
     ) -> tuple[dict, list[np.ndarray]]:
-        config = layer.get_config()
         kernel, *bias = layer.get_weights()
-        weights = [kernel[keep] * (not zero), *bias]
-        if shift is not None and np.any(shift != 0):
-            if bias:
-                weights[1] = bias[0] + shift
-            else:
-                config["use_bias"] = True
-                weights.append(shift)
-        return config, weights
+        positions = 1 if flat is None else flat.positions
+        n_units = kernel.shape[0] // positions
+        if flat is not None and flat.channels_last:  # row q * C + c
+            rows = (np.arange(positions)[:, None] * n_units + keep[None, :]).ravel()
+        else:  # row c * P + q
+            rows = (keep[:, None] * positions + np.arange(positions)[None, :]).ravel()
+        return _with_shift(layer.get_config(), [kernel[rows] * (not zero)], bias, shift)
 
 
-#: The layer classes ``compact`` can shrink (exact class), each with its seam entry.
-_UNIT_OPS: dict[type, type[_DenseUnits]] = {keras.layers.Dense: _DenseUnits}
+class _ConvUnits(_DenseUnits):
+    """``Conv1D`` / ``Conv2D`` (``groups=1``): hidden unit ``c`` is output channel ``c`` of the
+    first layer (``kernel[..., c]``, bias entry ``c``) and input channel ``c`` of the second
+    (``kernel[..., c, :]``)."""
+
+    size_key = "filters"
+
+    @staticmethod
+    def probe(layer: Any) -> Any:
+        """Zeros with the fewest positions that give an output: a unit with zero incoming
+        weights outputs its bias there (and everywhere)."""
+        size = [
+            d * (k - 1) + 1 for k, d in zip(layer.kernel_size, layer.dilation_rate, strict=True)
+        ]
+        channels = int(layer.kernel.shape[-2])
+        shape = (
+            [1, *size, channels] if layer.data_format == "channels_last" else [1, channels, *size]
+        )
+        return keras.ops.zeros(shape, dtype=layer.compute_dtype)
+
+    @staticmethod
+    def unit_values(layer: Any, output: Any) -> np.ndarray:
+        out = np.asarray(output)[0]
+        if layer.data_format == "channels_last":
+            return out.reshape(-1, out.shape[-1])[0]
+        return out.reshape(out.shape[0], -1)[:, 0]
+
+    @staticmethod
+    def input_shift(layer: Any, constants: np.ndarray, flat: seam.Flat | None) -> np.ndarray | None:
+        """A constant input channel shifts every output position by the same amount only where
+        every tap reads a real position: None with zero padding (``"same"``, ``"causal"``)."""
+        if layer.padding != "valid":
+            return None
+        return _DenseUnits.input_shift(layer, constants, flat)
+
+    @staticmethod
+    def keep_in(
+        layer: Any, keep: np.ndarray, zero: bool, shift: np.ndarray | None, flat: seam.Flat | None
+    ) -> tuple[dict, list[np.ndarray]]:
+        kernel, *bias = layer.get_weights()
+        return _with_shift(layer.get_config(), [kernel[..., keep, :] * (not zero)], bias, shift)
 
 
-def _ops(layer: Any) -> type[_DenseUnits]:
+_UnitOps = type[_DenseUnits]
+#: The layer classes ``compact`` can shrink (exact class), each with its entry.
+_UNIT_OPS: dict[type, _UnitOps] = {
+    keras.layers.Dense: _DenseUnits,
+    keras.layers.Conv1D: _ConvUnits,
+    keras.layers.Conv2D: _ConvUnits,
+}
+
+
+def _ops(layer: Any) -> _UnitOps:
     ops = _UNIT_OPS.get(type(layer))
     if ops is None:
         raise ValueError(
@@ -165,36 +241,33 @@ def _ops(layer: Any) -> type[_DenseUnits]:
             "compute something else)."
         )
     ops.check(layer.name, layer)
+    try:
+        seam.entry_of(layer)
+    except ValueError as err:
+        raise ValueError(f"compact: {err}") from None
     return ops
 
 
 # -- which layers the pairs are, and the data flow between them ---------------------------------
 
 
-def _leaves(model: Any) -> list[Any]:
-    return [
-        layer
-        for layer in model._flatten_layers(include_self=False, recursive=True)
-        if not list(layer._flatten_layers(include_self=False))
-    ]
-
-
 def _resolve(model: Any, pairs: Any) -> list[tuple[Any, Any]]:
     """The ``(first, second)`` layers of ``pairs``, resolved as the optimizers resolve them."""
     spec = pairing.normalize_pairs(pairs)
     variables = list(model.trainable_variables)
-    indices = pairing.resolve_pairs(variables, spec)
+    resolved = pairing.resolve_pairs(variables, spec, model=model)
     if spec == "auto":
         with warnings.catch_warnings():  # compact checks the data flow itself, more strictly
             warnings.filterwarnings("ignore", message='pairs="auto" paired')
-            pairing.check_auto_pairs_in_model(model, variables, indices)
-    owner = {id(w): layer for layer in _leaves(model) for w in layer.weights}
-    return [(owner[id(variables[i])], owner[id(variables[j])]) for i, j in indices]
+            pairing.check_auto_pairs_in_model(model, variables, resolved)
+    owner = pairing.owners_of(model)
+    assert owner is not None
+    return [(owner[id(variables[p.first])], owner[id(variables[p.second])]) for p in resolved]
 
 
 def _pointwise_activation(fn: Any) -> bool:
     name = getattr(fn, "__name__", None)
-    if not isinstance(name, str) or name in _MIXING:
+    if not isinstance(name, str) or name in ("softmax", "log_softmax"):
         return False
     try:
         return keras.activations.get(name) is fn
@@ -203,13 +276,29 @@ def _pointwise_activation(fn: Any) -> bool:
 
 
 def _check_between(layer: Any, first: Any, second: Any) -> None:
-    activation = getattr(layer, "activation", None)
-    if not _pointwise(layer) or (activation is not None and not _pointwise_activation(activation)):
+    """Refuse a layer that may not stand between a pair: one the seam gives no role there, or a
+    pointwise one whose activation is not a built-in entry-wise one."""
+    role, activation = seam.role_of(layer), getattr(layer, "activation", None)
+    pointwise = role is seam.Role.POINTWISE and (
+        activation is None or _pointwise_activation(activation)
+    )
+    if not pointwise and role in (None, seam.Role.POINTWISE):
         raise ValueError(
             f"compact: {type(layer).__name__} {layer.name!r} stands between {first.name!r} and "
-            f"{second.name!r}; only entry-wise layers (built-in activations, dropout, noise) may, "
-            "else the hidden units do not reach the second layer one by one."
+            f"{second.name!r}; only entry-wise layers (built-in activations, dropout, noise) "
+            "and, after a convolution, pooling and a Flatten may, else the hidden units do not "
+            "reach the second layer one by one."
         )
+
+
+def _check_order(first: Any, second: Any, between: list[Any]) -> seam.Flat | None:
+    """Check with the seam that pooling and flattening stand where they keep the pair's units;
+    the pair's :class:`~pathnorm_tf.layers.Flat`."""
+    try:
+        found = seam.check_between(first, second, between)
+        return seam.flat_of(first, second, found.flatten)
+    except ValueError as err:
+        raise ValueError(f"compact: ({first.name!r}, {second.name!r}): {err}") from None
 
 
 def _graph_between(graph: Any, first: Any, second: Any) -> list[Any]:
@@ -250,12 +339,18 @@ def _graph_between(graph: Any, first: Any, second: Any) -> list[Any]:
         between.append(node.operation)
 
 
-def _between(model: Any, first: Any, second: Any) -> list[Any]:
-    """The pointwise layers from ``first`` to ``second``; ValueError where the flow is not a
-    chain of them (see the module docstring)."""
+def _between(model: Any, first: Any, second: Any) -> tuple[list[Any], seam.Flat | None]:
+    """The layers from ``first`` to ``second``, and the pair's :class:`~pathnorm_tf.layers.Flat`;
+    ValueError where the flow is not a chain of allowed ones (see the module docstring)."""
+    between = _layers_between(model, first, second)
+    return between, _check_order(first, second, between)
+
+
+def _layers_between(model: Any, first: Any, second: Any) -> list[Any]:
     if not _pointwise_activation(first.activation):
         raise ValueError(
-            f"compact: Dense {first.name!r} has the activation {first.activation!r}, not a "
+            f"compact: {type(first).__name__} {first.name!r} has the activation "
+            f"{first.activation!r}, not a "
             "built-in entry-wise one: its units are not independent (softmax) or not known to be."
         )
     nested = model._flatten_layers(include_self=False, recursive=True)
@@ -287,28 +382,52 @@ def _between(model: Any, first: Any, second: Any) -> list[Any]:
 # -- compact -------------------------------------------------------------------------------------
 
 
-def _constants(first: Any, between: list[Any], ops: type[_DenseUnits]) -> np.ndarray:
+def _keeps_constants(pool: Any, like: Any) -> bool:
+    """Whether ``pool`` maps a constant channel to a constant, tried on ones of 16 positions
+    per spatial axis (``like``: the tensor it pools, for its rank, layout and dtype)."""
+    shape = [1, *([16] * (len(like.shape) - 2)), 1]
+    try:
+        out = np.asarray(pool(keras.ops.ones(shape, dtype=like.dtype), training=False))
+    except ValueError:  # a window larger than the probe: not shown to keep constants
+        return False
+    return bool(np.all(out == 1))
+
+
+def _constants(first: Any, between: list[Any], ops: _UnitOps) -> np.ndarray | None:
+    """What each unit outputs, after the pointwise layers between the pair, when its inputs are
+    all zero; None where a pooling between does not keep constant channels constant (a Flatten
+    keeps them)."""
     x = first(ops.probe(first), training=False)
     for layer in between:
-        x = layer(x, training=False)
-    return ops.unit_values(x)
+        role = seam.role_of(layer)
+        if role is seam.Role.POINTWISE:
+            x = layer(x, training=False)
+        elif role in (seam.Role.POOL, seam.Role.GLOBAL_POOL) and not _keeps_constants(layer, x):
+            return None
+    return ops.unit_values(first, x)
 
 
-def _plan_pair(first: Any, second: Any, between: list[Any]) -> tuple[PairCompaction, dict]:
+def _plan_pair(
+    first: Any, second: Any, between: list[Any], flat: seam.Flat | None
+) -> tuple[PairCompaction, dict]:
     """The pair's report and, per layer id, the ``(config, weights)`` of its smaller layer."""
     ops_in, ops_out = _ops(first), _ops(second)
-    removed = ops_out.zero_outgoing(second)
-    constant = ops_in.zero_incoming(first) & ~removed
+    layout = seam.PairLayout(seam.entry_of(first), seam.entry_of(second), flat)
+    kernel_in, kernel_out = (np.asarray(m) for m in layout.views(first.kernel, second.kernel))
+    removed = np.all(kernel_out == 0, axis=1)
+    zero_in = np.all(kernel_in == 0, axis=0) & ~removed
+    constant = zero_in.copy()
     shift = None
     if constant.any():
         c = _constants(first, between, ops_in)
-        if not np.all(np.isfinite(c[constant])):
+        if c is not None and not np.all(np.isfinite(c[constant])):
             raise ValueError(
                 f"compact: units of {first.name!r} with zero incoming weights output NaN or inf "
                 "(from their bias): the network's output is not finite; check the weights."
             )
-        shift = ops_out.input_shift(second, np.where(constant, c, 0))
-        if shift is None:  # the second layer's type cannot take the constants: keep the units
+        if c is not None:
+            shift = ops_out.input_shift(second, np.where(constant, c, 0), flat)
+        if shift is None:  # the constants cannot be folded exactly here: keep the units
             constant[:] = False
     keep = np.flatnonzero(~(removed | constant))
     zero = keep.size == 0
@@ -316,28 +435,29 @@ def _plan_pair(first: Any, second: Any, between: list[Any]) -> tuple[PairCompact
         keep = np.zeros(1, dtype=np.int64)
     plans = {
         id(first): ops_in.keep_out(first, keep, zero),
-        id(second): ops_out.keep_in(second, keep, zero, shift),
+        id(second): ops_out.keep_in(second, keep, zero, shift, flat),
     }
     after = sum(w.size for _, weights in plans.values() for w in weights)
     report = PairCompaction(
         first.name,
         second.name,
-        units_before=ops_in.units_out(first),
+        units_before=len(removed),
         units_after=len(keep),
         removed=int(removed.sum()),
         folded=int(constant.sum()),
         params_before=first.count_params() + second.count_params(),
         params_after=int(after),
+        constant_kept=int((zero_in & ~constant).sum()),
     )
     return report, plans
 
 
 def compact(model: keras.Model, pairs: Any = "auto") -> tuple[keras.Model, CompactionReport]:
-    """A copy of ``model`` without the dead hidden units of its Dense pairs, and a report.
+    """A copy of ``model`` without the dead hidden units of its layer pairs, and a report.
 
     Args:
         model: a built ``Sequential`` or functional Keras model; left unchanged.
-        pairs: ``"auto"`` or ``[(first, second), ...]`` layer names or Dense layers, resolved
+        pairs: ``"auto"`` or ``[(first, second), ...]`` layer names or layers, resolved
             over the trainable variables as the optimizers resolve them: pass what you trained
             with.
 
@@ -347,8 +467,9 @@ def compact(model: keras.Model, pairs: Any = "auto") -> tuple[keras.Model, Compa
 
     Raises:
         ValueError: an unbuilt or subclassed model, pairs that do not resolve, a paired layer
-            that is not a plain ``Dense``, or a pair whose hidden units reach anything but the
-            second layer, or reach it through anything but entry-wise layers.
+            that is not a plain ``Dense``, ``Conv1D`` or ``Conv2D``, or a pair whose hidden
+            units reach anything but the second layer, or reach it through anything but
+            entry-wise layers (and, after a convolution, pooling and a Flatten).
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"compact: expected a keras.Model, got {type(model).__name__}")
@@ -361,7 +482,7 @@ def compact(model: keras.Model, pairs: Any = "auto") -> tuple[keras.Model, Compa
         )
     reports, plans = [], {}
     for first, second in _resolve(model, pairs):
-        report, plan = _plan_pair(first, second, _between(model, first, second))
+        report, plan = _plan_pair(first, second, *_between(model, first, second))
         reports.append(report)
         plans.update(plan)
     clones: list[tuple[Any, Any]] = []

@@ -4,24 +4,32 @@ that adds them to ``logs``.
 Keys (the same names and definitions as ``pathnorm_lightning``'s logged metrics):
 
 * ``pathnorm/sparsity``: fraction of exactly-zero entries of the regularized kernels;
-* ``pathnorm/alive_units``: fraction of hidden units of the regularized pairs whose incoming
-  column ``K_in[:, j]`` and outgoing row ``K_out[j, :]`` both have a nonzero entry;
-* ``pathnorm/path_norm_bound``: ``1^T |K_1| |K_2| ... |K_L| 1`` over the model's Dense chain
-  (the 1-path-norm of the whole MLP, an upper bound on its (l_inf, l_1) Lipschitz constant);
-* ``pathnorm/product_bound``: ``sum|K_L| * prod_{l<L} max_j ||K_l[:, j]||_1``, the layer-wise
-  bound (never below the path-norm bound).
+* ``pathnorm/alive_units``: fraction of hidden units (Dense features, convolution channels) of
+  the regularized pairs whose incoming weights (column ``j`` of the layer seam's in-view,
+  ``K_in[:, j]`` for Dense) and outgoing weights (row ``j`` of its out-view, ``K_out[j, :]``)
+  both have a nonzero entry;
+* ``pathnorm/path_norm_bound``: ``s * 1^T |K_1| |K_2| ... |K_L| 1`` over the model's chain of
+  Dense/Conv1D/Conv2D layers, each ``|K_l|`` summed over a unit's taps or positions
+  (per-channel sums after a convolution): for an MLP the 1-path-norm of the whole network,
+  in general an upper bound on the path norm of the unrolled network and on its
+  (l_inf, l_1) Lipschitz constant; ``s`` is the factor of the last layer (1 for a Dense
+  layer; for a convolution, from the spatial size it was built on; docs/conv_units.md);
+* ``pathnorm/product_bound``: ``s * sum|K_L| * prod_{l<L} max_j ||K_l[:, j]||_1`` (``K_l``'s
+  in-view for a convolution), the layer-wise bound (never below the path-norm bound).
 
 The regularized kernels are those of the model's optimizer when it is a
 :class:`~pathnorm_tf.PathNormSGD` or :class:`~pathnorm_tf.ProxOptimizer` (also inside a
 ``LossScaleOptimizer``): its pairs, or for the l1/l_inf baselines its kernels (alive units
-over runs of adjacent ones whose dimensions chain). With another optimizer, or explicit
+over runs of adjacent ones whose units chain). With another optimizer, or explicit
 ``pairs``, the pairs are resolved over the model's *trainable* variables exactly as the
 optimizer would resolve them (frozen layers and recurrent cells skipped, see
 :mod:`pathnorm_tf.pairing`); explicit ``pairs`` equal to the optimizer's are its pairs.
-The two bounds cover every built Dense layer, frozen ones included, and are reported when they
-all chain (a feed-forward MLP). Values are Python floats computed in float64 from the current
-weights. A regularized pair left with no alive hidden unit is warned about, once per pair (with
-the model's path-norm optimizer, whose own check at the end of ``fit`` shares the record).
+The two bounds cover every built Dense/Conv1D/Conv2D layer, frozen ones included, and are
+reported when they all chain (a feed-forward network; a Dense layer after a convolution reads
+it through a Flatten or global pooling) and, where the last is a convolution, its input size
+is known. Values are Python floats computed in float64 from the current weights. A regularized
+pair left with no alive hidden unit is warned about, once per pair (with the model's path-norm
+optimizer, whose own check at the end of ``fit`` shares the record).
 """
 
 from __future__ import annotations
@@ -32,40 +40,89 @@ from typing import Any
 import keras
 import tensorflow as tf
 
+from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer, alive_units, warn_dead_pairs
+from pathnorm_tf.optimizers import (
+    PathNormSGD,
+    ProxOptimizer,
+    _links,
+    alive_units,
+    warn_dead_pairs,
+)
 
 __all__ = ["PathNormMetrics", "metric_values"]
 
 
-def _dense_layers(model: keras.Model) -> list[keras.layers.Dense]:
-    layers = [
+def _seam_layers(model: keras.Model) -> list[Any]:
+    """The built layers of ``model`` the layer seam has an entry for, in layer order."""
+    return [
         layer
         for layer in model._flatten_layers(include_self=False, recursive=True)
-        if isinstance(layer, keras.layers.Dense) and layer.built
+        if pairing._has_entry(layer) and layer.built
     ]
-    return layers
 
 
 def _abs64(kernel: Any) -> tf.Tensor:
     return tf.abs(tf.cast(tf.convert_to_tensor(kernel), tf.float64))
 
 
-def path_norm_bound(kernels: list[Any]) -> float:
-    """``1^T |K_1| ... |K_L| 1`` for a chain of Dense kernels (in, out) in forward order."""
-    v = tf.reduce_sum(_abs64(kernels[0]), 0)  # 1^T |K_1|
-    for k in kernels[1:]:
-        v = tf.linalg.matvec(_abs64(k), v, transpose_a=True)
-    return float(tf.reduce_sum(v))
+_DENSE = seam.PairLayout(seam.DenseEntry(), seam.DenseEntry())
 
 
-def product_bound(kernels: list[Any]) -> float:
-    """``sum|K_L| * prod_{l<L} ||K_l||_{inf->inf}`` (largest column l1 norm of a Dense kernel;
-    0 for a kernel with no column)."""
-    value = tf.reduce_sum(_abs64(kernels[-1]))
-    for k in kernels[:-1]:
-        value = value * tf.reduce_max(tf.concat([tf.reduce_sum(_abs64(k), 0), [0.0]], 0))
+def _layouts(kernels: list[Any], layouts: list[seam.PairLayout] | None) -> list[seam.PairLayout]:
+    return [_DENSE] * (len(kernels) - 1) if layouts is None else layouts
+
+
+def path_norm_bound(
+    kernels: list[Any], layouts: list[seam.PairLayout] | None = None, reuse: int = 1
+) -> float:
+    """``reuse * 1^T |K_1| ... |K_L| 1`` for a chain of kernels in forward order, the
+    ``layouts`` between them (None: Dense kernels (in, out)): each ``|K_l|`` summed over a
+    unit's taps or positions (the seam's views), ``reuse`` the factor ``s`` of the last layer."""
+    links = _layouts(kernels, layouts)
+    first = links[0].first if links else seam.DenseEntry()
+    v = tf.reduce_sum(_abs64(first.in_view(kernels[0])), 0)  # per unit: ||y_i||_1
+    for kernel, layout in zip(kernels[1:], links, strict=True):
+        n_units = int(v.shape[0])
+        rows = _abs64(layout.second.out_view(kernel, n_units, layout.flat))
+        per_unit = tf.reduce_sum(tf.reshape(rows, [n_units, -1, int(kernel.shape[-1])]), 1)
+        v = tf.linalg.matvec(per_unit, v, transpose_a=True)
+    return float(tf.reduce_sum(v)) * reuse
+
+
+def product_bound(
+    kernels: list[Any], layouts: list[seam.PairLayout] | None = None, reuse: int = 1
+) -> float:
+    """``reuse * sum|K_L| * prod_{l<L} ||K_l||_{inf->inf}`` (largest column l1 norm of the
+    seam's in-view: of a Dense kernel, of a convolution's kernel per output channel; 0 for a
+    kernel with no column)."""
+    value = tf.reduce_sum(_abs64(kernels[-1])) * reuse
+    for k, layout in zip(kernels[:-1], _layouts(kernels, layouts), strict=True):
+        sums = tf.reduce_sum(_abs64(layout.first.in_view(k)), 0)
+        value = value * tf.reduce_max(tf.concat([sums, [0.0]], 0))
     return float(value)
+
+
+def _chain_of(model: keras.Model) -> tuple[list[Any], list[seam.PairLayout], int] | None:
+    """The kernels of the model's seam layers, the layouts between them and the factor ``s``
+    of the last one; None where they do not chain (or the last convolution's input size is
+    unknown)."""
+    found = _seam_layers(model)
+    if not found:
+        return None
+    try:
+        layouts = []
+        for a, b in itertools.pairwise(found):
+            between = pairing._path_between(a, b)
+            flatten = None
+            if between is not None and seam.entry_of(a).spatial:
+                flatten = seam.check_between(a, b, between).flatten
+            layouts.append(seam.layout_of(a, b, flatten))
+        last = seam.entry_of(found[-1])
+        reuse = last.reuse(found[-1], last.in_positions(found[-1]))
+    except ValueError:
+        return None
+    return [layer.kernel for layer in found], layouts, reuse
 
 
 def _regularizing_optimizer(model: keras.Model) -> Any:
@@ -84,12 +141,15 @@ def _regularized_chains(model: keras.Model, spec: pairing.PairsSpec) -> list[lis
     ):
         # Exactly what the optimizer acts on (for its own names: as it resolved them, which
         # its config records, so also where a reloaded model's paths no longer tell them apart).
-        return opt.regularized_chains(variables)
+        return list(opt.regularized_chains(variables, model))
     if spec == "auto":
-        found = pairing.dense_kernels(variables)
+        found = pairing.layer_kernels(variables, model)
         if len(found) < 2:  # nothing to pair: the one kernel's sparsity, if there is one
             return [[variables[i]] for i in found]
-    return [[variables[i], variables[j]] for i, j in pairing.resolve_pairs(variables, spec)]
+    return [
+        pairing.Chain([variables[p.first], variables[p.second]], [p.layout])
+        for p in pairing.resolve_pairs(variables, spec, model=model)
+    ]
 
 
 def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
@@ -112,9 +172,10 @@ def _metric_values(
     """:func:`metric_values`; a dead pair is warned about once: per the optimizer's record
     when it is a path-norm optimizer, else per ``warned``."""
     chains = _regularized_chains(model, spec)
-    kernels = [layer.kernel for layer in _dense_layers(model)]
-    if not kernels and not chains:
-        raise ValueError("PathNormMetrics: the model has no built Dense layer to report on")
+    if not _seam_layers(model) and not chains:
+        raise ValueError(
+            f"PathNormMetrics: the model has no built {pairing.KINDS} layer to report on"
+        )
     zeros = total = alive = units = 0
     dead: list[tuple[str, str]] = []
     for chain in chains:
@@ -122,20 +183,21 @@ def _metric_values(
             t = tf.convert_to_tensor(k)
             zeros += int(tf.reduce_sum(tf.cast(tf.equal(t, 0), tf.int64)))
             total += int(tf.size(t))
-        for k_in, k_out in itertools.pairwise(chain):
-            live = int(tf.reduce_sum(tf.cast(alive_units(k_in, k_out), tf.int64)))
+        for k_in, k_out, layout in _links(chain):
+            live = int(tf.reduce_sum(tf.cast(alive_units(k_in, k_out, layout), tf.int64)))
             alive += live
-            units += int(k_in.shape[1])
-            if live == 0 and int(k_in.shape[1]) > 0:
+            units += int(k_in.shape[-1])
+            if live == 0 and int(k_in.shape[-1]) > 0:
                 dead.append((pairing.layer_path(k_in), pairing.layer_path(k_out)))
     values = {}
     if total:
         values["pathnorm/sparsity"] = zeros / total
     if units:
         values["pathnorm/alive_units"] = alive / units
-    if kernels and all(a.shape[1] == b.shape[0] for a, b in itertools.pairwise(kernels)):
-        values["pathnorm/path_norm_bound"] = path_norm_bound(kernels)
-        values["pathnorm/product_bound"] = product_bound(kernels)
+    network = _chain_of(model)
+    if network is not None:
+        values["pathnorm/path_norm_bound"] = path_norm_bound(*network)
+        values["pathnorm/product_bound"] = product_bound(*network)
     opt = _regularizing_optimizer(model)
     warn_dead_pairs(dead, opt, opt._warned_dead if opt is not None else warned)
     return values

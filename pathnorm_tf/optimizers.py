@@ -4,7 +4,7 @@ Proximal SGD (the paper's training method) is ``W <- prox_{lam * lr * R}(W - lr 
 Two ways to get it:
 
 * :class:`PathNormSGD`: ``keras.optimizers.SGD`` (momentum, Nesterov, every base argument)
-  followed by the 1-path-norm prox of the paired Dense kernels with step ``lam * lr``.
+  followed by the 1-path-norm prox of the paired kernels with step ``lam * lr``.
 * :class:`ProxOptimizer`: wraps *any* Keras optimizer (like ``LossScaleOptimizer``) and
   follows its step with the path-norm prox, the L1 prox (``regularizer="l1"``) or the
   layer-wise l_inf projection (``regularizer="linf"``, ``||K||_{inf->inf} <= radius``).
@@ -18,7 +18,9 @@ used (schedules are honoured). "The variables it changed" are the ones handed to
 frozen after the optimizer was built (``trainable = False``, then ``compile`` again) is left
 alone, and a pair with one side frozen is skipped with a warning. Which kernels *can* be
 regularized is resolved from the variables' paths when the optimizer is built (see
-:mod:`pathnorm_tf.pairing`); the optimizer stores indices, so model variables never become
+:mod:`pathnorm_tf.pairing`): ``Dense``, ``Conv1D`` and ``Conv2D`` kernels, whose hidden units
+(features or channels) the layer seam (:mod:`pathnorm_tf.layers`) lays out as the matrices the
+prox takes; the optimizer stores indices and those layouts, so model variables never become
 optimizer variables, and records where explicit names resolved in its config, so a reloaded
 model keeps its pairs. Under
 ``tf.distribute`` the prox runs on every replica's copy of the (already identical) weights.
@@ -33,11 +35,13 @@ import functools
 import inspect
 import itertools
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import keras
 import tensorflow as tf
 
+from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
 from pathnorm_tf._common import check_scalar, soft_threshold, warn_if_xla
 from pathnorm_tf.functional import _prox_kernels
@@ -106,19 +110,29 @@ def _when(is_real: tf.Tensor | None, fn: Any) -> None:
     tf.cond(is_real, run, lambda: tf.constant(False))
 
 
-def alive_units(k_in: Any, k_out: Any) -> tf.Tensor:
-    """Per hidden unit, (n,) bool: its incoming column ``k_in[:, j]`` and its outgoing row
-    ``k_out[j, :]`` both hold a nonzero weight."""
+def alive_units(k_in: Any, k_out: Any, layout: seam.PairLayout | None = None) -> tf.Tensor:
+    """Per hidden unit, (n,) bool: its incoming weights (column ``j`` of the seam's in-view,
+    ``k_in[:, j]`` for Dense kernels) and its outgoing ones (row ``j`` of the out-view,
+    ``k_out[j, :]``) both hold a nonzero weight. ``layout``: the pair's, None for Dense."""
+    if layout is not None:
+        k_in, k_out = layout.views(k_in, k_out)
     return tf.reduce_any(tf.not_equal(k_in, 0), 0) & tf.reduce_any(tf.not_equal(k_out, 0), 1)
 
 
-def dead_pairs(chains: list[list[Any]]) -> list[tuple[str, str]]:
+def _links(chain: Sequence[Any]) -> list[tuple[Any, Any, seam.PairLayout | None]]:
+    """The consecutive kernels of ``chain`` with their layout (a :class:`pairing.Chain`'s;
+    None for a plain list of Dense kernels)."""
+    layouts = getattr(chain, "layouts", [None] * max(len(chain) - 1, 0))
+    return [(a, b, lay) for (a, b), lay in zip(itertools.pairwise(chain), layouts, strict=True)]
+
+
+def dead_pairs(chains: Sequence[Sequence[Any]]) -> list[tuple[str, str]]:
     """The layer paths of the consecutive kernels in ``chains`` with hidden units, none alive."""
     return [
         (pairing.layer_path(k_in), pairing.layer_path(k_out))
         for chain in chains
-        for k_in, k_out in itertools.pairwise(chain)
-        if int(k_in.shape[1]) > 0 and not bool(tf.reduce_any(alive_units(k_in, k_out)))
+        for k_in, k_out, layout in _links(chain)
+        if int(k_in.shape[-1]) > 0 and not bool(tf.reduce_any(alive_units(k_in, k_out, layout)))
     ]
 
 
@@ -156,8 +170,8 @@ class _KernelRegularizer:
     _pairs_spec: pairing.PairsSpec
     _layers_spec: pairing.LayersSpec
     _check_finite: bool
-    _pair_indices: tuple[tuple[int, int], ...]
-    _layer_indices: tuple[int, ...]
+    _pairs: tuple[pairing.Pair, ...]
+    _layers: tuple[pairing.Single, ...]
     _record: pairing.Record | None
     _warned_half_frozen: set[tuple[int, int]]
     _warned_dead: set[tuple[str, str]]
@@ -201,8 +215,8 @@ class _KernelRegularizer:
         self._pairs_spec = pairs_spec
         self._layers_spec = layers_spec
         self._check_finite = check_finite
-        self._pair_indices = ()
-        self._layer_indices = ()
+        self._pairs = ()
+        self._layers = ()
         self._record = None
         self._warned_half_frozen = set()
         self._warned_dead = set()
@@ -216,29 +230,33 @@ class _KernelRegularizer:
     def regularized_pairs(self) -> list[tuple[str, str]]:
         """Paths of the (kernel_in, kernel_out) pairs the prox acts on (after ``build``)."""
         tv = self._trainable_variables
-        return [(tv[i].path, tv[j].path) for i, j in self._pair_indices]
+        return [(tv[p.first].path, tv[p.second].path) for p in self._pairs]
 
     @property
     def regularized_kernels(self) -> list[str]:
         """Paths of the kernels the baseline acts on (after ``build``)."""
-        return [self._trainable_variables[i].path for i in self._layer_indices]
+        return [self._trainable_variables[s.kernel].path for s in self._layers]
 
-    def _resolve(self, variables: list[Any]) -> tuple[tuple[tuple[int, int], ...], tuple[int, ...]]:
-        """The pairs and (baselines) layers in ``variables``, using the record if it applies."""
+    def _resolve(
+        self, variables: list[Any], model: keras.Model | None
+    ) -> tuple[tuple[pairing.Pair, ...], tuple[pairing.Single, ...]]:
+        """The pairs and (baselines) layers in ``variables``, using the record if it applies;
+        ``model``: the model that trains them, if known (convolutions need it)."""
         if self._regularizer == "path":
-            return pairing.resolve_pairs(variables, self._pairs_spec, self._record), ()
-        return (), pairing.resolve_layers(variables, self._layers_spec, self._record)
+            pairs = pairing.resolve_pairs(variables, self._pairs_spec, self._record, model)
+            return pairs, ()
+        return (), pairing.resolve_layers(variables, self._layers_spec, self._record, model)
 
     def _resolve_targets(self, variables: list[Any]) -> None:
-        self._pair_indices, self._layer_indices = self._resolve(variables)
+        model = _model_of(variables)
+        self._pairs, self._layers = self._resolve(variables, model)
         if self._regularizer == "path" and self._pairs_spec == "auto":
-            model = _model_of(variables)
             if model is not None:
-                pairing.check_auto_pairs_in_model(model, variables, self._pair_indices)
+                pairing.check_auto_pairs_in_model(model, variables, self._pairs)
             else:
                 warnings.warn(
                     f'pairs="auto" paired {self.regularized_pairs} without seeing the model (the '
-                    "optimizer was built outside model.fit): a frozen layer between two Dense "
+                    "optimizer was built outside model.fit): a frozen layer between two paired "
                     "layers is invisible in the trained variables. Call "
                     "optimizer.verify_pairs(model) before the first step, or pass pairs=[...].",
                     stacklevel=4,
@@ -246,14 +264,16 @@ class _KernelRegularizer:
         path = self._regularizer == "path"
         spec = self._pairs_spec if path else self._layers_spec
         if not isinstance(spec, str):  # names: record where they resolved, for the config
-            found = self._pair_indices if path else self._layer_indices
-            self._record = pairing.record_of(variables, spec, found)
+            found = self._pairs if path else [s.kernel for s in self._layers]
+            self._record = pairing.record_of(variables, spec, found, model)
 
     def verify_pairs(self, model: keras.Model) -> None:
         """Build the optimizer for ``model`` (custom loops; ``fit`` does this itself), checking
         ``pairs="auto"`` against the model's layers: a layer with weights between a pair,
         frozen or not, is refused, and a pair the model's graph does not confirm is warned
-        about. Call it before the first step; once built, only the check runs."""
+        about. Convolution kernels are only regularized by an optimizer that saw the model
+        (their layers and Flatten order are not in the variables). Call it before the first
+        step; once built, only the check runs."""
         if not isinstance(model, keras.Model):
             raise TypeError(f"verify_pairs takes the keras.Model being trained, got {model!r}")
         if not self.built:
@@ -263,22 +283,28 @@ class _KernelRegularizer:
             finally:
                 _MODEL_HINT.reset(token)
         elif self._regularizer == "path" and self._pairs_spec == "auto":
-            pairing.check_auto_pairs_in_model(model, self._trainable_variables, self._pair_indices)
+            pairing.check_auto_pairs_in_model(model, self._trainable_variables, self._pairs)
 
-    def regularized_chains(self, variables: list[Any]) -> list[list[Any]]:
-        """The kernels the regularizer acts on, as forward chains (for the metrics).
+    def regularized_chains(
+        self, variables: list[Any], model: keras.Model | None = None
+    ) -> list[pairing.Chain]:
+        """The kernels the regularizer acts on, as forward chains (for the metrics), each a
+        :class:`~pathnorm_tf.pairing.Chain` (a list of variables, with the layouts between).
 
         The ``(kernel_in, kernel_out)`` pairs, or (baselines) the kernels split into runs of
-        adjacent layers whose dimensions chain. Once built, the optimizer's own variables
-        and targets; before, ``variables`` resolved as ``build`` will resolve them.
+        adjacent layers whose units chain. Once built, the optimizer's own variables and
+        targets; before, ``variables`` (of ``model``) resolved as ``build`` will resolve them.
         """
-        tv, pairs, layers = self._trainable_variables, self._pair_indices, self._layer_indices
+        tv, pairs, layers = self._trainable_variables, self._pairs, self._layers
         if not getattr(self, "built", False):
             tv = list(variables)
-            pairs, layers = self._resolve(tv)
+            pairs, layers = self._resolve(tv, model)
         if self._regularizer == "path":
-            return [[tv[i], tv[j]] for i, j in pairs]
-        return [[tv[i] for i in chain] for chain in pairing.kernel_chains(tv, layers)]
+            return [pairing.Chain([tv[p.first], tv[p.second]], [p.layout]) for p in pairs]
+        return [
+            pairing.Chain([tv[i] for i in chain], chain.layouts)
+            for chain in pairing.kernel_chains(tv, layers, model)
+        ]
 
     def _check_alive(self) -> None:
         """At the end of ``fit`` (host side, once): warn, once per pair, about a pair that has
@@ -317,13 +343,13 @@ class _KernelRegularizer:
         keys = {self._var_key(v) for v in updated}
         tv = self._trainable_variables
         pairs = []
-        for i, j in self._pair_indices:
-            moved = [self._var_key(tv[k]) in keys for k in (i, j)]
+        for pair in self._pairs:
+            moved = [self._var_key(tv[k]) in keys for k in pair[:2]]
             if all(moved):
-                pairs.append((i, j))
+                pairs.append(pair)
             elif any(moved):
-                self._warn_half_frozen((i, j))
-        layers = [i for i in self._layer_indices if self._var_key(tv[i]) in keys]
+                self._warn_half_frozen((pair.first, pair.second))
+        layers = [s for s in self._layers if self._var_key(tv[s.kernel]) in keys]
         if not pairs and not layers:
             return
         tf.__internal__.distribute.interim.maybe_merge_call(
@@ -353,20 +379,23 @@ class _KernelRegularizer:
         distribution: Any,
         learning_rate: Any,
         is_real: tf.Tensor | None,
-        pairs: list[tuple[int, int]],
-        layers: list[int],
+        pairs: list[pairing.Pair],
+        layers: list[pairing.Single],
     ) -> None:
         tv = self._trainable_variables
-        for i, j in pairs:
+        for i, j, layout in pairs:
             distribution.extended.update(
                 _tf_variable(tv[i]),
-                self._path_update,
+                functools.partial(self._path_update, layout=layout),
                 args=(_tf_variable(tv[j]), learning_rate, is_real),
                 group=False,
             )
-        for i in layers:
+        for i, entry in layers:
             distribution.extended.update(
-                _tf_variable(tv[i]), self._layer_update, args=(learning_rate, is_real), group=False
+                _tf_variable(tv[i]),
+                functools.partial(self._layer_update, entry=entry),
+                args=(learning_rate, is_real),
+                group=False,
             )
 
     def _step(self, learning_rate: Any) -> tf.Tensor:
@@ -383,27 +412,42 @@ class _KernelRegularizer:
         return value
 
     def _path_update(
-        self, k_in: Any, k_out: Any, learning_rate: Any, is_real: tf.Tensor | None
+        self,
+        k_in: Any,
+        k_out: Any,
+        learning_rate: Any,
+        is_real: tf.Tensor | None,
+        layout: seam.PairLayout,
     ) -> None:
+        # The prox on the seam's unit views (the kernels themselves for a Dense pair), written
+        # back in the kernels' layouts: static reshapes and transposes, fine under XLA.
         def update() -> None:
-            new_in, new_out = _prox_kernels(
-                self._read(k_in, "kernel_in"),
-                self._read(k_out, "kernel_out"),
-                self._step(learning_rate),
+            first, second = self._read(k_in, "kernel_in"), self._read(k_out, "kernel_out")
+            view_in, view_out = layout.views(first, second)
+            new_in, new_out = _prox_kernels(view_in, view_out, self._step(learning_rate))
+            new_first, new_second = layout.natives(
+                new_in, new_out, tuple(first.shape), tuple(second.shape)
             )
-            k_in.assign(new_in)
-            k_out.assign(new_out)
+            k_in.assign(new_first)
+            k_out.assign(new_second)
 
         _when(is_real, update)
 
-    def _layer_update(self, kernel: Any, learning_rate: Any, is_real: tf.Tensor | None) -> None:
+    def _layer_update(
+        self,
+        kernel: Any,
+        learning_rate: Any,
+        is_real: tf.Tensor | None,
+        entry: seam.LayerEntry,
+    ) -> None:
         def update() -> None:
             value = self._read(kernel, "kernel")
             if self._regularizer == "l1":
                 kernel.assign(soft_threshold(value, self._step(learning_rate)))
-            else:
+            else:  # each unit's incoming weights (a column of the in-view) onto the l1 ball
                 assert self._radius is not None
-                kernel.assign(_project_linf(value, self._radius))
+                rows = _project_linf(entry.in_view(value), self._radius)
+                kernel.assign(entry.in_native(rows, tuple(value.shape)))
 
         _when(is_real, update)
 
@@ -412,17 +456,18 @@ class _KernelRegularizer:
 class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
     """SGD followed, after every real update, by the exact 1-path-norm prox (proximal SGD).
 
-    ``W <- prox_{lam * lr * P}(SGD step(W))`` on every Dense pair, ``P`` the 1-path-norm
-    ``sum_i ||K_out[i, :]||_1 ||K_in[:, i]||_1``; ``lr`` is the rate of the current step (a
-    schedule is evaluated as SGD evaluates it).
+    ``W <- prox_{lam * lr * P}(SGD step(W))`` on every pair, ``P`` the 1-path-norm
+    ``sum_i ||K_out[i, :]||_1 ||K_in[:, i]||_1`` over the hidden units (Dense features or
+    convolution channels, laid out by :mod:`pathnorm_tf.layers`); ``lr`` is the rate of the
+    current step (a schedule is evaluated as SGD evaluates it).
 
     Args:
         learning_rate: float, ``LearningRateSchedule`` or callable, as for ``SGD``.
         lam: path-norm strength, finite and >= 0 (required).
         momentum, nesterov: as for ``SGD``.
-        pairs: ``"auto"`` (consecutive Dense layers (1, 2), (3, 4), ...) or a list of
-            ``(first_layer, second_layer)`` names or Dense layers; checked when the optimizer
-            is built (first ``fit`` batch), see :mod:`pathnorm_tf.pairing`.
+        pairs: ``"auto"`` (consecutive Dense/Conv1D/Conv2D layers (1, 2), (3, 4), ...) or a
+            list of ``(first_layer, second_layer)`` names or layers; checked when the
+            optimizer is built (first ``fit`` batch), see :mod:`pathnorm_tf.pairing`.
         check_finite: assert the kernels are finite before each prox (a graph assertion).
         **kwargs: every other ``SGD`` argument (``gradient_accumulation_steps``,
             ``weight_decay``, ``clipnorm``, ``use_ema``, ``name``, ...).
@@ -481,14 +526,18 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
 
 @keras.saving.register_keras_serializable(package="pathnorm")
 class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
-    """Wrap any Keras optimizer: its step, then a prox/projection of the chosen Dense kernels.
+    """Wrap any Keras optimizer: its step, then a prox/projection of the chosen kernels.
 
     ``W <- prox(inner step(W))`` with, per ``regularizer``:
 
     * ``"path"``: the exact 1-path-norm prox with step ``lam * lr`` on each ``pairs`` pair;
     * ``"l1"``: soft-thresholding by ``lam * lr`` of each kernel in ``layers``;
     * ``"linf"``: each kernel in ``layers`` projected onto ``||K||_{inf->inf} <= radius``
-      (every column onto the l1 ball; the paper's layer-wise baseline; no ``lr``).
+      (every column onto the l1 ball; the paper's layer-wise baseline; no ``lr``). For a
+      convolution the columns are those of the seam's in-view: output channel ``c``'s weights
+      ``kernel[..., c]`` over every tap and input channel; each row of the unrolled
+      convolution holds those weights (or some of them, at a zero-padded border), so its
+      l_inf operator norm is at most ``radius`` too.
 
     ``lr`` is the inner optimizer's rate for that step. The wrapper forwards ``learning_rate``,
     ``iterations`` and ``variables`` to the inner optimizer (like ``LossScaleOptimizer``),

@@ -1,23 +1,36 @@
-"""Which Dense kernels the optimizers regularize, resolved from the variables they train.
+"""Which kernels the optimizers regularize, resolved from the variables they train.
 
 A Keras optimizer only sees variables (``model.fit`` calls ``optimizer.build(model.
 trainable_variables)``, then ``apply_gradients(zip(grads, variables))``), never the model,
 and a Keras 3 variable keeps no reference to the layer that owns it. What it has is a
 ``.path`` such as ``"sequential/dense_1/kernel"``: the layer's path, then the variable name.
+The optimizers also see the model while ``fit`` (or ``verify_pairs(model)``) builds them, and
+then map each variable to its layer.
 
-A *Dense kernel* here is a trained 2-D variable named ``kernel`` that is not in a recurrent
-cell. A recurrent cell is a layer path that also holds a ``recurrent_kernel``: the Keras
+The layers are those of the layer seam (:mod:`pathnorm_tf.layers`): ``Dense``, ``Conv1D`` and
+``Conv2D``; the seam says which weights are a unit's, how many units a layer has and what may
+stand between two paired layers, and this module asks it. A *layer kernel* here is a trained
+variable named ``kernel``, not in a recurrent cell, that is
+
+* 2-D: a Dense kernel. A layer that is not a Dense layer but holds a 2-D ``kernel`` (an
+  ``EinsumDense`` such as ``"ab,bc->ac"``, a custom layer) cannot be told apart from one by its
+  variables, so it counts as Dense: the prox then assumes ``y = x @ kernel``. Pair such layers
+  only if that is what they compute; passing the layer object itself is refused unless the
+  seam has an entry for its class;
+* 3-D or 4-D and owned by a ``Conv1D`` / ``Conv2D`` (``groups=1``). Other layers hold kernels
+  of those ranks (``Conv2DTranspose`` with its channels the other way round,
+  ``DepthwiseConv2D``), and a Flatten's channel order is not in the variables either: so a
+  convolution kernel is only taken where the optimizer saw the model; without it (a custom
+  loop that did not call ``optimizer.verify_pairs(model)``) a target with a 3-D or 4-D kernel
+  is refused with that advice.
+
+A recurrent cell is a layer path that also holds a ``recurrent_kernel``: the Keras
 convention, so ``SimpleRNN``, ``LSTM``, ``GRU`` (``"sequential/lstm/lstm_cell/kernel"``),
 ``keras.layers.RNN`` around their cells or ``StackedRNNCells``, ``Bidirectional`` wrappers and
-``ConvLSTM*`` are never taken for Dense layers. ``"auto"`` skips them, and refuses a pair whose
-two Dense layers have a recurrent layer between them (they do not form a shallow network);
-naming one raises an error saying it is recurrent. Layers whose 2-D weight is not called
-``kernel`` (``Embedding``) or not 2-D (``Conv*``) are not Dense kernels either. A layer that is
-not a Dense layer but holds a 2-D ``kernel`` (an ``EinsumDense`` such as ``"ab,bc->ac"``, a
-custom layer) cannot be told apart from one by its variables, so it counts as Dense: the prox
-then assumes ``y = x @ kernel``. Pair such layers only if that is what they compute (name the
-pairs explicitly otherwise); passing the layer object itself is refused unless it is a
-``keras.layers.Dense``.
+``ConvLSTM*`` are never taken for layer kernels. ``"auto"`` skips them, and refuses a pair whose
+two layers have a recurrent layer between them (they do not form a shallow network); naming one
+raises an error saying it is recurrent. Layers whose weight is not called ``kernel``
+(``Embedding``) are not layer kernels either.
 
 A layer is named by its ``layer.name`` (``"dense_1"``), or by a longer suffix of its path
 (``"enc/dense_1"``) when the name alone is ambiguous. Layer objects are accepted too and stored
@@ -27,24 +40,29 @@ given an ``Input`` or a subclassed model, plain ``"d1"`` in a functional one), a
 ``keras.models.load_model`` every path is the bare layer name (``"enc/h"`` and ``"net/h"`` both
 become ``"h"``). Hence the naming rule:
 
-* a name matches the Dense kernels whose layer path ends with it, component by component;
+* a name matches the layer kernels whose layer path ends with it, component by component;
 * while it matches none, its leading component is dropped if it occurs in no trained
   variable's path (``"net/d1"`` is looked up as ``"d1"`` where no path holds ``"net"``); one
   that does occur is kept (``"enc/d3"`` matches nothing when ``enc`` has no ``d3``);
-* a name that matches several Dense kernels is an error listing them: nothing is guessed.
+* a name that matches several layer kernels is an error listing them: nothing is guessed.
 
 Explicit names are also *recorded* once resolved (:func:`record_of`, the optimizer's
-``"resolved"`` config entry): the names, the layer name and shape of every trained Dense kernel
-in variable order, and the positions of the named ones. For the same names and variables with
-the same Dense kernels in the same order (the same model reloaded: Keras restores optimizer
-variables by that order too), the record picks the kernels, so a reloaded model keeps its pairs
-even where its paths no longer tell the layers apart. Otherwise the names are resolved by the
-rule above.
+``"resolved"`` config entry): the names, the layer name and shape of every trained layer
+kernel in variable order, and the positions of the named ones. For the same names and
+variables with the same layer kernels in the same order (the same model reloaded: Keras
+restores optimizer variables by that order too), the record picks the kernels, so a reloaded
+model keeps its pairs even where its paths no longer tell the layers apart. Otherwise the names
+are resolved by the rule above.
 
-``pairs="auto"`` pairs consecutive Dense kernels in variable order (= layer order):
-(K1, K2), (K3, K4), ... as in the paper's multilayer extension, checking that the dimensions
-chain; an unpaired last kernel is reported with a warning. Explicit ``pairs`` name
-``(first_layer, second_layer)`` tuples.
+``pairs="auto"`` pairs consecutive layer kernels in variable order (= layer order):
+(K1, K2), (K3, K4), ... as in the paper's multilayer extension, checking that the units chain
+(``Dense -> Dense``, ``Conv -> Conv``, ``Conv -> Flatten -> Dense``; a convolution never reads
+a Dense layer's units); an unpaired last kernel is reported with a warning. With the model in
+view, the layers between a pair in its graph must be ones the seam allows there
+(:func:`~pathnorm_tf.layers.check_between`). Explicit ``pairs`` name ``(first_layer,
+second_layer)`` tuples. Every pair is resolved to a :class:`Pair`: the two kernels' indices and
+their :class:`~pathnorm_tf.layers.PairLayout` (entries and the Flatten between), which is all
+an optimizer needs to run the prox on the variables.
 """
 
 from __future__ import annotations
@@ -55,13 +73,18 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pathnorm_tf import layers as seam
+
 __all__ = [
+    "Chain",
+    "Pair",
     "check_record",
-    "dense_kernels",
     "kernel_chains",
+    "layer_kernels",
     "layer_path",
     "normalize_layers",
     "normalize_pairs",
+    "owners_of",
     "record_of",
     "resolve_layers",
     "resolve_pairs",
@@ -69,6 +92,12 @@ __all__ = [
 
 PairsSpec = str | list[tuple[str, str]]
 LayersSpec = str | list[str]
+#: The layer types the seam knows, for messages.
+KINDS = "Dense/Conv1D/Conv2D"
+
+
+def _has_entry(layer: Any) -> bool:
+    return seam._by_class(seam.ENTRIES, layer) is not None
 
 
 def _layer_name(layer: Any, what: str) -> str:
@@ -79,13 +108,13 @@ def _layer_name(layer: Any, what: str) -> str:
     import keras
 
     if isinstance(layer, keras.layers.Layer):
-        if not isinstance(layer, keras.layers.Dense):
+        if not _has_entry(layer):
             raise ValueError(
-                f"{what}: layer {layer.name!r} is a {type(layer).__name__}, not a Dense layer; "
-                "only Dense kernels can be regularized"
+                f"{what}: layer {layer.name!r} is a {type(layer).__name__}, not a {KINDS} "
+                "layer; only the kernels of those can be regularized"
             )
         return str(layer.name)
-    raise TypeError(f"{what}: expected a layer name (str) or a keras Dense layer, got {layer!r}")
+    raise TypeError(f"{what}: expected a layer name (str) or a keras {KINDS} layer, got {layer!r}")
 
 
 def normalize_pairs(pairs: Any) -> PairsSpec:
@@ -135,6 +164,26 @@ def layer_path(variable: Any) -> str:
     return _layer_of(variable)[0]
 
 
+def _leaves(model: Any) -> list[Any]:
+    """The layers of ``model`` (nested models included) that hold no layers themselves."""
+    return [
+        layer
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if not list(layer._flatten_layers(include_self=False))
+    ]
+
+
+#: ``id(variable) -> layer`` for every weight of a model (:func:`owners_of`).
+Owners = dict[int, Any]
+
+
+def owners_of(model: Any | None) -> Owners | None:
+    """The layer that owns each weight of ``model``, by the weight's ``id`` (None: no model)."""
+    if model is None:
+        return None
+    return {id(w): layer for layer in _leaves(model) for w in layer.weights}
+
+
 # The cells Keras' recurrent layers create (named by Keras, then made unique: "lstm_cell_3").
 _CELL_KINDS = {
     "simple_rnn_cell": "a SimpleRNN",
@@ -145,28 +194,39 @@ _CELL_KINDS = {
 
 
 class _Scan(NamedTuple):
-    dense: list[tuple[int, str]]  # (index, layer path) of each Dense kernel, in variable order
+    kernels: list[tuple[int, str]]  # (index, layer path) of each layer kernel, in variable order
     recurrent: list[tuple[int, str]]  # (index, cell path) of each recurrent cell's kernel
 
 
-def _scan(variables: Sequence[Any]) -> _Scan:
-    """Sort the variables named ``kernel`` into Dense kernels and recurrent-cell kernels."""
+def _is_conv_kernel(variable: Any, owners: Owners | None) -> bool:
+    """A 3-D/4-D kernel: a convolution's where the model shows its layer has a spatial seam
+    entry; unknown (kept, refused when used: :func:`_entry`) without the model."""
+    if owners is None:
+        return True
+    entry = seam._by_class(seam.ENTRIES, owners.get(id(variable)))
+    return entry is not None and entry.spatial
+
+
+def _scan(variables: Sequence[Any], owners: Owners | None = None) -> _Scan:
+    """Sort the variables named ``kernel`` into layer kernels and recurrent-cell kernels."""
     paths = [_layer_of(v) for v in variables]
     cells = {layer for layer, name in paths if name == "recurrent_kernel"}
-    dense, recurrent = [], []
+    kernels, recurrent = [], []
     for i, (layer, name) in enumerate(paths):
         if name != "kernel":
             continue
+        rank = len(variables[i].shape)
         if layer in cells:
             recurrent.append((i, layer))
-        elif len(variables[i].shape) == 2:
-            dense.append((i, layer))
-    return _Scan(dense, recurrent)
+        elif rank == 2 or (rank in (3, 4) and _is_conv_kernel(variables[i], owners)):
+            kernels.append((i, layer))
+    return _Scan(kernels, recurrent)
 
 
-def dense_kernels(variables: Sequence[Any]) -> list[int]:
-    """Indices of the Dense kernels among ``variables``, in variable order."""
-    return [i for i, _ in _scan(variables).dense]
+def layer_kernels(variables: Sequence[Any], model: Any | None = None) -> list[int]:
+    """Indices of the layer kernels among ``variables``, in variable order (``model``: the
+    model that trains them, which tells convolutions from other layers)."""
+    return [i for i, _ in _scan(variables, owners_of(model)).kernels]
 
 
 def _matches(layer_path: str, name: str) -> bool:
@@ -189,8 +249,8 @@ def _recurrent_error(what: str, name: str, cells: list[str], known: list[str]) -
     layer = f"{kind} (recurrent) layer" if kind else "a recurrent layer"
     holds = f"its cell {cells[0]!r} holds" if len(cells) == 1 else f"its cells {cells} hold"
     return ValueError(
-        f"{what}: {name!r} is {layer}, not Dense: {holds} a kernel and a recurrent_kernel, "
-        f"and only Dense kernels can be regularized. Name Dense layers only; the ones this "
+        f"{what}: {name!r} is {layer}, not {KINDS}: {holds} a kernel and a recurrent_kernel, "
+        f"and only {KINDS} kernels can be regularized. Name those layers only; the ones this "
         f"optimizer trains are {known}."
     )
 
@@ -201,7 +261,7 @@ def _present(variables: Sequence[Any]) -> set[str]:
 
 
 def _lookup(kernels: list[tuple[int, str]], name: str, present: set[str]) -> tuple[list[int], str]:
-    """The Dense kernels ``name`` matches, and the suffix of ``name`` that matched.
+    """The layer kernels ``name`` matches, and the suffix of ``name`` that matched.
 
     Leading components of ``name`` are dropped, one at a time, while nothing matches and the
     component is in no trained variable's path (an outer model name that Keras left out).
@@ -221,9 +281,8 @@ def _kernel_list(variables: Sequence[Any], indices: Sequence[int]) -> str:
     return f"[{', '.join(items)}]"
 
 
-def _find(variables: Sequence[Any], name: str, what: str) -> int:
-    scan = _scan(variables)
-    kernels = scan.dense
+def _find(variables: Sequence[Any], name: str, what: str, scan: _Scan) -> int:
+    kernels = scan.kernels
     hits, suffix = _lookup(kernels, name, _present(variables))
     dropped = "" if suffix == name else name[: -len(suffix) - 1]
     if len(hits) == 1:
@@ -236,7 +295,7 @@ def _find(variables: Sequence[Any], name: str, what: str) -> int:
             else ""
         )
         raise ValueError(
-            f"{what}: layer name {name!r} is ambiguous: it matches the Dense kernels "
+            f"{what}: layer name {name!r} is ambiguous: it matches the layer kernels "
             f"{_kernel_list(variables, hits)}{why}. Name the layer by a longer suffix of its "
             "path, or give the layers unique names."
         )
@@ -248,11 +307,11 @@ def _find(variables: Sequence[Any], name: str, what: str) -> int:
     if others:
         shapes = [(_path(v), tuple(v.shape)) for v in others]
         raise ValueError(
-            f"{what}: layer {name!r} is not a Dense layer (its trained variables are "
-            f"{shapes}); only Dense kernels (2-D, named 'kernel') can be regularized"
+            f"{what}: layer {name!r} is not a {KINDS} layer (its trained variables are "
+            f"{shapes}); only the kernels of those can be regularized"
         )
     raise ValueError(
-        f"{what}: no trained Dense layer named {name!r}; the Dense layers this optimizer trains "
+        f"{what}: no trained {KINDS} layer named {name!r}; the ones this optimizer trains "
         f"are {known}. Use layer.name (or a path suffix); frozen layers cannot be regularized."
     )
 
@@ -260,7 +319,7 @@ def _find(variables: Sequence[Any], name: str, what: str) -> int:
 def _skipped(scan: _Scan) -> str:
     if not scan.recurrent:
         return ""
-    return f"; recurrent layers are not Dense (skipped: {[cell for _, cell in scan.recurrent]})"
+    return f"; recurrent layers are skipped ({[cell for _, cell in scan.recurrent]})"
 
 
 def _recurrent_between(scan: _Scan, i: int, j: int) -> str | None:
@@ -270,16 +329,16 @@ def _recurrent_between(scan: _Scan, i: int, j: int) -> str | None:
 
 def _not_consecutive(a: str, b: str, what: str) -> ValueError:
     return ValueError(
-        f'pairs="auto": Dense layers {a!r} -> {b!r} are not consecutive: the {what} lies '
-        "between them (a recurrent, frozen, convolution or normalization layer), so they are "
-        "no shallow network and their path-norm bounds nothing. Pass pairs=[...] to choose "
-        "the Dense pairs explicitly"
+        f'pairs="auto": layers {a!r} -> {b!r} are not consecutive: the {what} lies '
+        "between them (a recurrent, frozen, normalization or other layer with weights), so "
+        "they are no shallow network and their path-norm bounds nothing. Pass pairs=[...] to "
+        "choose the pairs explicitly"
     )
 
 
 def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[str]] | None:
-    """A layer with trained variables between the Dense kernels ``i`` and ``j`` (in variable
-    order, which is layer order) other than their own two layers: its path and variables."""
+    """A layer with trained variables between the kernels ``i`` and ``j`` (in variable order,
+    which is layer order) other than their own two layers: its path and variables."""
     own = {_layer_of(variables[i])[0], _layer_of(variables[j])[0]}
     for r in range(min(i, j) + 1, max(i, j)):
         layer = _layer_of(variables[r])[0]
@@ -292,28 +351,26 @@ def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[
 
 
 def check_auto_pairs_in_model(
-    model: Any, variables: Sequence[Any], pairs: Sequence[tuple[int, int]]
+    model: Any, variables: Sequence[Any], pairs: Sequence[Sequence[Any]]
 ) -> None:
-    """Refuse an auto pair whose two Dense layers have a layer with weights between them in
+    """Refuse an auto pair whose two layers have a layer with weights between them in
     ``model``'s layer order, frozen ones included (the optimizer's variables cannot show a
-    layer whose weights are all frozen), or one with a shared layer (called more often than
-    its partner); warn about pairs that the model's graph does not confirm (the second layer
-    fed by the first through pointwise layers only).
+    layer whose weights are all frozen), one with a shared layer (called more often than its
+    partner), or one whose graph puts layers between the two that the seam does not allow
+    there (:func:`~pathnorm_tf.layers.check_between`: pooling between Dense layers, a missing
+    Flatten); warn about pairs that the model's graph does not confirm (the second layer fed
+    by the first through layers the seam knows only).
 
     Args:
         model: the Keras model that trains ``variables``.
         variables: its trainable variables, as the optimizer holds them.
-        pairs: the indices ``resolve_pairs(variables, "auto")`` returned.
+        pairs: what ``resolve_pairs(variables, "auto")`` returned (or index pairs).
     """
-    leaves = [
-        layer
-        for layer in model._flatten_layers(include_self=False, recursive=True)
-        if not list(layer._flatten_layers(include_self=False))
-    ]
+    leaves = _leaves(model)
     position = {id(w): k for k, layer in enumerate(leaves) for w in layer.weights}
     calls = _graph_calls(model)
     unverified = []
-    for i, j in pairs:
+    for i, j, *_ in pairs:
         a, b = position.get(id(variables[i])), position.get(id(variables[j]))
         if a is None or b is None:
             unverified.append((_layer_of(variables[i])[0], _layer_of(variables[j])[0]))
@@ -324,14 +381,23 @@ def check_auto_pairs_in_model(
                 what = f"{state}{type(layer).__name__} {layer.name!r}"
                 raise _not_consecutive(leaves[a].name, leaves[b].name, what)
         _check_shared(calls, leaves[a], leaves[b])
-        if not _fed_by(leaves[b], leaves[a]):
+        between = _path_between(leaves[a], leaves[b])
+        if between is None:
             unverified.append((leaves[a].name, leaves[b].name))
+            continue
+        try:
+            seam.check_between(leaves[a], leaves[b], between)
+        except ValueError as err:
+            raise ValueError(
+                f'pairs="auto": {err}. Pass pairs=[...] to choose the pairs explicitly'
+            ) from None
     if unverified:
         warnings.warn(
             f'pairs="auto" paired {unverified} from the order of the model\'s layers, which need '
             "not be the order call() runs them in; the model's graph does not confirm them (the "
-            "second layer's input does not come from the first through activations or dropout "
-            "only). Pass pairs=[(first, second), ...] explicitly to confirm them.",
+            "second layer's input does not come from the first through activations, dropout, "
+            "pooling or a Flatten only). Pass pairs=[(first, second), ...] explicitly to confirm "
+            "them.",
             stacklevel=4,
         )
 
@@ -339,7 +405,8 @@ def check_auto_pairs_in_model(
 def _graph_calls(model: Any) -> collections.Counter[str]:
     """How many times the graphs of ``model`` and of the models inside it call each layer, by
     ``id`` (Keras names a graph's nodes ``"<id(layer)>_ib-<k>"``; a layer's own list of calls
-    also holds calls from outside these graphs). Empty without a graph (a subclassed model)."""
+    also holds calls from outside these graphs, e.g. the ones ``load_model`` makes while it
+    rebuilds a model). Empty without a graph (a subclassed model)."""
     keys: set[str] = set()
     for layer in model._flatten_layers(include_self=True, recursive=True):
         graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
@@ -355,7 +422,7 @@ def _check_shared(calls: collections.Counter[str], first: Any, second: Any) -> N
     if n_first != n_second:
         shared = first if n_first > n_second else second
         raise ValueError(
-            f'pairs="auto": the Dense layer {shared.name!r} is shared (the model calls '
+            f'pairs="auto": the layer {shared.name!r} is shared (the model calls '
             f"{first.name!r} {n_first} times and {second.name!r} {n_second} times), so "
             f"({first.name!r}, {second.name!r}) is not one shallow network and its path-norm "
             "prox would also act on the other uses of the layer. Give each call its own layer, "
@@ -363,48 +430,109 @@ def _check_shared(calls: collections.Counter[str], first: Any, second: Any) -> N
         )
 
 
-# Layers that act entry by entry and hold no weights: between two Dense layers they keep the
-# pair a shallow network (``Activation`` unless its function mixes entries, as softmax does).
-_POINTWISE = frozenset(
-    {"ReLU", "LeakyReLU", "ELU", "Activation", "Dropout", "AlphaDropout", "GaussianDropout",
-     "GaussianNoise", "Identity"}
-)  # fmt: skip
-_MIXING = frozenset({"softmax", "log_softmax"})
-
-
-def _pointwise(layer: Any) -> bool:
-    name = type(layer).__name__
-    if name not in _POINTWISE or layer.weights:
-        return False
-    return getattr(getattr(layer, "activation", None), "__name__", "") not in _MIXING
-
-
-def _fed_by(second: Any, first: Any) -> bool:
-    """Whether, in the model's graph, every call of ``second`` takes the output of ``first``
-    through pointwise layers only (False where there is no graph: a subclassed model)."""
-    nodes = list(getattr(second, "_inbound_nodes", ()))
-    for node in nodes:
+def _path_between(first: Any, second: Any) -> list[Any] | None:
+    """The layers through which, in the model's graph, every call of ``second`` takes the
+    output of ``first``, in the order they run: layers the seam gives a role between a pair
+    (:func:`~pathnorm_tf.layers.role_of`), the same ones for every call. None where the graph
+    does not show that (another layer, a merge, no graph: a subclassed model)."""
+    found: list[list[Any]] = []
+    for node in getattr(second, "_inbound_nodes", ()):
+        between: list[Any] = []
         while True:
             parents = node.parent_nodes
             if len(parents) != 1:
-                return False
+                return None
             node = parents[0]
             if node.operation is first:
                 break
-            if not _pointwise(node.operation):
-                return False
-    return bool(nodes)
+            if seam.role_of(node.operation) is None:
+                return None
+            between.append(node.operation)
+        found.append(between[::-1])
+    if not found or any([id(x) for x in f] != [id(x) for x in found[0]] for f in found):
+        return None
+    return found[0]
 
 
-def _check_chain(variables: Sequence[Any], i: int, j: int, a: str, b: str, what: str) -> None:
-    m_units = variables[i].shape[1]
-    n_inputs = variables[j].shape[0]
-    if m_units != n_inputs:
+def _needs_model(variable: Any, what: str) -> ValueError:
+    return ValueError(
+        f"{what}: {_path(variable)!r} {tuple(variable.shape)} is a {len(variable.shape)}-D "
+        "kernel, which the trained variables alone cannot tell to be a Conv1D/Conv2D kernel "
+        "(Conv2DTranspose and DepthwiseConv2D kernels have the same rank), nor how a Flatten "
+        "after it orders the channels; the optimizer was built without seeing the model. "
+        "Call optimizer.verify_pairs(model) before the first step (model.fit does this itself)."
+    )
+
+
+def _entry(variable: Any, owners: Owners | None, what: str) -> seam.LayerEntry:
+    """The seam entry of the layer that owns the kernel ``variable``: its layer's where the
+    model shows it, :class:`~pathnorm_tf.layers.DenseEntry` for any other 2-D kernel."""
+    owner = None if owners is None else owners.get(id(variable))
+    if owner is not None and _has_entry(owner):
+        try:
+            return seam.entry_of(owner)
+        except ValueError as err:
+            raise ValueError(f"{what}: {err}") from None
+    if len(variable.shape) == 2:
+        return _DENSE
+    raise _needs_model(variable, what)
+
+
+_DENSE = seam.DenseEntry()
+
+
+class Pair(NamedTuple):
+    """A resolved pair: the indices of its two kernels among the variables, and their layout
+    (entries and the Flatten between)."""
+
+    first: int
+    second: int
+    layout: seam.PairLayout
+
+
+def _layout(
+    variables: Sequence[Any],
+    i: int,
+    j: int,
+    owners: Owners | None,
+    what: str,
+    names: tuple[str, str] | None = None,
+) -> seam.PairLayout:
+    """The :class:`~pathnorm_tf.layers.PairLayout` of kernels ``i`` and ``j``, after checking
+    that they chain (the first's outputs are the second's inputs); ``names``: the layers as the
+    user named them (default: their paths), for the errors."""
+    a, b = names or (_layer_of(variables[i])[0], _layer_of(variables[j])[0])
+    first, second = _entry(variables[i], owners, what), _entry(variables[j], owners, what)
+    where = f"{what}: layers {a!r} -> {b!r} do not chain"
+    if second.spatial and not first.spatial:
+        raise ValueError(f"{where}: a convolution cannot read the units of a Dense layer")
+    flat = None
+    if first.spatial and not second.spatial:  # a convolution's owner is known (_entry)
+        assert owners is not None
+        conv, dense = owners[id(variables[i])], owners.get(id(variables[j]))
+        if dense is None:
+            raise _needs_model(variables[j], what)
+        between = _path_between(conv, dense)
+        flatten = None
+        if between is not None:
+            try:
+                flatten = seam.check_between(conv, dense, between).flatten
+            except ValueError:
+                pass  # explicit pairs are the user's choice; "auto" checks this itself
+        try:
+            flat = seam.flat_of(conv, dense, flatten)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+    layout = seam.PairLayout(first, second, flat)
+    shape_i, shape_j = tuple(variables[i].shape), tuple(variables[j].shape)
+    units = first.kernel_units_out(shape_i)
+    inputs = second.kernel_units_in(shape_j, flat, b)
+    if units != inputs:
         raise ValueError(
-            f"{what}: layers {a!r} -> {b!r} do not chain: {a!r} has {m_units} units but "
-            f"{b!r} takes {n_inputs} inputs (kernels {tuple(variables[i].shape)} and "
-            f"{tuple(variables[j].shape)})"
+            f"{where}: {a!r} has {units} units but {b!r} takes {inputs} inputs (kernels "
+            f"{shape_i} and {shape_j})"
         )
+    return layout
 
 
 # -- the record of a resolution, for a config that must resolve the same way after reload -------
@@ -414,7 +542,8 @@ Record = dict[str, Any]
 
 def _signature(variables: Sequence[Any], scan: _Scan) -> list[list[Any]]:
     return [
-        [layer.rpartition("/")[2], [int(d) for d in variables[i].shape]] for i, layer in scan.dense
+        [layer.rpartition("/")[2], [int(d) for d in variables[i].shape]]
+        for i, layer in scan.kernels
     ]
 
 
@@ -423,22 +552,26 @@ def _flat(items: Sequence[Any]) -> list[Any]:
     return [x for item in items for x in (item if isinstance(item, tuple) else (item,))]
 
 
-def record_of(variables: Sequence[Any], spec: Sequence[Any], resolved: Sequence[Any]) -> Record:
-    """Which Dense kernels the explicit ``spec`` resolved to, in a form that survives reload.
+def record_of(
+    variables: Sequence[Any], spec: Sequence[Any], resolved: Sequence[Any], model: Any = None
+) -> Record:
+    """Which layer kernels the explicit ``spec`` resolved to, in a form that survives reload.
 
     ``spec``: explicit pairs or layers; ``resolved``: what :func:`resolve_pairs` or
-    :func:`resolve_layers` returned for it. The record is ``{"names": [...], "kernels":
-    [[layer name, shape], ...], "targets": [position, ...]}``: the names (pairs flattened),
-    every trained Dense kernel in variable order (a reloaded model has the same ones in the
-    same order, the order Keras restores optimizer variables by), and the position in that list
-    of each name's kernel. JSON-serializable.
+    :func:`resolve_layers` returned for it (or their indices); ``model``: as given to them.
+    The record is ``{"names": [...], "kernels": [[layer name, shape], ...], "targets":
+    [position, ...]}``: the names (pairs flattened), every trained layer kernel in variable
+    order (a reloaded model has the same ones in the same order, the order Keras restores
+    optimizer variables by), and the position in that list of each name's kernel.
+    JSON-serializable.
     """
-    scan = _scan(variables)
-    position = {i: p for p, (i, _) in enumerate(scan.dense)}
+    scan = _scan(variables, owners_of(model))
+    position = {i: p for p, (i, _) in enumerate(scan.kernels)}
+    indices = [x for item in resolved for x in (item[:2] if isinstance(item, tuple) else (item,))]
     return {
         "names": _flat(spec),
         "kernels": _signature(variables, scan),
-        "targets": [position[i] for i in _flat(resolved)],
+        "targets": [position[i] for i in indices],
     }
 
 
@@ -478,33 +611,37 @@ def check_record(value: Any) -> Record | None:
 
 
 def _from_record(
-    variables: Sequence[Any], names: list[str], record: Record | None
+    variables: Sequence[Any], names: list[str], record: Record | None, scan: _Scan
 ) -> list[int] | None:
     """Indices for ``names`` from ``record`` if it is theirs and fits ``variables``, else None."""
     if record is None or record["names"] != names:
         return None
-    scan = _scan(variables)
     if record["kernels"] != _signature(variables, scan):
         return None
-    return [scan.dense[p][0] for p in record["targets"]]
+    return [scan.kernels[p][0] for p in record["targets"]]
 
 
 def resolve_pairs(
-    variables: Sequence[Any], pairs: PairsSpec, record: Record | None = None
-) -> tuple[tuple[int, int], ...]:
-    """Indices ``(i_in, i_out)`` into ``variables`` of the kernel pairs to regularize.
+    variables: Sequence[Any],
+    pairs: PairsSpec,
+    record: Record | None = None,
+    model: Any | None = None,
+) -> tuple[Pair, ...]:
+    """The kernel pairs to regularize: :class:`Pair` s, indices into ``variables`` and layouts.
 
     ``record``: what :func:`record_of` wrote when these names were resolved before; used instead
-    of the names when ``variables`` hold the same Dense kernels (names and shapes, in order).
+    of the names when ``variables`` hold the same layer kernels (names and shapes, in order).
+    ``model``: the model that trains ``variables``, if known (needed for convolutions).
     """
+    owners = owners_of(model)
+    scan = _scan(variables, owners)
     if pairs == "auto":
-        scan = _scan(variables)
-        kernels = scan.dense
+        kernels = scan.kernels
         if len(kernels) < 2:
             raise ValueError(
-                'pairs="auto" found fewer than two trained Dense kernels '
+                f'pairs="auto" found fewer than two trained {KINDS} kernels '
                 f"({[layer for _, layer in kernels]}{_skipped(scan)}); the path-norm prox "
-                "needs a Dense -> Dense pair"
+                "needs a pair of layers (e.g. Dense -> Dense, or Conv -> Flatten -> Dense)"
             )
         out = []
         for (i, a), (j, b) in zip(kernels[0::2], kernels[1::2], strict=False):
@@ -514,22 +651,21 @@ def resolve_pairs(
             between = _layer_between(variables, i, j)
             if between is not None:
                 raise _not_consecutive(a, b, f"layer {between[0]!r} (it trains {between[1]})")
-            _check_chain(variables, i, j, a, b, 'pairs="auto"')
-            out.append((i, j))
+            out.append(Pair(i, j, _layout(variables, i, j, owners, 'pairs="auto"')))
         if len(kernels) % 2:
             warnings.warn(
-                f'pairs="auto": the last Dense layer {kernels[-1][1]!r} has no partner and is '
+                f'pairs="auto": the last layer {kernels[-1][1]!r} has no partner and is '
                 "not regularized; pass pairs=[...] to choose the pairs explicitly",
                 stacklevel=3,
             )
         return tuple(out)
     assert not isinstance(pairs, str)
-    found = _from_record(variables, _flat(pairs), record)
+    found = _from_record(variables, _flat(pairs), record, scan)
     seen: dict[int, str] = {}
     out = []
     for k, (a, b) in enumerate(pairs):
-        i = found[2 * k] if found is not None else _find(variables, a, "pairs")
-        j = found[2 * k + 1] if found is not None else _find(variables, b, "pairs")
+        i = found[2 * k] if found is not None else _find(variables, a, "pairs", scan)
+        j = found[2 * k + 1] if found is not None else _find(variables, b, "pairs", scan)
         for name, idx in ((a, i), (b, j)):
             if idx in seen:
                 raise ValueError(
@@ -537,53 +673,84 @@ def resolve_pairs(
                     "each layer can belong to one pair only"
                 )
             seen[idx] = str((a, b))
-        _check_chain(variables, i, j, a, b, "pairs")
-        out.append((i, j))
+        out.append(Pair(i, j, _layout(variables, i, j, owners, "pairs", (a, b))))
     return tuple(out)
+
+
+class Single(NamedTuple):
+    """A resolved layer of a baseline: its kernel's index among the variables and its entry."""
+
+    kernel: int
+    entry: seam.LayerEntry
 
 
 def resolve_layers(
-    variables: Sequence[Any], layers: LayersSpec, record: Record | None = None
-) -> tuple[int, ...]:
-    """Indices into ``variables`` of the Dense kernels to regularize (baselines).
+    variables: Sequence[Any],
+    layers: LayersSpec,
+    record: Record | None = None,
+    model: Any | None = None,
+) -> tuple[Single, ...]:
+    """The kernels to regularize (baselines), as :class:`Single` s.
 
-    ``record``: see :func:`resolve_pairs`.
+    ``record``, ``model``: see :func:`resolve_pairs`.
     """
+    owners = owners_of(model)
+    scan = _scan(variables, owners)
+    what = "layers"
     if layers == "auto":
-        scan = _scan(variables)
-        if not scan.dense:
+        if not scan.kernels:
             raise ValueError(
-                f'layers="auto" found no trained Dense kernel to regularize{_skipped(scan)}'
+                f'layers="auto" found no trained {KINDS} kernel to regularize{_skipped(scan)}'
             )
-        return tuple(i for i, _ in scan.dense)
-    found = _from_record(variables, _flat(layers), record)
-    out: list[int] = []
-    for k, name in enumerate(layers):
-        i = found[k] if found is not None else _find(variables, name, "layers")
-        if i in out:
-            raise ValueError(f"layers: layer {name!r} is listed twice")
-        out.append(i)
-    return tuple(out)
+        indices = [i for i, _ in scan.kernels]
+        what = 'layers="auto"'
+    else:
+        found = _from_record(variables, _flat(layers), record, scan)
+        indices = []
+        for k, name in enumerate(layers):
+            i = found[k] if found is not None else _find(variables, name, what, scan)
+            if i in indices:
+                raise ValueError(f"layers: layer {name!r} is listed twice")
+            indices.append(i)
+    return tuple(Single(i, _entry(variables[i], owners, what)) for i in indices)
 
 
-def kernel_chains(variables: Sequence[Any], indices: Sequence[int]) -> list[list[int]]:
-    """Split the Dense kernels at ``indices`` into maximal forward chains (for the metrics).
+class Chain(list[Any]):
+    """Kernels in forward order (a list) and, in :attr:`layouts`, the
+    :class:`~pathnorm_tf.layers.PairLayout` of each two consecutive ones."""
 
-    Taken in variable order, two kernels are in one chain when no other Dense or recurrent
-    kernel lies between them and their dimensions chain.
+    def __init__(self, kernels: Sequence[Any], layouts: Sequence[seam.PairLayout]) -> None:
+        super().__init__(kernels)
+        if len(layouts) != max(len(kernels) - 1, 0):
+            raise ValueError(f"a chain of {len(kernels)} kernels has {len(kernels) - 1} links")
+        self.layouts = list(layouts)
+
+
+def kernel_chains(
+    variables: Sequence[Any], singles: Sequence[Single], model: Any | None = None
+) -> list[Chain]:
+    """Split the kernels of ``singles`` into maximal forward chains of indices (for the
+    metrics).
+
+    Taken in variable order, two kernels are in one chain when no other layer or recurrent
+    kernel lies between them and their units chain.
     """
-    scan = _scan(variables)
-    position = {i: p for p, (i, _) in enumerate(scan.dense)}
-    chains: list[list[int]] = []
-    for i in sorted(indices):
+    owners = owners_of(model)
+    scan = _scan(variables, owners)
+    position = {i: p for p, (i, _) in enumerate(scan.kernels)}
+    chains: list[Chain] = []
+    for i in sorted(s.kernel for s in singles):
         if chains:
             prev = chains[-1][-1]
-            if (
-                position[i] == position[prev] + 1
-                and _recurrent_between(scan, prev, i) is None
-                and variables[prev].shape[1] == variables[i].shape[0]
-            ):
+            layout = None
+            if position[i] == position[prev] + 1 and _recurrent_between(scan, prev, i) is None:
+                try:
+                    layout = _layout(variables, prev, i, owners, "layers")
+                except ValueError:
+                    layout = None
+            if layout is not None:
                 chains[-1].append(i)
+                chains[-1].layouts.append(layout)
                 continue
-        chains.append([i])
+        chains.append(Chain([i], []))
     return chains

@@ -231,3 +231,101 @@ def test_save_load_and_report(tmp_path: Path) -> None:
     lines = str(report).splitlines()
     assert lines[1].split()[:8] == ["a", "->", "b", "10", "->", "7", "2", "1"]
     assert lines[-1].startswith(f"model parameters {model.count_params():,} -> ")
+
+
+# --- convolution pairs: dead channels -----------------------------------------------------------
+
+
+def _conv_conv(padding: str = "valid") -> keras.Model:
+    """``c1 (5 channels) -> pool -> c2 -> Flatten -> d1 -> d2``: pairs (c1, c2) and (d1, d2)."""
+    conv = keras.layers.Conv2D
+    return keras.Sequential(
+        [
+            keras.Input((9, 10, 2)),
+            conv(5, 3, activation="elu", name="c1", bias_initializer="random_uniform"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Dropout(0.5),
+            conv(4, 2, padding=padding, name="c2", bias_initializer="random_uniform"),
+            keras.layers.ReLU(),
+            keras.layers.Flatten(),
+            _dense(6, "d1", activation="tanh"),
+            _dense(3, "d2"),
+        ]
+    )
+
+
+def _conv_dense() -> keras.Model:
+    """Functional ``c1 (Conv1D, 5 channels) -> pool -> Flatten -> d1``, then ``d2 -> d3``."""
+    x = keras.Input((11, 3))
+    h = keras.layers.Conv1D(5, 3, name="c1", bias_initializer="random_uniform")(x)  # (9, 5)
+    h = keras.layers.AveragePooling1D(2, padding="same")(keras.layers.LeakyReLU(0.2)(h))
+    h = _dense(4, "d1", activation="relu")(keras.layers.Flatten()(h))  # reads 5 x 5
+    return keras.Model(x, _dense(3, "d3")(_dense(4, "d2", activation="elu")(h)))
+
+
+def _kill_channels(
+    model: keras.Model, first: str, second: str, dead: tuple[list[int], list[int]]
+) -> None:
+    """Zero the incoming weights of channels ``dead[0]`` and the outgoing ones of ``dead[1]``
+    (a Dense second layer reads each channel at every position: rows ``c, c + C, ...``)."""
+    a, b = _find(model, first), _find(model, second)
+    k1, k2 = np.array(a.kernel), np.array(b.kernel)
+    k1[..., dead[0]] = 0
+    channels = k1.shape[-1]
+    for c in dead[1]:
+        if k2.ndim > 2:
+            k2[..., c, :] = 0
+        else:
+            k2[c::channels] = 0
+    a.kernel.assign(k1)
+    b.kernel.assign(k2)
+
+
+CONV_MODELS = {
+    "conv-pool-conv": (_conv_conv, (9, 10, 2)),
+    "conv-pool-flatten-dense": (_conv_dense, (11, 3)),
+}
+
+
+@pytest.mark.parametrize("kind", list(CONV_MODELS))
+def test_conv_pairs_lose_dead_channels_and_keep_the_function(dtype: str, kind: str) -> None:
+    keras.utils.set_random_seed(0)
+    make, shape = CONV_MODELS[kind]
+    model = make()
+    _kill_channels(model, "c1", "c2" if kind == "conv-pool-conv" else "d1", ([0, 2, 3], [3, 4]))
+    before = [np.array(w) for w in model.weights]
+    small, report = compact(model)
+    x = np.random.default_rng(1).standard_normal((64, *shape)).astype(dtype)
+    assert np.max(np.abs(np.asarray(small(x)) - np.asarray(model(x)))) <= TOL[dtype]
+    assert all(np.array_equal(np.array(w), b) for w, b in zip(model.weights, before, strict=True))
+    conv = report.pairs[0]
+    # channels 3, 4: no outgoing weights (removed); 0, 2: no incoming ones (folded)
+    assert (conv.units_before, conv.units_after, conv.removed, conv.folded) == (5, 1, 2, 2)
+    assert conv.constant_kept == 0 and small.get_layer("c1").filters == 1
+    assert report.params_after == small.count_params() < report.params_before
+    assert all(w.dtype == dtype for w in small.weights)
+
+
+def test_zero_padded_second_conv_keeps_constant_channels(tmp_path: Path) -> None:
+    # With padding="same" c2 reads a constant channel through fewer taps at the borders: its
+    # constant is no bias, so the channel stays (constant_kept); dead outgoing ones still go.
+    keras.utils.set_random_seed(0)
+    model = _conv_conv(padding="same")
+    _kill_channels(model, "c1", "c2", ([0, 2], [4]))
+    model.compile(PathNormSGD(0.1, lam=0.01), "mse")
+    small, report = compact(model)
+    conv = report.pairs[0]
+    assert (conv.units_after, conv.removed, conv.folded, conv.constant_kept) == (4, 1, 0, 2)
+    assert "c1 -> c2: 2 unit(s) with zero incoming weights kept" in str(report)
+    x = np.random.default_rng(1).standard_normal((64, 9, 10, 2)).astype("float32")
+    assert np.max(np.abs(np.asarray(small(x)) - np.asarray(model(x)))) <= 1e-5
+    path = tmp_path / "small_cnn.keras"
+    small.save(path)
+    loaded = keras.models.load_model(path)
+    assert np.array_equal(np.asarray(loaded(x)), np.asarray(small(x)))
+    # A reloaded Sequential's layers list extra calls of their own; "auto" still pairs them.
+    loaded.optimizer.verify_pairs(loaded)
+    assert loaded.optimizer.regularized_pairs == [
+        ("c1/kernel", "c2/kernel"),
+        ("d1/kernel", "d2/kernel"),
+    ]

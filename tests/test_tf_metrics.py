@@ -233,7 +233,7 @@ def test_constructor_errors(kwargs: dict[str, Any], match: str) -> None:
 
 def test_model_without_dense_layers() -> None:
     model = keras.Sequential([keras.Input((4,)), keras.layers.Flatten()])
-    with pytest.raises(ValueError, match="no built Dense layer"):
+    with pytest.raises(ValueError, match="no built Dense/Conv1D/Conv2D layer"):
         metric_values(model)
 
 
@@ -303,7 +303,9 @@ def test_frozen_first_layer_reports_the_optimizers_pair(kind: str) -> None:
 
 def test_explicit_metric_pairs_resolve_over_trained_layers() -> None:
     model = frozen_first()
-    with pytest.raises(ValueError, match=r"no trained Dense layer named 'd1'.*frozen layers"):
+    with pytest.raises(
+        ValueError, match=r"no trained Dense/Conv1D/Conv2D layer named 'd1'.*frozen layers"
+    ):
         metric_values(model, pairs=[("d1", "d2")])
     got = metric_values(model, pairs=[("d2", "d3")])
     b, c = (model.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
@@ -435,3 +437,80 @@ def test_metric_pairs_of_the_optimizer_on_a_reloaded_model_with_same_names(
     assert got["pathnorm/alive_units"] == pytest.approx(alive, rel=1e-12)
     with pytest.raises(ValueError, match=r"'net/h' is ambiguous"):
         metric_values(resumed, pairs=[("net/h", "out")])
+
+
+# --- convolution units: the same values as the torch metrics, from the same weights ----------
+
+
+def _cnn(head: bool) -> keras.Model:
+    """``c1 -> pool -> c2 (-> Flatten -> d1 -> d2)`` in float64, weights with zeros; channel 1
+    of ``c1`` has no incoming weight (dead). Without the head the chain ends with ``c2``."""
+    keras.utils.set_random_seed(5)
+    layers: list[Any] = [
+        keras.Input((8, 9, 2)),
+        keras.layers.Conv2D(3, (2, 3), activation="elu", name="c1", dtype="float64"),
+        keras.layers.MaxPooling2D(2, dtype="float64"),  # (3, 3, 3)
+        keras.layers.Conv2D(4, 2, padding="same", name="c2", dtype="float64"),  # s = 9
+    ]
+    if head:
+        layers += [
+            keras.layers.Flatten(dtype="float64"),
+            keras.layers.Dense(5, name="d1", dtype="float64"),
+            keras.layers.Dense(3, name="d2", dtype="float64"),
+        ]
+    model = keras.Sequential(layers, name="net")
+    rng = np.random.default_rng(7)
+    for layer in model.layers:
+        if layer.weights:
+            k = rng.normal(size=tuple(layer.kernel.shape))
+            k[rng.random(k.shape) < 0.3] = 0.0
+            layer.kernel.assign(k)
+    k = model.get_layer("c1").kernel.numpy()
+    k[..., 1] = 0.0
+    model.get_layer("c1").kernel.assign(k)
+    return model
+
+
+def _torch_weight(kernel: np.ndarray, channels: int = 0) -> Any:
+    """A Keras kernel in torch layout: a convolution's (C_out, C_in, *k); a Dense kernel's
+    transpose, after a channels-last Flatten of ``channels`` channels with its columns in
+    torch's channels-first order."""
+    torch = pytest.importorskip("torch")
+    if kernel.ndim > 2:
+        w = np.moveaxis(kernel, (-1, -2), (0, 1))
+    elif channels:
+        w = (
+            kernel.reshape(-1, channels, kernel.shape[1])
+            .transpose(2, 1, 0)
+            .reshape(kernel.shape[1], -1)
+        )
+    else:
+        w = kernel.T
+    return torch.from_numpy(np.ascontiguousarray(w))
+
+
+@pytest.mark.parametrize("head", [True, False], ids=["conv-flatten-dense", "ends-with-conv"])
+def test_conv_values_equal_the_torch_metrics_from_the_same_weights(head: bool) -> None:
+    metrics = pytest.importorskip("pathnorm_lightning.metrics")
+    torch_layers = pytest.importorskip("pathnorm_lightning.layers")
+    torch = pytest.importorskip("torch")
+    model = _cnn(head)
+    names = ["c1", "c2", "d1", "d2"] if head else ["c1", "c2"]
+    kernels = [model.get_layer(n).kernel.numpy() for n in names]
+    weights = [_torch_weight(k, 4 if n == "d1" else 0) for n, k in zip(names, kernels, strict=True)]
+    conv = torch.nn.Conv2d(3, 4, 2, padding="same")
+    reuse = 1 if head else torch_layers.entry_of(conv).reuse(conv, (3, 3))
+    sparsity, bound, prod = metrics.Sparsity(), metrics.PathNormBound(), metrics.ProductBound()
+    for pair in (weights[:2], weights[2:]) if head else (weights,):
+        sparsity.update(pair)
+    bound.update(weights, reuse=reuse)
+    prod.update(weights, reuse=reuse)
+    got = metric_values(model)
+    want = sparsity.compute()
+    assert reuse == (1 if head else 9)  # "same" pads at the end: tap 0 reads 3 x 3 outputs
+    assert got["pathnorm/sparsity"] == pytest.approx(float(want["sparsity"]), rel=1e-12)
+    assert got["pathnorm/alive_units"] == pytest.approx(float(want["alive_units"]), rel=1e-12)
+    assert got["pathnorm/alive_units"] < 1.0  # channel 1 of c1 is dead
+    assert got["pathnorm/path_norm_bound"] == pytest.approx(float(bound.compute()), rel=1e-12)
+    assert got["pathnorm/product_bound"] == pytest.approx(float(prod.compute()), rel=1e-12)
+    assert got["pathnorm/product_bound"] > got["pathnorm/path_norm_bound"] > 0

@@ -8,6 +8,7 @@ import re
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import collections
+import functools
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pathnorm_tf import PathNormSGD, ProxOptimizer, path_norm, prox_path_norm
+from pathnorm_tf import PathNormSGD, ProxOptimizer, layers, path_norm, prox_path_norm
 from pathnorm_tf.functional import project_linf_operator_norm, prox_l1
 from shared_spec import reference as ref
 
@@ -336,7 +337,7 @@ def test_auto_pairs_consecutive_dense_layers_and_warns_for_the_last() -> None:
         ("net/d3/kernel", "net/d4/kernel"),
     ]
     odd = mlp((5, 4, CLASSES), names=True)
-    with pytest.warns(UserWarning, match="last Dense layer 'net/d3' has no partner"):
+    with pytest.warns(UserWarning, match="last layer 'net/d3' has no partner"):
         PathNormSGD(0.1, lam=0.01).build(odd.trainable_variables)
 
 
@@ -516,8 +517,17 @@ def test_custom_loop_warns_unless_verify_pairs_shows_the_model() -> None:
 
 
 PAIRING_ERRORS = [
-    (lambda: mlp(names=True), [("d1", "nope")], "no trained Dense layer named 'nope'"),
-    (_conv_model, [("conv", "d1")], "layer 'conv' is not a Dense layer"),
+    (
+        lambda: mlp(names=True),
+        [("d1", "nope")],
+        "no trained Dense/Conv1D/Conv2D layer named 'nope'",
+    ),
+    (
+        _conv_model,
+        [("conv", "d1")],
+        r"'sequential.*/conv/kernel' \(3, 2, 4\) is a 3-D kernel.*"
+        r"built without seeing the model. Call optimizer.verify_pairs\(model\)",
+    ),
     (lambda: mlp((5, 4, CLASSES), names=True), [("d1", "d3")], "do not chain: 'd1' has 5 units"),
     (
         lambda: mlp((5, 5, 5, CLASSES), names=True),
@@ -525,8 +535,12 @@ PAIRING_ERRORS = [
         "layer 'd2' appears in two pairs",
     ),
     (_branchy_model, "auto", r"pairs=\"auto\": layers 'a' -> 'b' do not chain: 'a' has 5 units"),
-    (lambda: mlp((CLASSES,)), "auto", "fewer than two trained Dense kernels"),
-    (_frozen_model, [("d1", "d2")], "no trained Dense layer named 'd1'.*frozen layers"),
+    (lambda: mlp((CLASSES,)), "auto", "fewer than two trained Dense/Conv1D/Conv2D kernels"),
+    (
+        _frozen_model,
+        [("d1", "d2")],
+        "no trained Dense/Conv1D/Conv2D layer named 'd1'.*frozen layers",
+    ),
 ]
 
 
@@ -540,7 +554,7 @@ def test_pairing_errors(make: Any, pairs: Any, match: str) -> None:
 def test_pairing_error_surfaces_in_fit() -> None:
     model = mlp(names=True)
     model.compile(PathNormSGD(0.1, lam=0.01, pairs=[("d1", "typo")]), loss_fn())
-    with pytest.raises(ValueError, match="no trained Dense layer named 'typo'"):
+    with pytest.raises(ValueError, match="no trained Dense/Conv1D/Conv2D layer named 'typo'"):
         model.fit(*data(), epochs=1, verbose=0)
 
 
@@ -661,7 +675,7 @@ def test_auto_refuses_a_pair_across_a_recurrent_layer() -> None:
     model = _dense_rnn_dense()
     with pytest.raises(
         ValueError,
-        match=r"pairs=\"auto\": Dense layers 'net/d0' -> 'net/d1' are not consecutive: the "
+        match=r"pairs=\"auto\": layers 'net/d0' -> 'net/d1' are not consecutive: the "
         r"recurrent layer 'net/rnn/simple_rnn_cell' lies between them.*pairs=\[\.\.\.\]",
     ):
         _build(PathNormSGD(0.1, lam=0.01), model)
@@ -673,16 +687,20 @@ def test_auto_refuses_a_pair_across_a_recurrent_layer() -> None:
 @pytest.mark.parametrize(
     ("kind", "name", "match"),
     [
-        ("SimpleRNN", "rnn", r"'rnn' is a SimpleRNN \(recurrent\) layer, not Dense"),
-        ("LSTM", "rnn", r"'rnn' is an LSTM \(recurrent\) layer, not Dense"),
-        ("GRU", "net/rnn", r"'net/rnn' is a GRU \(recurrent\) layer, not Dense"),
-        ("Bidirectional", "rnn", r"'rnn' is an LSTM \(recurrent\) layer, not Dense: its cells"),
-        ("StackedCells", "rnn", r"'rnn' is a recurrent layer, not Dense: its cells"),
+        ("SimpleRNN", "rnn", r"'rnn' is a SimpleRNN \(recurrent\) layer, not Dense/Conv1D/Conv2D"),
+        ("LSTM", "rnn", r"'rnn' is an LSTM \(recurrent\) layer, not Dense/Conv1D/Conv2D"),
+        ("GRU", "net/rnn", r"'net/rnn' is a GRU \(recurrent\) layer, not Dense/Conv1D/Conv2D"),
+        (
+            "Bidirectional",
+            "rnn",
+            r"'rnn' is an LSTM \(recurrent\) layer, not Dense/Conv1D/Conv2D: its cells",
+        ),
+        ("StackedCells", "rnn", r"'rnn' is a recurrent layer, not Dense/Conv1D/Conv2D: its cells"),
     ],
 )
 def test_naming_a_recurrent_layer_is_a_clear_error(kind: str, name: str, match: str) -> None:
     model = rnn_mlp(kind)
-    full = match + r".*only Dense kernels can be regularized.*\['net/d1', 'net/d2'\]"
+    full = match + r".*only Dense/Conv1D/Conv2D kernels can be regularized.*\['net/d1', 'net/d2'\]"
     with pytest.raises(ValueError, match=r"pairs: " + full):
         _build(PathNormSGD(0.1, lam=0.01, pairs=[(name, "d1")]), model)
     opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=[name])
@@ -693,13 +711,15 @@ def test_naming_a_recurrent_layer_is_a_clear_error(kind: str, name: str, match: 
 def test_unknown_name_lists_only_dense_layers() -> None:
     model = rnn_mlp("LSTM")
     with pytest.raises(
-        ValueError, match=r"the Dense layers this optimizer trains are \['net/d1', 'net/d2'\]\."
+        ValueError, match=r"the ones this optimizer trains are \['net/d1', 'net/d2'\]\."
     ):
         _build(PathNormSGD(0.1, lam=0.01, pairs=[("d0", "d1")]), model)
     single = keras.Sequential(
         [keras.Input((SEQ_LEN, SEQ_FEATURES)), keras.layers.LSTM(4), keras.layers.Dense(3)]
     )
-    with pytest.raises(ValueError, match=r"fewer than two trained Dense kernels .*recurrent"):
+    with pytest.raises(
+        ValueError, match=r"fewer than two trained Dense/Conv1D/Conv2D kernels .*recurrent"
+    ):
         _build(PathNormSGD(0.1, lam=0.01), single)
 
 
@@ -730,7 +750,9 @@ def test_einsum_dense_with_a_2d_kernel_counts_as_dense() -> None:
     opt = PathNormSGD(0.1, lam=0.01)
     opt.build(model.trainable_variables)
     assert opt.regularized_pairs == [("net/e/kernel", "net/d/kernel")]
-    with pytest.raises(ValueError, match="layer 'e' is a EinsumDense, not a Dense layer"):
+    with pytest.raises(
+        ValueError, match="layer 'e' is a EinsumDense, not a Dense/Conv1D/Conv2D layer"
+    ):
         PathNormSGD(0.1, lam=0.01, pairs=[(model.layers[0], "d")])
 
 
@@ -760,8 +782,8 @@ def test_constructor_errors(kwargs: dict[str, Any], error: type[Exception], matc
 
 
 def test_layer_object_that_is_not_dense() -> None:
-    with pytest.raises(ValueError, match="is a Conv1D, not a Dense layer"):
-        PathNormSGD(0.1, lam=0.1, pairs=[(keras.layers.Conv1D(2, 2, name="c"), "d")])
+    with pytest.raises(ValueError, match="is a Conv1DTranspose, not a Dense/Conv1D/Conv2D"):
+        PathNormSGD(0.1, lam=0.1, pairs=[(keras.layers.Conv1DTranspose(2, 2, name="c"), "d")])
 
 
 @pytest.mark.parametrize(
@@ -795,6 +817,261 @@ def test_check_finite_raises_in_the_graph() -> None:
     opt.build(model.trainable_variables)
     with pytest.raises(tf.errors.InvalidArgumentError, match="kernel_in contains NaN or inf"):
         step(grads)
+
+
+# --- convolution units: pairing, the prox on channels, the baselines ------------------------
+
+CNN_SHAPE = (8, 9, 2)
+
+
+def cnn(seed: int = 0) -> keras.Model:
+    """``c1 -> pool -> c2 -> Flatten -> d1 -> d2``: auto pairs (c1, c2) and (d1, d2); the
+    pair (c2, d1) reads 4 positions of 4 channels through the Flatten."""
+    keras.utils.set_random_seed(seed)
+    conv, dense = keras.layers.Conv2D, keras.layers.Dense
+    return keras.Sequential(
+        [
+            keras.Input(CNN_SHAPE),
+            conv(3, (2, 3), activation="elu", name="c1"),  # (7, 7, 3)
+            keras.layers.MaxPooling2D(2),  # (3, 3, 3)
+            conv(4, 2, name="c2"),  # (2, 2, 4)
+            keras.layers.ReLU(),
+            keras.layers.Flatten(),
+            dense(5, activation="elu", name="d1"),
+            dense(CLASSES, name="d2"),
+        ],
+        name="net",
+    )
+
+
+def cnn_functional() -> keras.Model:
+    """A functional Conv1D -> pool -> Flatten -> Dense pair, then a Dense pair."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((9, 2))
+    h = keras.layers.Conv1D(3, 3, name="c1")(inp)  # (7, 3)
+    h = keras.layers.MaxPooling1D(2)(keras.layers.ReLU()(h))  # (3, 3)
+    h = keras.layers.Dense(4, name="d1")(keras.layers.Flatten()(keras.layers.Dropout(0.1)(h)))
+    out = keras.layers.Dense(CLASSES, name="d3")(keras.layers.Dense(5, name="d2")(h))
+    return keras.Model(inp, out, name="net")
+
+
+def unit_matrices(kernel_1: np.ndarray, kernel_2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(X, Y) of a Keras pair written out with NumPy indexing (not the seam): row ``c`` of
+    ``Y`` is channel ``c``'s incoming kernel ``K1[..., c]``, row ``c`` of ``X`` its outgoing
+    weights, ``K2[..., c, :]`` of a convolution or, after a channels-last Flatten, the Dense
+    rows ``c, c + C, ...``."""
+    n = kernel_1.shape[-1]
+    y = np.stack([kernel_1[..., c].ravel() for c in range(n)])
+    if kernel_2.ndim > 2:
+        return np.stack([kernel_2[..., c, :].ravel() for c in range(n)]), y
+    return np.stack([kernel_2[c::n].ravel() for c in range(n)]), y
+
+
+def expected_kernels(
+    kernel_1: np.ndarray, kernel_2: np.ndarray, step: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The exhaustive reference prox of each channel, written back by NumPy indexing."""
+    v, w = ref.prox_path_norm(*unit_matrices(kernel_1, kernel_2), step)
+    new_1, new_2 = np.empty_like(kernel_1), np.empty_like(kernel_2)
+    n = kernel_1.shape[-1]
+    for c in range(n):
+        new_1[..., c] = w[c].reshape(kernel_1.shape[:-1])
+        if kernel_2.ndim > 2:
+            new_2[..., c, :] = v[c].reshape(*kernel_2.shape[:-2], kernel_2.shape[-1])
+        else:
+            new_2[c::n] = v[c].reshape(-1, kernel_2.shape[-1])
+    return new_1, new_2
+
+
+@pytest.mark.parametrize(
+    ("make", "pairs", "flats", "unseen"),
+    [
+        (
+            cnn,
+            [("net/c1/kernel", "net/c2/kernel"), ("net/d1/kernel", "net/d2/kernel")],
+            [None, None],
+            r"'net/c1/kernel' \(2, 3, 2, 3\) is a 4-D kernel",
+        ),
+        (
+            cnn_functional,
+            [("c1/kernel", "d1/kernel"), ("d2/kernel", "d3/kernel")],
+            [layers.Flat(3), None],
+            r"'c1/kernel' \(3, 2, 3\) is a 3-D kernel",
+        ),
+    ],
+    ids=["sequential", "functional"],
+)
+def test_auto_pairs_conv_layers_through_pooling_and_flatten(
+    make: Any, pairs: list[tuple[str, str]], flats: list[Any], unseen: str
+) -> None:
+    model = make()
+    opt = PathNormSGD(0.1, lam=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the model's graph confirms every pair
+        opt.verify_pairs(model)
+    assert opt.regularized_pairs == pairs
+    assert [p.layout.flat for p in opt._pairs] == flats
+    # Built without the model (a custom loop without verify_pairs): a convolution is refused.
+    with pytest.raises(ValueError, match=unseen + r".*Call optimizer.verify_pairs\(model\)"):
+        PathNormSGD(0.1, lam=0.1).build(model.trainable_variables)
+
+
+def test_explicit_conv_flatten_dense_pair_by_name_and_by_layer() -> None:
+    model = cnn()
+    opt = PathNormSGD(0.1, lam=0.1, pairs=[("c2", model.get_layer("d1"))])
+    opt.verify_pairs(model)
+    assert opt.regularized_pairs == [("net/c2/kernel", "net/d1/kernel")]
+    assert opt._pairs[0].layout.flat == layers.Flat(4, channels_last=True)  # (2, 2) positions
+    with pytest.raises(ValueError, match=r"'c1' -> 'd1' do not chain: .*16 inputs are not a whole"):
+        PathNormSGD(0.1, lam=0.1, pairs=[("c1", "d1")]).verify_pairs(model)
+
+
+def _conv_between(kind: str) -> keras.Model:
+    """A functional model whose auto pair is two Conv1D layers ``a -> ... -> b`` (or a Dense
+    ``b``), with ``kind`` between them or around them."""
+    conv, L = keras.layers.Conv1D, keras.layers
+    inp = keras.Input((9, 2))
+    a, b = conv(3, 2, name="a"), conv(2, 2, name="b")
+    middle = {
+        "batchnorm": L.BatchNormalization(name="bn"),
+        "layernorm": L.LayerNormalization(name="ln"),
+        "frozen conv": conv(3, 1, name="frozen"),
+        "upsampling": L.UpSampling1D(2),
+    }
+    if kind in middle:
+        middle["frozen conv"].trainable = False
+        out = b(middle[kind](a(inp)))
+    elif kind == "shared":  # a -> b -> a: a is called twice
+        out = a(conv(2, 2, name="b")(a(inp)))
+    elif kind == "dense first":  # d -> a: a convolution reading a Dense layer's units
+        out = b(a(L.Reshape((9, 1))(L.Dense(9, name="d")(L.Flatten()(inp)))))
+    else:  # a Dense layer reading a convolution, with or without a Flatten
+        h = a(inp)
+        out = L.Dense(2, name="b")(L.Flatten()(h) if kind == "flatten" else h)
+    return keras.Model(inp, out, name="net")
+
+
+@pytest.mark.parametrize(
+    ("kind", "match"),
+    [
+        ("batchnorm", r"the layer 'bn' \(it trains \['bn/gamma', 'bn/beta'\]\) lies between"),
+        ("layernorm", r"the layer 'ln' \(it trains"),
+        ("frozen conv", "the frozen Conv1D 'frozen' lies between them"),
+        ("shared", r"the layer 'a' is shared \(the model calls 'a' 2 times and 'b' 1 times\)"),
+        ("dense first", "'d' -> 'a' do not chain: a convolution cannot read the units of a Dense"),
+        ("no flatten", "the convolution's output needs a Flatten"),
+    ],
+)
+def test_auto_conv_pairs_are_refused_with_their_cause(kind: str, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        PathNormSGD(0.1, lam=0.1).verify_pairs(_conv_between(kind))
+
+
+def test_auto_conv_pair_through_an_unknown_layer_is_warned_about() -> None:
+    opt = PathNormSGD(0.1, lam=0.1)
+    with pytest.warns(UserWarning, match=r"paired \[\('a', 'b'\)\] .*does not confirm them"):
+        opt.verify_pairs(_conv_between("upsampling"))  # UpSampling1D: no role between a pair
+    opt = PathNormSGD(0.1, lam=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        opt.verify_pairs(_conv_between("flatten"))
+    assert opt.regularized_pairs == [("a/kernel", "b/kernel")]
+    assert opt._pairs[0].layout.flat == layers.Flat(8, channels_last=True)
+
+
+CONV_PAIRS = {"auto": "auto", "conv-flatten-dense": [("c2", "d1")]}
+
+
+@pytest.mark.parametrize("method", ["band", "sort"])
+@pytest.mark.parametrize("pairs", list(CONV_PAIRS))
+def test_one_step_on_conv_pairs_is_the_exhaustive_prox_of_each_channel(
+    pairs: str, method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A zero gradient leaves the SGD step out: the step is the prox alone, per channel.
+    from pathnorm_tf import optimizers
+
+    monkeypatch.setattr(
+        optimizers, "_prox_kernels", functools.partial(optimizers._prox_kernels, method=method)
+    )
+    model = cnn(seed=3)
+    lr, lam = 0.5, 0.15
+    opt = PathNormSGD(lr, lam=lam, pairs=CONV_PAIRS[pairs])
+    opt.verify_pairs(model)
+    before = {layer.name: layer.kernel.numpy() for layer in model.layers if layer.weights}
+    names = [("c1", "c2"), ("d1", "d2")] if pairs == "auto" else [("c2", "d1")]
+    variables = model.trainable_variables
+    opt.apply([tf.zeros_like(v) for v in variables], variables)
+    for first, second in names:
+        want = expected_kernels(before[first], before[second], lam * lr)
+        for name, kernel in zip((first, second), want, strict=True):
+            np.testing.assert_allclose(model.get_layer(name).kernel.numpy(), kernel, 1e-12, 1e-14)
+            assert np.array_equal(model.get_layer(name).kernel.numpy() == 0, kernel == 0)
+        assert (want[0] == 0).any() and not np.array_equal(want[0], before[first])
+    untouched = {"c1", "c2", "d1", "d2"} - {n for pair in names for n in pair}
+    for name in untouched:
+        np.testing.assert_array_equal(model.get_layer(name).kernel.numpy(), before[name])
+
+
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_fit_on_a_cnn_in_graph_and_under_xla(
+    jit_compile: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One fit step (tf.function, or XLA) equals the SGD step, then the reference prox of each
+    channel of (c2, d1) by NumPy indexing; the layers outside the pair take the SGD step."""
+    if jit_compile:  # the views are the same matrices for every method; "sort" compiles fast
+        from pathnorm_tf import optimizers
+
+        real = optimizers._prox_kernels
+        monkeypatch.setattr(optimizers, "_prox_kernels", functools.partial(real, method="sort"))
+    rng = np.random.default_rng(4)
+    x, y = rng.standard_normal((SAMPLES, *CNN_SHAPE)), rng.integers(0, CLASSES, SAMPLES)
+    lr, lam = 0.5, 0.15
+    model, plain = cnn(seed=1), cnn(seed=1)
+    grads = grads_of(plain, x, y)
+    stepped = {
+        v.path.split("/")[-2] + "/" + v.name: v.numpy() - lr * g.numpy()
+        for v, g in zip(plain.trainable_variables, grads, strict=True)
+    }
+    opt = PathNormSGD(lr, lam=lam, pairs=[("c2", "d1")])
+    model.compile(opt, loss_fn(), jit_compile=jit_compile)
+    model.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0, shuffle=False)
+    want = dict(
+        zip(
+            ("c2", "d1"),
+            expected_kernels(stepped["c2/kernel"], stepped["d1/kernel"], lam * lr),
+            strict=True,
+        )
+    )
+    for v in model.trainable_variables:
+        layer, name = v.path.split("/")[-2:]
+        expected = want[layer] if name == "kernel" and layer in want else stepped[f"{layer}/{name}"]
+        np.testing.assert_allclose(v.numpy(), expected, rtol=1e-10, atol=1e-12)
+    out, inc = unit_matrices(want["c2"], want["d1"])
+    alive = np.any(out != 0, axis=1) & np.any(inc != 0, axis=1)
+    assert 0 < alive.sum() < 4, alive  # some channels die, not all
+
+
+@pytest.mark.parametrize("regularizer", ["l1", "linf"])
+def test_baselines_on_conv_kernels(regularizer: str) -> None:
+    model = cnn(seed=2)
+    strength = {"lam": 0.4} if regularizer == "l1" else {"radius": 0.7}
+    opt = ProxOptimizer(keras.optimizers.SGD(0.5), regularizer=regularizer, **strength)
+    opt.verify_pairs(model)
+    assert opt.regularized_kernels == [f"net/{n}/kernel" for n in ("c1", "c2", "d1", "d2")]
+    before = [layer.kernel.numpy() for layer in model.layers if layer.weights]
+    variables = model.trainable_variables
+    opt.apply([tf.zeros_like(v) for v in variables], variables)
+    after = [layer.kernel.numpy() for layer in model.layers if layer.weights]
+    for old, new in zip(before, after, strict=True):
+        if regularizer == "l1":
+            np.testing.assert_allclose(new, ref.prox_l1(old, 0.4 * 0.5), rtol=1e-12, atol=1e-14)
+            continue
+        # each output channel's (unit's) incoming weights, over every tap and input channel
+        columns = old.reshape(-1, old.shape[-1])
+        want = ref.project_rows_l1_ball(columns.T, 0.7).T.reshape(old.shape)
+        np.testing.assert_allclose(new, want, rtol=1e-12, atol=1e-14)
+        assert np.abs(new.reshape(-1, new.shape[-1])).sum(0).max() <= 0.7 + 1e-12
+        assert np.abs(old.reshape(-1, old.shape[-1])).sum(0).max() > 0.7  # it projected
 
 
 # --- serialization -----------------------------------------------------------------------------
@@ -955,7 +1232,7 @@ def test_names_without_the_prefixes_keras_dropped(tmp_path: Path) -> None:
 def test_a_prefix_that_names_another_layer_is_not_dropped() -> None:
     # "enc" is in the model's paths, so "enc/d3" means a d3 inside enc: there is none.
     model = _nested_net()
-    with pytest.raises(ValueError, match="no trained Dense layer named 'enc/d3'"):
+    with pytest.raises(ValueError, match="no trained Dense/Conv1D/Conv2D layer named 'enc/d3'"):
         PathNormSGD(0.1, lam=0.01, pairs=[("enc/d2", "enc/d3")]).build(model.trainable_variables)
 
 
@@ -1143,8 +1420,8 @@ def test_wrapper_errors(
 def test_baseline_layer_errors() -> None:
     model = _conv_model()
     opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=["conv"])
-    with pytest.raises(ValueError, match="layers: layer 'conv' is not a Dense layer"):
-        opt.build(model.trainable_variables)
+    with pytest.raises(ValueError, match=r"layers: .*/conv/kernel' \(3, 2, 4\) is a 3-D kernel"):
+        opt.build(model.trainable_variables)  # the model not seen: a convolution is refused
     opt = ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="l1", lam=0.1, layers=["d1", "d1"])
     with pytest.raises(ValueError, match="listed twice"):
         opt.build(model.trainable_variables)
