@@ -23,6 +23,7 @@ from pathnorm_experiments.report_data import (
     ReportError,
     Setting,
     col,
+    compacted_sizes,
     dataset_label,
     datasets_of,
     load_runs,
@@ -238,7 +239,9 @@ def _protocol(settings: Mapping[tuple, Setting], readme: str | None) -> list[str
         "error that is *not* certified: by the per-pair path-norm Lipschitz bound, and by "
         "interval bound propagation over the eps-box within [0, 1].",
         "- Sparsity: *nonzero* is the share of weights that are not exactly zero; *live "
-        "nonzero* counts only weights on a path from an input to an output.",
+        "nonzero* counts only weights on a path from an input to an output. The compacted "
+        "size (`hidden_alive`) counts the hidden units that `compact` keeps: those with a "
+        "nonzero weight in and a nonzero weight out.",
     ]
     if readme:
         lines.append(f"- Columns, grids and how to run the sweep: [{readme}]({readme}).")
@@ -337,6 +340,12 @@ def render(
         out += [*dataset_table(settings, ds, _TABLE_COLUMNS), "", "At eps 0.05:", ""]
         out += [*dataset_table(settings, ds, _TABLE_COLUMNS_005), ""]
         out += [f"![{alt}]({path})" for alt, path in (images or {}).get(ds, ())]
+        if not compacted_sizes(settings, ds):
+            out += [
+                "",
+                "No run of this dataset records its compacted size (`hidden_alive`: rows written "
+                "before that column leave it empty), so error against it is not plotted.",
+            ]
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "baseline",
     "best_within",
     "col",
+    "compacted_sizes",
     "dataset_label",
     "datasets_of",
     "decide",
@@ -56,6 +57,7 @@ KIND_LABELS = {
 }
 REG_LABELS = {"none": "none", "l1": "L1", "path": "1-path-norm", "linf": "layer-wise linf"}
 MEASURE_LABELS = {"nonzero": "raw nonzero", "nonzero_live": "live-path nonzero"}
+COMPACTED = "hidden_alive"  # the hidden units that compact keeps (empty in older rows)
 DATASET_ORDER = ("mnist", "fashion-mnist", "kmnist", "embedded")
 DATASET_LABELS = {
     "mnist": "MNIST",
@@ -65,7 +67,7 @@ DATASET_LABELS = {
 }
 FULL_TRAIN = 55000  # MNIST's and Fashion-MNIST's training images after the validation split
 REQUIRED = COLUMNS  # a results file has the sweep's columns, checked by runs.read_rows
-_NUMERIC = COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("machine")]
+_NUMERIC = (*COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("machine")], "hidden_alive")
 PROTOCOL = ("epochs", "n_train", *PROTOCOL_COLUMNS)  # one value per dataset in a report
 
 
@@ -323,6 +325,12 @@ def settings_of(
         (s for k, s in settings.items() if k[0] == ds and k[1] == reg and opt in (None, k[2])),
         key=lambda s: (s.optimizer, s.lam),
     )
+
+
+def compacted_sizes(settings: Mapping[tuple, Setting], ds: str) -> bool:
+    """Whether a setting of ``ds`` records :data:`COMPACTED` (rows from before the column
+    leave it empty)."""
+    return any(k[0] == ds and COMPACTED in s.stats for k, s in settings.items())
 
 
 def baseline(settings: Mapping[tuple, Setting], ds: str) -> Setting | None:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from pathnorm_experiments.report_data import (
+    COMPACTED,
     KIND_LABELS,
     KINDS,
     MEASURE_LABELS,
@@ -21,6 +22,7 @@ from pathnorm_experiments.report_data import (
     Setting,
     baseline,
     col,
+    compacted_sizes,
     dataset_label,
 )
 
@@ -239,16 +241,42 @@ def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> A
     return fig
 
 
+def _error_vs_compacted(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
+    """Clean and not-certified error against the hidden units that ``compact`` keeps."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained", sharex=True)
+    base = baseline(settings, ds)
+    panels = ("clean_error", col("certified_interval", 0.1), col("certified_lipschitz", 0.1))
+    for ax, y in zip(axes, panels, strict=True):
+        for reg in ("l1", "path", "linf"):
+            pts = _points(_series(settings, ds, reg, "prox"), COMPACTED, y)
+            _draw(ax, pts, COLORS[reg], "prox", _label(reg, "prox"))
+        if base is not None and y in base.stats and COMPACTED in base.stats:
+            ax.plot(
+                [base.stats[COMPACTED].mean], [base.stats[y].mean], "*", color="black", ms=11,
+                ls="none", label="no regularization",
+            )  # fmt: skip
+        kind, _, eps = y.partition("@")
+        ax.set_title(KIND_LABELS[kind] + (f", eps {eps}" if eps else ""), fontsize=10)
+        ax.set_xlabel("hidden units after compaction")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("error %")
+    fig.suptitle(f"{dataset_label(ds)}: error vs compacted size\nProx-SGD and the linf projection")
+    _legend(fig)
+    return fig
+
+
 _FIGURES = (
     ("tradeoff", "clean vs robust and certified error", _tradeoff),
     ("error_vs_lam", "error vs λ", _error_vs_lam),
     ("sparsity_vs_lam", "sparsity vs λ", _sparsity_vs_lam),
     ("error_vs_nonzero", "error vs sparsity", _error_vs_nonzero),
+    ("error_vs_compacted", "error vs compacted size", _error_vs_compacted),
 )
 
 
 def plot_dataset(settings: Mapping[tuple, Setting], ds: str, img: Path) -> list[tuple[str, Path]]:
-    """Draw the dataset's figures into ``img``.
+    """Draw the dataset's figures into ``img`` (error vs compacted size only where a row records
+    ``hidden_alive``).
 
     Args:
         settings: the report's settings (:func:`~pathnorm_experiments.report.settings_from_rows`).
@@ -265,6 +293,8 @@ def plot_dataset(settings: Mapping[tuple, Setting], ds: str, img: Path) -> list[
 
     written = []
     for stem, alt, draw in _FIGURES:
+        if draw is _error_vs_compacted and not compacted_sizes(settings, ds):
+            continue  # no row records the compacted size (rows from before the column)
         fig = draw(plt, settings, ds)
         path = img / f"{ds}_{stem}.png"
         fig.savefig(path, dpi=100)

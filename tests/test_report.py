@@ -141,6 +141,7 @@ def test_verdict_and_spearman() -> None:
 def test_settings_agree_with_the_sweeps_summary_and_skip_empty_cells(tmp_path: Path) -> None:
     rows = scenario()
     rows[2]["robust_error@0.1"] = ""  # mnist baseline, seed 1 at the selected lr: diverged
+    rows[1]["hidden_alive"], rows[3]["hidden_alive"] = 200, 198  # seed 1's: empty (older row)
     path = write_csv(tmp_path / "runs.csv", rows)
     loaded = report_data.load_runs(path)
     mine = report_data.settings_from_rows(loaded)
@@ -150,9 +151,12 @@ def test_settings_agree_with_the_sweeps_summary_and_skip_empty_cells(tmp_path: P
         assert s.lr == theirs[key]["lr"] == 0.1 and list(s.seeds) == theirs[key]["seeds"]
         for c, st in s.stats.items():
             assert (st.mean, st.lo, st.hi) == pytest.approx(theirs[key][c])
-    base = mine[("mnist", "none", "prox", 0.0)]
+    base_key = ("mnist", "none", "prox", 0.0)
+    base = mine[base_key]
     assert base.stats["robust_error@0.1"].seeds == (0, 2)
     assert base.stats["robust_error@0.1"].fmt() == "90.0 (89.5–90.5)"
+    assert base.stats["hidden_alive"].by_seed() == {0: 200.0, 2: 198.0}
+    assert not any("hidden_alive" in s.stats for k, s in mine.items() if k != base_key)
     assert report_data.REQUIRED == COLUMNS  # the report reads the sweep's format, torch-free
 
 
@@ -331,12 +335,17 @@ def test_the_plots_are_readable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         save(fig, fname, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", checking_savefig)
-    # the embedded subset's long name (the quick sweep's) in place of MNIST's
-    rows = [{**r, "dataset": "embedded" if r["dataset"] == "mnist" else r["dataset"]}
-            for r in scenario()]  # fmt: skip
+    # the embedded subset's long name (the quick sweep's) in place of MNIST's; its rows record
+    # the compacted size, the other datasets' do not (rows from before the column)
+    rows = [{**r, "dataset": "embedded", "hidden_alive": round(2 * r["nonzero_live"])}
+            if r["dataset"] == "mnist" else r for r in scenario()]  # fmt: skip
     report.write_report(write_csv(tmp_path / "runs.csv", rows), tmp_path / "o")
-    assert len(checked) == 12 and "embedded_error_vs_nonzero.png" in checked
+    assert len(checked) == 13 and "embedded_error_vs_nonzero.png" in checked
+    assert [n for n in checked if "compacted" in n] == ["embedded_error_vs_compacted.png"]
     assert {name: p for name, p in checked.items() if p} == {}
+    page = (tmp_path / "o" / "results.md").read_text()
+    assert page.count("No run of this dataset records its compacted size") == 2  # F-MNIST, KMNIST
+    assert "![embedded MNIST subset: error vs compacted size](" in page
 
 
 def test_report_only_never_imports_torch(tmp_path: Path) -> None:
