@@ -108,7 +108,7 @@ def main() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
 
     data = load_mnist_train(args.data_dir)
-    source = f"MNIST train ({args.data_dir})"
+    source = "MNIST train (60,000 images)"
     if data is None:
         g = torch.Generator().manual_seed(0)
         data = (torch.rand(60000, 784, generator=g), torch.randint(0, 10, (60000,), generator=g))

@@ -31,11 +31,12 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import keras
 import tensorflow as tf
-from bench_tf import load_mnist, paper_mlp
+from bench_tf import ENV_DATA, load_mnist, paper_mlp
 
 import pathnorm_tf.optimizers as optimizers
 from pathnorm_tf import PathNormSGD, _xla
@@ -89,13 +90,19 @@ def main() -> None:
     parser.add_argument("--sums", type=int, default=5, help="reductions in the 'sums' part")
     parser.add_argument("--lam", type=float, default=1e-4)
     parser.add_argument("--lr", type=float, default=0.1)
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(ENV_DATA) if ENV_DATA else None,
+        help="folder holding mnist/*.gz (default: $PATHNORM_DATA_DIR)",
+    )
     args = parser.parse_args()
     if args.rounds < 1 or args.steps < 1 or args.sums < 1 or args.threads < 0:
         parser.error("--rounds, --steps and --sums must be >= 1, --threads >= 0")
     if args.threads > 0:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
         tf.config.threading.set_inter_op_parallelism_threads(args.threads)
-    x, y, source = load_mnist()
+    x, y, source = load_mnist(args.data_dir)
     batches = [
         (tf.constant(x[i : i + 100]), tf.constant(y[i : i + 100])) for i in range(0, len(x), 100)
     ]
