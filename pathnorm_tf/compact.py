@@ -41,7 +41,6 @@ bias): ``Dense``, ``Conv1D`` and ``Conv2D``.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -49,63 +48,9 @@ import numpy as np
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
+from shared_spec.compaction import CompactionReport, PairCompaction
 
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
-
-
-@dataclass(frozen=True)
-class PairCompaction:
-    """One pair's hidden units and parameters before/after: ``removed`` units had zero outgoing
-    weights, ``folded`` ones zero incoming weights (their constant went into the bias);
-    ``constant_kept`` ones have zero incoming weights too but stay, their constant not
-    foldable exactly (a zero-padded second convolution, a pooling that changes a constant)."""
-
-    first: str
-    second: str
-    units_before: int
-    units_after: int
-    removed: int
-    folded: int
-    params_before: int
-    params_after: int
-    constant_kept: int = 0
-
-
-@dataclass(frozen=True)
-class CompactionReport:
-    """Per-pair results and the model's parameter count before/after; ``str()`` is a table."""
-
-    pairs: tuple[PairCompaction, ...]
-    params_before: int
-    params_after: int
-
-    @property
-    def units_before(self) -> int:
-        return sum(p.units_before for p in self.pairs)
-
-    @property
-    def units_after(self) -> int:
-        return sum(p.units_after for p in self.pairs)
-
-    def __str__(self) -> str:
-        rows = [("pair", "units", "removed", "folded", "pair params")] + [
-            (f"{p.first} -> {p.second}", f"{p.units_before} -> {p.units_after}", f"{p.removed}",
-             f"{p.folded}", f"{p.params_before:,} -> {p.params_after:,}")
-            for p in self.pairs
-        ]  # fmt: skip
-        width = [max(map(len, column)) for column in zip(*rows, strict=True)]
-        share = self.params_after / max(self.params_before, 1)
-        notes = [
-            f"{p.first} -> {p.second}: {p.constant_kept} unit(s) with zero incoming weights kept "
-            "(their constant output cannot be folded exactly into the second layer's bias)"
-            for p in self.pairs
-            if p.constant_kept
-        ]
-        return "\n".join(
-            ["  ".join(cell.ljust(w) for cell, w in zip(row, width, strict=True)) for row in rows]
-            + [f"model parameters {self.params_before:,} -> {self.params_after:,} ({share:.1%})"]
-            + notes
-        )
 
 
 # -- what compact does to a layer type, beyond the seam's views -------------------------------
