@@ -9,7 +9,8 @@ real MNIST is read from ``--data-dir`` (default ``$PATHNORM_DATA_DIR``) by the c
 where it is absent the embedded subset (5,000 training images) is used, and the output says
 which. The network is then compacted (``pathnorm_lightning.compact``) and both networks are
 timed on one batch of 1,000 test images (eval mode, no autograd), interleaved in one process
-(the order alternating between repeats), medians reported.
+(the order alternating between repeats; ``pathnorm_experiments.compaction.time_calls``, as
+``pathnorm-train`` times them), medians reported.
 
 Prints a few readable lines, then one JSON line with every number.
 
@@ -20,8 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,7 @@ import torch
 from torch import nn
 
 from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
+from pathnorm_experiments.compaction import time_calls
 from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import DataError, Dataset, load_dataset, load_embedded
 from pathnorm_experiments.sweep import default_machine
@@ -37,11 +37,17 @@ from pathnorm_lightning import compact
 
 
 def load_data(data_dir: Path | None) -> tuple[Dataset, str]:
-    """MNIST through the checked loader, else the embedded subset; and which one it is."""
+    """MNIST through the checked loader, else the embedded subset; and which one it is, in words
+    (never a path: the output is recorded in the docs)."""
     try:
-        return load_dataset("mnist", data_dir), "mnist"
+        data = load_dataset("mnist", data_dir)
+        return data, f"MNIST (real, full: {data.x_train.shape[0]:,} training images)"
     except DataError:
-        return load_embedded(), "embedded MNIST subset (MNIST files not found)"
+        data = load_embedded()
+        return data, (
+            f"embedded MNIST subset ({data.x_train.shape[0]:,} training images; the MNIST files "
+            "were not found)"
+        )
 
 
 def train(args: argparse.Namespace, data: Dataset) -> nn.Module:
@@ -62,25 +68,6 @@ def train(args: argparse.Namespace, data: Dataset) -> nn.Module:
 
 def weights(model: nn.Module) -> list[np.ndarray]:
     return [m.weight.detach().numpy() for m in model.modules() if isinstance(m, nn.Linear)]
-
-
-def time_forward(models: dict[str, nn.Module], x: torch.Tensor, repeats: int) -> dict[str, float]:
-    """Median seconds per forward pass of each model on ``x``, interleaved."""
-    calls = {}
-    for name, model in models.items():  # warm-up, and calls per sample for about 20 ms
-        model(x)
-        t0 = time.perf_counter()
-        model(x)
-        calls[name] = max(1, int(0.02 / max(time.perf_counter() - t0, 1e-6)))
-    samples: dict[str, list[float]] = {name: [] for name in models}
-    for r in range(repeats):
-        order = list(models) if r % 2 == 0 else list(reversed(models))
-        for name in order:
-            t0 = time.perf_counter()
-            for _ in range(calls[name]):
-                models[name](x)
-            samples[name].append((time.perf_counter() - t0) / calls[name])
-    return {name: statistics.median(s) for name, s in samples.items()}
 
 
 def main() -> None:
@@ -104,7 +91,9 @@ def main() -> None:
     y = torch.from_numpy(data.y_test[:1000])
     with torch.no_grad():
         before, after = model(x), small(x)
-        seconds = time_forward({"before": model, "after": small}, x, args.repeats)
+        seconds = time_calls(
+            {"before": lambda: model(x), "after": lambda: small(x)}, args.repeats, sample_s=0.02
+        )
     result = {
         "bench": "compact",
         "data": source,

@@ -199,6 +199,17 @@ GROUPS = (
             ),
         ),
     ),
+    Group(
+        "bench_compact.py",
+        "What `compact` buys: the paper's 784-200-10 network trained with the 1-path-norm prox "
+        "(the main job's torch loop, lam 0.002, lr 0.05, 20 epochs: the sweep's MNIST setting "
+        "with under 10% of its weights on a live path; the real MNIST, read from "
+        "`$PATHNORM_DATA_DIR`), then compacted "
+        "(`pathnorm_lightning.compact`): hidden units, parameters and inference time per batch "
+        "of 1,000 test images, before and after, the two networks timed in turns in one "
+        "process (medians).",
+        (Entry("compact", "CPU, 1 thread", ""),),
+    ),
 )
 
 
