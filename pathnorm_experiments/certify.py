@@ -21,17 +21,33 @@ pushed through each hidden layer as a box, using ``W mu + b +- |W| r`` for a box
 the margin, ``(W_L[y] - W_L[j]) mu + b_y - b_j - |W_L[y] - W_L[j]| r``, which is the least
 value of ``f_y - f_j`` over the last hidden box. An example is certified when that lower bound
 is positive for every ``j != y``. Neither certificate implies the other.
+
+A hidden layer may also be a convolution, a :class:`ConvLayer`: it reads the flat input (or
+the flat output of the layer before) as a channels-first image and writes its output flattened
+channels first, as ``nn.Flatten`` does. It is the unrolled matrix ``V`` of the convolution,
+(channels * positions, in), applied as a convolution: ``W x`` is the convolution with the
+kernel, ``|W| r`` the convolution with ``|kernel|`` (every entry of ``V`` is a kernel weight or
+zero), so both certificates and the bounds above hold for it unchanged, and IBP runs through
+the convolution without building ``V``. The last layer is always a matrix (the read-out).
+Regularizer values and sparsity count each kernel weight once (``R = sum_c ||x_c||_1
+||y_c||_1`` over channels, docs/conv_units.md); for a valid (unpadded) convolution read by the
+Linear layer, the path-norm bound ``1^T |W_2| |V| 1`` equals that ``R`` (the factor ``s = 1``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 
 from pathnorm_experiments.config import float_key
 
 __all__ = [
+    "ConvLayer",
+    "Layer",
     "certified_error",
     "certified_mask",
     "effective_nonzero_fraction",
@@ -39,12 +55,100 @@ __all__ = [
     "interval_certified_error",
     "interval_certified_mask",
     "interval_margin_bounds",
+    "layer_linf_norm",
     "lipschitz_matrix",
     "nonzero_fraction",
     "path_norm_bound",
     "product_bound",
     "regularizer_value",
 ]
+
+
+def _pair(value: int | Sequence[int], name: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int | np.integer) else tuple(value)
+    if len(pair) != 2 or any(int(v) != v for v in pair):
+        raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+class ConvLayer:
+    """A 2-D convolution (``groups=1``, zero padding), as a layer of the functions here.
+
+    Args:
+        weight: (channels, in_channels, kh, kw), torch layout.
+        in_shape: (in_channels, height, width) of its input, which arrives flat, channels
+            first (``x.reshape(N, *in_shape)``).
+        stride: per axis, or one int for both.
+        padding: zeros added on both sides of each axis, or one int for both.
+
+    Its output is flattened channels first: (N, channels * out_height * out_width).
+    """
+
+    def __init__(
+        self,
+        weight: np.ndarray,
+        in_shape: Sequence[int],
+        stride: int | Sequence[int] = 1,
+        padding: int | Sequence[int] = 0,
+    ) -> None:
+        self.weight = weight
+        self.stride = _pair(stride, "stride")
+        self.padding = _pair(padding, "padding")
+        if not isinstance(weight, np.ndarray) or weight.ndim != 4:
+            raise ValueError(
+                "ConvLayer.weight must be a 4-D array (channels, in_channels, kh, kw), got "
+                f"{getattr(weight, 'shape', type(weight).__name__)}"
+            )
+        if len(in_shape) != 3 or weight.shape[1] != in_shape[0]:
+            raise ValueError(
+                f"ConvLayer: in_shape {tuple(in_shape)} must be (in_channels, height, width) "
+                f"with in_channels = weight.shape[1] = {weight.shape[1]}"
+            )
+        self.in_shape = (int(in_shape[0]), int(in_shape[1]), int(in_shape[2]))
+        if min(self.stride) < 1 or min(self.padding) < 0:
+            raise ValueError(
+                f"ConvLayer: stride must be >= 1 and padding >= 0, got {self.stride}, "
+                f"{self.padding}"
+            )
+        if min(self.out_shape[1:]) < 1:
+            raise ValueError(
+                f"ConvLayer: a {weight.shape[2]} x {weight.shape[3]} kernel does not fit the "
+                f"{in_shape[1]} x {in_shape[2]} input (padding {self.padding})"
+            )
+
+    @property
+    def out_shape(self) -> tuple[int, int, int]:
+        """(channels, out_height, out_width)."""
+        grid = [
+            (size + 2 * pad - k) // st + 1
+            for size, pad, k, st in zip(
+                self.in_shape[1:], self.padding, self.weight.shape[2:], self.stride, strict=True
+            )
+        ]
+        return (int(self.weight.shape[0]), grid[0], grid[1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """The shape of the unrolled matrix: (out features, in features)."""
+        return (math.prod(self.out_shape), math.prod(self.in_shape))
+
+    def apply(self, h: np.ndarray, *, absolute: bool = False) -> np.ndarray:
+        """``V h`` row by row (``|V| h`` with ``absolute``), float64: (N, in) -> (N, out)."""
+        w = np.abs(self.weight) if absolute else self.weight
+        x = np.asarray(h, dtype=np.float64).reshape(-1, *self.in_shape)
+        (ph, pw), (sh, sw) = self.padding, self.stride
+        if ph or pw:
+            x = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+        windows = sliding_window_view(x, self.weight.shape[2:], axis=(2, 3))[:, :, ::sh, ::sw]
+        out = np.tensordot(windows, w.astype(np.float64), axes=((1, 4, 5), (1, 2, 3)))
+        return out.transpose(0, 3, 1, 2).reshape(x.shape[0], -1)
+
+    def unrolled(self) -> np.ndarray:
+        """``V``, dense (out, in) float64 (the convolution of every basis vector)."""
+        return self.apply(np.eye(self.shape[1])).T
+
+
+Layer: TypeAlias = "np.ndarray | ConvLayer"
 
 
 def _act(name: str, z: np.ndarray) -> np.ndarray:
@@ -57,46 +161,117 @@ def _act(name: str, z: np.ndarray) -> np.ndarray:
     raise ValueError(f"activation must be elu, relu or tanh (slope in [0, 1]), got {name!r}")
 
 
-def _check(weights: Sequence[np.ndarray], biases: Sequence[np.ndarray] | None = None) -> None:
+def _check(weights: Sequence[Layer], biases: Sequence[np.ndarray] | None = None) -> None:
     if len(weights) == 0:
         raise ValueError("need at least one weight matrix")
     for i, w in enumerate(weights):
-        if w.ndim != 2:
-            raise ValueError(f"weights[{i}] must be 2-D (out, in), got shape {w.shape}")
+        if not isinstance(w, ConvLayer) and w.ndim != 2:
+            raise ValueError(
+                f"weights[{i}] must be 2-D (out, in) or a ConvLayer, got shape {w.shape}"
+            )
         if i and w.shape[1] != weights[i - 1].shape[0]:
             raise ValueError(
                 f"weights[{i}] {w.shape} does not follow weights[{i - 1}] {weights[i - 1].shape}"
             )
-    if biases is not None and [b.shape for b in biases] != [(w.shape[0],) for w in weights]:
-        raise ValueError("biases must have shapes (out,) matching the weights")
+    if isinstance(weights[-1], ConvLayer):
+        raise ValueError("the last layer must be a matrix (out, in), the read-out, not a ConvLayer")
+    if biases is not None and [b.shape for b in biases] != [(_units(w),) for w in weights]:
+        raise ValueError(
+            "biases must have shapes (out,) matching the weights (a ConvLayer's: (channels,))"
+        )
+
+
+def _readout(weights: Sequence[Layer]) -> np.ndarray:
+    """The last layer's matrix (out, in), float64 (:func:`_check` has refused a ConvLayer)."""
+    return np.asarray(weights[-1], dtype=np.float64)
+
+
+def _units(layer: Layer) -> int:
+    """Output units (features, or a convolution's channels)."""
+    return int(layer.weight.shape[0] if isinstance(layer, ConvLayer) else layer.shape[0])
+
+
+def _apply(layer: Layer, h: np.ndarray, *, absolute: bool = False) -> np.ndarray:
+    """``h @ W.T`` in float64 (``|W|`` with ``absolute``): (N, in) -> (N, out)."""
+    if isinstance(layer, ConvLayer):
+        return layer.apply(h, absolute=absolute)
+    w = np.asarray(layer, dtype=np.float64)
+    return h @ (np.abs(w) if absolute else w).T
+
+
+def _bias(layer: Layer, b: np.ndarray) -> np.ndarray:
+    """The bias of every output feature (a convolution's, repeated over its positions)."""
+    b = np.asarray(b, dtype=np.float64)
+    if isinstance(layer, ConvLayer):
+        return np.repeat(b, math.prod(layer.out_shape[1:]))
+    return b
+
+
+def _abs_rows(layer: Layer) -> np.ndarray:
+    """``|W| 1``: the l1 norm of every row (of the unrolled matrix of a convolution)."""
+    return _apply(layer, np.ones((1, layer.shape[1])), absolute=True)[0]
+
+
+def _natives(weights: Sequence[Layer]) -> list[np.ndarray]:
+    """The weights in their own torch layout (a convolution's (C, C_in, *k), counted once),
+    after checking that the units chain: a Linear layer after a convolution reads its channels
+    through a channels-first Flatten."""
+    if len(weights) == 0:
+        raise ValueError("need at least one weight matrix")
+    ws = [w.weight if isinstance(w, ConvLayer) else np.asarray(w) for w in weights]
+    for i, w in enumerate(ws):
+        if w.ndim < 2:
+            raise ValueError(f"weights[{i}] must be a layer weight (out, in, ...), got {w.shape}")
+        if i == 0:
+            continue
+        prev = ws[i - 1]
+        flatten = prev.ndim > 2 and w.ndim == 2
+        if (w.ndim > 2 and prev.ndim == 2) or (
+            w.shape[1] % prev.shape[0] if flatten and prev.shape[0] else w.shape[1] != prev.shape[0]
+        ):
+            raise ValueError(
+                f"weights[{i}] {w.shape} does not follow weights[{i - 1}] {prev.shape}"
+            )
+    return ws
+
+
+def _by_unit(w: np.ndarray, n: int) -> np.ndarray:
+    """``|w|``-ready view (out, n, taps or positions) of a weight reading ``n`` units."""
+    return w.reshape(w.shape[0], n, -1) if n else w.reshape(w.shape[0], 0, 1)
 
 
 def forward(
-    weights: Sequence[np.ndarray], biases: Sequence[np.ndarray], x: np.ndarray, activation: str
+    weights: Sequence[Layer], biases: Sequence[np.ndarray], x: np.ndarray, activation: str
 ) -> np.ndarray:
     """Logits in float64, shape (N, classes)."""
     _check(weights, biases)
     h = np.asarray(x, dtype=np.float64)
     for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
-        h = h @ w.astype(np.float64).T + b.astype(np.float64)
+        h = _apply(w, h) + _bias(w, b)
         if i < len(weights) - 1:
             h = _act(activation, h)
     return h
 
 
-def lipschitz_matrix(weights: Sequence[np.ndarray]) -> np.ndarray:
+def _abs_chain(weights: Sequence[Layer]) -> np.ndarray:
+    """``|W_{L-1}| ... |W_1| 1``: per last hidden feature, the bound of its input's effect."""
+    r = np.ones((1, weights[0].shape[1]))
+    for w in weights[:-1]:
+        r = _apply(w, r, absolute=True)
+    return r[0]
+
+
+def lipschitz_matrix(weights: Sequence[Layer]) -> np.ndarray:
     """``L[y, j]``: the (l_inf -> |.|) Lipschitz bound of ``f_y - f_j`` (zero diagonal)."""
     _check(weights)
-    r = np.ones(weights[0].shape[1])
-    for w in weights[:-1]:
-        r = np.abs(w.astype(np.float64)) @ r
-    last = weights[-1].astype(np.float64)
+    r = _abs_chain(weights)
+    last = _readout(weights)
     diff = np.abs(last[:, None, :] - last[None, :, :])  # (p, p, n)
     return diff @ r
 
 
 def certified_mask(
-    weights: Sequence[np.ndarray],
+    weights: Sequence[Layer],
     biases: Sequence[np.ndarray],
     x: np.ndarray,
     y: np.ndarray,
@@ -121,7 +296,7 @@ def certified_mask(
 
 
 def certified_error(
-    weights: Sequence[np.ndarray],
+    weights: Sequence[Layer],
     biases: Sequence[np.ndarray],
     x: np.ndarray,
     y: np.ndarray,
@@ -140,7 +315,7 @@ def certified_error(
 
 
 def interval_margin_bounds(
-    weights: Sequence[np.ndarray],
+    weights: Sequence[Layer],
     biases: Sequence[np.ndarray],
     x: np.ndarray,
     y: np.ndarray,
@@ -152,8 +327,9 @@ def interval_margin_bounds(
     """Lower bounds of ``f_y - f_j`` over the eps-box around each ``x`` within [0, 1] (IBP).
 
     Args:
-        weights: torch layout (out, in), input to output.
-        biases: (out,) per layer.
+        weights: torch layout (out, in), input to output; hidden layers may be
+            :class:`ConvLayer` (IBP then runs through the convolution).
+        biases: (out,) per layer (a convolution's: (channels,)).
         x: inputs (N, in) in [0, 1].
         y: labels (N,).
         eps: the l_inf radius, >= 0.
@@ -167,19 +343,17 @@ def interval_margin_bounds(
         raise ValueError(f"eps must be >= 0, got {eps}")
     _check(weights, biases)
     _act(activation, np.zeros(1))  # an unknown activation raises here, before any work
-    ws = [np.asarray(w, dtype=np.float64) for w in weights]
-    bs = [np.asarray(b, dtype=np.float64) for b in biases]
-    abs_ws = [np.abs(w) for w in ws[:-1]]
+    bs = [_bias(w, b) for w, b in zip(weights, biases, strict=True)]
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.int64)
-    last, b_last = ws[-1], bs[-1]
+    last, b_last = _readout(weights), bs[-1]
     out = np.empty((x.shape[0], last.shape[0]))
     for s in range(0, x.shape[0], chunk):
         xc, yc = x[s : s + chunk], y[s : s + chunk]
         lo, hi = np.clip(xc - eps, 0.0, 1.0), np.clip(xc + eps, 0.0, 1.0)
-        for w, aw, b in zip(ws[:-1], abs_ws, bs[:-1], strict=True):
+        for w, b in zip(weights[:-1], bs[:-1], strict=True):
             mu, r = (hi + lo) / 2, (hi - lo) / 2
-            center, radius = mu @ w.T + b, r @ aw.T
+            center, radius = _apply(w, mu) + b, _apply(w, r, absolute=True)
             # monotone activations map a box's ends to the image box's ends
             lo, hi = _act(activation, center - radius), _act(activation, center + radius)
         mu, r = (hi + lo) / 2, (hi - lo) / 2
@@ -195,7 +369,7 @@ def interval_margin_bounds(
 
 
 def interval_certified_mask(
-    weights: Sequence[np.ndarray],
+    weights: Sequence[Layer],
     biases: Sequence[np.ndarray],
     x: np.ndarray,
     y: np.ndarray,
@@ -208,7 +382,7 @@ def interval_certified_mask(
 
 
 def interval_certified_error(
-    weights: Sequence[np.ndarray],
+    weights: Sequence[Layer],
     biases: Sequence[np.ndarray],
     x: np.ndarray,
     y: np.ndarray,
@@ -225,71 +399,80 @@ def interval_certified_error(
     }
 
 
-def path_norm_bound(weights: Sequence[np.ndarray]) -> float:
-    """Full 1-path-norm ``1^T |W_L| ... |W_1| 1``: the (l_inf, l_1) Lipschitz bound of f."""
+def path_norm_bound(weights: Sequence[Layer]) -> float:
+    """Full 1-path-norm ``1^T |W_L| ... |W_1| 1``: the (l_inf, l_1) Lipschitz bound of f (of
+    the unrolled network where a layer is a :class:`ConvLayer`)."""
     _check(weights)
-    r = np.ones(weights[0].shape[1])
-    for w in weights:
-        r = np.abs(w.astype(np.float64)) @ r
-    return float(r.sum())
+    return float((np.abs(_readout(weights)) @ _abs_chain(weights)).sum())
 
 
-def product_bound(weights: Sequence[np.ndarray]) -> float:
+def layer_linf_norm(layer: Layer) -> float:
+    """``||W||_inf``: the largest row l1 norm (of the unrolled matrix of a convolution)."""
+    rows = _abs_rows(layer)
+    return float(rows.max()) if rows.size else 0.0
+
+
+def product_bound(weights: Sequence[Layer]) -> float:
     """Layer-wise bound ``||W_L||_{inf->1} prod_{l<L} ||W_l||_inf`` (sum|W_L| times max row sums)."""
     _check(weights)
-    out = float(np.abs(weights[-1]).astype(np.float64).sum())
+    out = float(np.abs(_readout(weights)).sum())
     for w in weights[:-1]:
-        out *= float(np.abs(w.astype(np.float64)).sum(1).max())
+        out *= layer_linf_norm(w)
     return out
 
 
-def regularizer_value(weights: Sequence[np.ndarray], regularizer: str) -> float:
+def regularizer_value(weights: Sequence[Layer], regularizer: str) -> float:
     """``g(weights)``: l1 = sum |w|, path = sum of pairwise 1-path-norms, linf/none = 0.
 
+    ``weights`` in their own torch layout or as :class:`ConvLayer`; a convolution's weights
+    count once (its channels are the units of ``R = sum_c ||x_c||_1 ||y_c||_1``).
     ``linf`` is a constraint (its indicator is 0 at the feasible iterates the projection makes).
     """
-    _check(weights)
+    ws = _natives(weights)
     if regularizer in ("none", "linf"):
         return 0.0
     if regularizer == "l1":
-        return float(sum(np.abs(w.astype(np.float64)).sum() for w in weights))
+        return float(sum(np.abs(w.astype(np.float64)).sum() for w in ws))
     if regularizer == "path":
-        if len(weights) % 2:
-            raise ValueError(f"path pairs layers: need an even number, got {len(weights)}")
-        return float(
-            sum(
-                (
-                    np.abs(weights[i + 1]).astype(np.float64).sum(0)
-                    * np.abs(weights[i]).astype(np.float64).sum(1)
-                ).sum()
-                for i in range(0, len(weights), 2)
-            )
-        )
+        if len(ws) % 2:
+            raise ValueError(f"path pairs layers: need an even number, got {len(ws)}")
+        total = 0.0
+        for w_in, w_out in zip(ws[::2], ws[1::2], strict=True):
+            n = w_in.shape[0]
+            y_norms = np.abs(w_in.astype(np.float64)).reshape(n, -1).sum(1)
+            x_norms = np.abs(_by_unit(w_out, n).astype(np.float64)).sum((0, 2))
+            total += float((x_norms * y_norms).sum())
+        return total
     raise ValueError(f"regularizer must be none, l1, linf or path, got {regularizer!r}")
 
 
-def nonzero_fraction(weights: Sequence[np.ndarray]) -> float:
-    """Fraction of weight entries (biases excluded) that are exactly nonzero."""
-    _check(weights)
-    total = sum(w.size for w in weights)
-    return float(sum(np.count_nonzero(w) for w in weights) / total)
+def nonzero_fraction(weights: Sequence[Layer]) -> float:
+    """Fraction of weight entries (biases excluded) that are exactly nonzero (a convolution's
+    kernel weights counted once)."""
+    ws = _natives(weights)
+    total = sum(w.size for w in ws)
+    return float(sum(np.count_nonzero(w) for w in ws) / total)
 
 
-def effective_nonzero_fraction(weights: Sequence[np.ndarray]) -> float:
+def effective_nonzero_fraction(weights: Sequence[Layer]) -> float:
     """Fraction of weight entries that are nonzero AND lie on a path from an input to an output.
 
     A proximal step on the path-norm can zero a unit's outgoing weights but keep its incoming
     ones (or vice versa); such weights do not affect the function and a pruned network drops
-    them, so this counts only weights of units connected on both sides.
+    them, so this counts only weights of units connected on both sides. A convolution's units
+    are its channels (reached from the input when its kernel has a nonzero weight, which a
+    valid convolution reads at every position); its kernel weights count once.
     """
-    _check(weights)
-    nz = [w != 0 for w in weights]
-    fwd = [np.ones(weights[0].shape[1], dtype=bool)]  # units reachable from the input
+    ws = _natives(weights)
+    nz = [_by_unit(w, (ws[i - 1].shape[0] if i else w.shape[1])) != 0 for i, w in enumerate(ws)]
+    fwd = [np.ones(nz[0].shape[1], dtype=bool)]  # units reachable from the input
     for m in nz:
-        fwd.append((m & fwd[-1][None, :]).any(1))
-    bwd = [np.ones(weights[-1].shape[0], dtype=bool)]  # units that reach an output
+        fwd.append((m & fwd[-1][None, :, None]).any((1, 2)))
+    bwd = [np.ones(nz[-1].shape[0], dtype=bool)]  # units that reach an output
     for m in reversed(nz):
-        bwd.append((m & bwd[-1][:, None]).any(0))
+        bwd.append((m & bwd[-1][:, None, None]).any((0, 2)))
     bwd.reverse()
-    live = sum(int((m & bwd[i + 1][:, None] & fwd[i][None, :]).sum()) for i, m in enumerate(nz))
-    return float(live / sum(w.size for w in weights))
+    live = sum(
+        int((m & bwd[i + 1][:, None, None] & fwd[i][None, :, None]).sum()) for i, m in enumerate(nz)
+    )
+    return float(live / sum(w.size for w in ws))

@@ -21,10 +21,14 @@ __all__ = [
     "ATTACKS",
     "DEFAULT_EPS",
     "DTYPES",
+    "IMAGE_SHAPE",
     "METHODS",
+    "MODELS",
+    "N_CLASSES",
     "REGULARIZERS",
     "TrainConfig",
     "float_key",
+    "initial_layer_weights",
     "initial_weights",
     "nonnegative_int",
     "shuffle_orders",
@@ -38,6 +42,9 @@ ATTACKS = ("ce", "ce+margin")
 ACTIVATIONS = ("elu", "relu", "tanh")  # slopes in [0, 1]: the path-norm bounds hold
 DEFAULT_EPS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 DTYPES = ("float32", "float64")
+MODELS = ("mlp", "conv")  # the paper's MLP, or its convolutional twin (one conv hidden layer)
+IMAGE_SHAPE = (1, 28, 28)  # (channels, height, width) of every dataset's images
+N_CLASSES = 10
 
 
 def float_key(value: float) -> str:
@@ -60,6 +67,11 @@ def float_key(value: float) -> str:
 @dataclass(frozen=True)
 class TrainConfig:
     """One training run: the paper's network, regularizer, optimiser and evaluation.
+
+    ``model``: ``mlp`` (the paper's network, ``784 -> hidden... -> 10``) or ``conv`` (its
+    convolutional twin: ``Conv2d(1, hidden[0], kernel_size, stride)`` without padding -> the
+    activation -> Flatten -> ``Linear(10)``, on the images as 1 x 28 x 28; ``hidden`` then holds
+    one entry, the convolution's channels; ``kernel_size`` and ``stride`` are the conv's only).
 
     ``regularizer``: ``none``, ``l1`` (lam * sum |w|), ``path`` (lam * sum of the 1-path-norms of
     consecutive layer pairs, the paper's multilayer extension) or ``linf`` (the layer-wise
@@ -87,6 +99,9 @@ class TrainConfig:
     pgd_samples: int | None = 1000  # test images attacked (None: all); clean error uses all
     log_every: int = 10  # iterations between history records
     eval_train_samples: int | None = 10000  # train images for the regularized loss (None: all)
+    model: str = "mlp"
+    kernel_size: int = 5  # conv only: the convolution's square kernel
+    stride: int = 2  # conv only: its stride (no padding: R is the unrolled net's path norm)
 
     def __post_init__(self) -> None:
         if self.regularizer not in REGULARIZERS:
@@ -116,6 +131,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, or None for {all_of}; got {n}")
         if any(int(h) < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be >= 1, got {self.hidden}")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.model == "conv":
+            self._check_conv()
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if self.regularizer == "path" and len(self.hidden) % 2 != 1:
@@ -136,16 +155,54 @@ class TrainConfig:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
+    def _check_conv(self) -> None:
+        if len(self.hidden) != 1:
+            raise ValueError(
+                "the conv network has one hidden layer, its convolution: hidden holds its "
+                f"channels, e.g. hidden=(32,) (--hidden 32); got hidden={self.hidden}"
+            )
+        for name in ("kernel_size", "stride"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.kernel_size > min(IMAGE_SHAPE[1:]):
+            raise ValueError(
+                f"kernel_size {self.kernel_size} is larger than the {IMAGE_SHAPE[1]} x "
+                f"{IMAGE_SHAPE[2]} images (the convolution has no padding)"
+            )
+
+    @property
+    def conv_grid(self) -> tuple[int, int]:
+        """The conv network's hidden positions (height, width): a valid (unpadded) convolution
+        of ``kernel_size`` at ``stride`` on the 28 x 28 images."""
+        return (
+            (IMAGE_SHAPE[1] - self.kernel_size) // self.stride + 1,
+            (IMAGE_SHAPE[2] - self.kernel_size) // self.stride + 1,
+        )
+
     @property
     def widths(self) -> tuple[int, ...]:
-        """Layer widths from input to output: (784, *hidden, 10)."""
-        return (784, *self.hidden, 10)
+        """Layer widths from input to output: (784, *hidden, 10); for the conv network, those of
+        its unrolled twin: (784, channels * positions, 10)."""
+        if self.model == "conv":
+            return (784, self.hidden[0] * math.prod(self.conv_grid), N_CLASSES)
+        return (784, *self.hidden, N_CLASSES)
+
+    @property
+    def weight_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Each layer's weight shape, torch layout: (out, in) for a Linear layer, (channels,
+        in_channels, k, k) for the convolution."""
+        if self.model == "conv":
+            channels, k = self.hidden[0], self.kernel_size
+            return ((channels, IMAGE_SHAPE[0], k, k), (N_CLASSES, self.widths[1]))
+        return tuple((fan_out, fan_in) for fan_in, fan_out in itertools.pairwise(self.widths))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict."""
+        """JSON-ready dict (the MLP's without the convolution's ``kernel_size`` and ``stride``)."""
         d = asdict(self)
         d["hidden"] = list(self.hidden)
         d["eps"] = list(self.eps)
+        if self.model != "conv":
+            del d["kernel_size"], d["stride"]
         return d
 
 
@@ -163,12 +220,26 @@ def initial_weights(widths: Sequence[int], seed: int) -> list[tuple[np.ndarray, 
     Returns:
         One (weight, bias) pair per layer, in torch layout.
     """
+    return initial_layer_weights(
+        [(fan_out, fan_in) for fan_in, fan_out in itertools.pairwise(widths)], seed
+    )
+
+
+def initial_layer_weights(
+    shapes: Sequence[Sequence[int]], seed: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Initial ``(weight, bias (out,))`` per layer of the given torch-layout weight shapes.
+
+    The draw of :func:`initial_weights` for any layer: ``(out, in)`` for ``nn.Linear``,
+    ``(out, in, *kernel)`` for a convolution, whose PyTorch default is the same distribution
+    with ``fan_in = in * prod(kernel)``. ``TrainConfig.weight_shapes`` gives the shapes.
+    """
     rng = np.random.default_rng((seed, 0))
     layers = []
-    for fan_in, fan_out in itertools.pairwise(widths):
-        bound = 1.0 / math.sqrt(fan_in)
-        w = rng.uniform(-bound, bound, (fan_out, fan_in))
-        b = rng.uniform(-bound, bound, fan_out)
+    for shape in shapes:
+        bound = 1.0 / math.sqrt(math.prod(shape[1:]))
+        w = rng.uniform(-bound, bound, tuple(shape))
+        b = rng.uniform(-bound, bound, shape[0])
         layers.append((w, b))
     return layers
 

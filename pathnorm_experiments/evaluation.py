@@ -10,9 +10,11 @@ from typing import Any
 import numpy as np
 
 from pathnorm_experiments.certify import (
+    Layer,
     certified_error,
     effective_nonzero_fraction,
     interval_certified_error,
+    layer_linf_norm,
     nonzero_fraction,
     path_norm_bound,
     product_bound,
@@ -33,7 +35,7 @@ __all__ = [
 def build_result(
     cfg: TrainConfig,
     data: Dataset,
-    weights: Sequence[np.ndarray],
+    weights: Sequence[Layer],
     biases: Sequence[np.ndarray],
     *,
     clean_error: float,
@@ -47,7 +49,9 @@ def build_result(
 ) -> dict[str, Any]:
     """The JSON-ready result: errors per eps, sparsity, bounds and the final objective.
 
-    ``weights``/``biases`` are NumPy arrays in torch layout (out, in). ``clean_error`` is on
+    ``weights``/``biases`` are NumPy arrays in torch layout (out, in), a convolution a
+    :class:`~pathnorm_experiments.certify.ConvLayer` (the bounds and certificates are then of
+    the unrolled network, and ``layer_linf_norms`` its rows' largest l1 norm). ``clean_error`` is on
     all test images; ``clean_error_attacked``, the PGD-robust and the certified errors are on
     the same first ``n_adv`` test images, so these are comparable. Two certificates:
     ``certified_error`` (the path-norm Lipschitz bound) and ``certified_error_interval``
@@ -58,7 +62,7 @@ def build_result(
     x_adv, y_adv = data.x_test[:n_adv], data.y_test[:n_adv]
     cert = certified_error(weights, biases, x_adv, y_adv, cfg.eps, cfg.activation)
     cert_interval = interval_certified_error(weights, biases, x_adv, y_adv, cfg.eps, cfg.activation)
-    max_row = [float(np.abs(w).sum(1).max()) for w in weights]
+    max_row = [layer_linf_norm(w) for w in weights]
     return {
         "backend": backend,
         "dataset": data.name,
@@ -92,7 +96,7 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{result['dataset']} ({result['n_train']} train, {result['n_test']} test"
         f"{', PARTIAL train set' if result['partial_train_set'] else ''}) | backend "
         f"{result['backend']} | {cfg['regularizer']}/{cfg['method']} lam={cfg['lam']:g} "
-        f"lr={cfg['lr']:g} epochs={cfg['epochs']} hidden={cfg['hidden']}",
+        f"lr={cfg['lr']:g} epochs={cfg['epochs']} {_network(cfg)}",
         f"clean error {100 * result['clean_error']:.2f}% on all {result['n_test']} test images, "
         f"{100 * result['clean_error_attacked']:.2f}% on the first {result['n_attacked']}, "
         f"where robust (PGD-{cfg['pgd_steps']} on {cfg.get('attack', 'ce')}) and certified "
@@ -117,6 +121,15 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{result['timings'].get('eval_s', 0):.1f} s",
     ]
     return "\n".join(lines)
+
+
+def _network(cfg: dict[str, Any]) -> str:
+    """The network of a result's config in a few words."""
+    if cfg.get("model", "mlp") == "conv":
+        return (
+            f"conv {cfg['hidden'][0]} channels, kernel {cfg['kernel_size']}, stride {cfg['stride']}"
+        )
+    return f"hidden={cfg['hidden']}"
 
 
 LEGEND_FONTSIZE = 9  # as large as the tick labels' 10 allows beside them

@@ -22,11 +22,11 @@ from typing_extensions import override
 from pathnorm_experiments.config import History, TrainConfig
 from pathnorm_experiments.data import DATASET_NAMES, Dataset, load_dataset
 from pathnorm_experiments.torch_backend import (
-    build_model,
-    linear_layers,
+    build_network,
     penalty,
     record_sparsity,
     torch_dtype,
+    weight_layers,
 )
 from pathnorm_lightning import L1Prox, LayerwiseLinfProjection, PathNormProx
 
@@ -145,7 +145,8 @@ class ImageDataModule(ArrayDataModule):
 
 
 class PaperMLP(pl.LightningModule):
-    """The paper's network (784-200-10 ELU by default) trained with constant-lr SGD.
+    """The paper's network (784-200-10 ELU by default), or its convolutional twin
+    (``cfg.model="conv"``), trained with constant-lr SGD.
 
     With ``method="penalty"`` the loss is ``CE + lam * g`` (plain SGD through autograd); with
     ``method="prox"`` the loss is the CE alone and a callback from
@@ -158,9 +159,7 @@ class PaperMLP(pl.LightningModule):
         super().__init__()
         self.cfg = cfg
         # built in the run's dtype: Lightning's "64-true" would otherwise upcast float32 weights
-        self.net = build_model(
-            cfg.widths, cfg.activation, seed=cfg.seed, dtype=torch_dtype(cfg.dtype)
-        )
+        self.net = build_network(cfg)
         self.history = History()
         self._acc, self._acc_n = 0.0, 0
         self._x_eval, self._y_eval = x_eval, y_eval
@@ -173,7 +172,7 @@ class PaperMLP(pl.LightningModule):
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         ce = F.cross_entropy(self.net(x), y)
-        reg = penalty(linear_layers(self.net), self.cfg.regularizer)
+        reg = penalty(weight_layers(self.net), self.cfg.regularizer)
         obj = ce + self.cfg.lam * reg
         self._acc += float(obj.detach())
         self._acc_n += 1
@@ -186,7 +185,7 @@ class PaperMLP(pl.LightningModule):
         if step % self.cfg.log_every == 0 and self._acc_n:
             self.history.iteration.append(step)
             self.history.batch_objective.append(self._acc / self._acc_n)
-            record_sparsity(self.history, linear_layers(self.net))
+            record_sparsity(self.history, weight_layers(self.net))
             self._acc, self._acc_n = 0.0, 0
 
     @override
@@ -198,7 +197,7 @@ class PaperMLP(pl.LightningModule):
             for s in range(0, self._x_eval.shape[0], 10000):
                 z = self.net(self._x_eval[s : s + 10000])
                 ce += float(F.cross_entropy(z, self._y_eval[s : s + 10000], reduction="sum"))
-            g = float(penalty(linear_layers(self.net), self.cfg.regularizer))
+            g = float(penalty(weight_layers(self.net), self.cfg.regularizer))
         self.history.epoch_objective.append(ce / self._x_eval.shape[0] + self.cfg.lam * g)
 
     @override

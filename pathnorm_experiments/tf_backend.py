@@ -1,5 +1,6 @@
-"""TensorFlow / Keras side of the main job: ``tf.data`` pipeline, the paper's MLP, proximal SGD
-with the library's optimizers (``pathnorm_tf.PathNormSGD`` / ``ProxOptimizer``), PGD.
+"""TensorFlow / Keras side of the main job: ``tf.data`` pipeline, the paper's MLP or its
+convolutional twin, proximal SGD with the library's optimizers (``pathnorm_tf.PathNormSGD`` /
+``ProxOptimizer``), PGD.
 
 Same configuration, step semantics and evaluation as the torch backend: an SGD step on the
 cross-entropy, then the prox with step ``lr * lam`` (``linf``: every kernel projected onto
@@ -8,7 +9,13 @@ Both backends start from the same weights (PyTorch's default distribution, drawn
 :func:`~pathnorm_experiments.config.initial_weights`) and see the minibatches in the same order
 (:func:`~pathnorm_experiments.config.shuffle_orders`), so they train the same network up to
 floating-point rounding. Certificates and bounds are computed by the
-backend-neutral :mod:`pathnorm_experiments.certify` on the kernels transposed to torch layout.
+backend-neutral :mod:`pathnorm_experiments.certify` on the kernels in torch layout.
+
+The conv network is ``Reshape(28, 28, 1) -> Conv2D(C, k, stride, "valid") -> act -> Flatten ->
+Dense(10)``, channels last: its kernels are the torch draw in Keras layout (a convolution's
+``(C, C_in, k, k)`` as ``(k, k, C_in, C)``; the Dense kernel's rows permuted, since Keras's
+``Flatten`` reads position by position where ``nn.Flatten`` reads channel by channel), so both
+backends compute the same function (:func:`keras_kernel`, :func:`torch_weight`).
 """
 
 from __future__ import annotations
@@ -26,25 +33,35 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
+from pathnorm_experiments.certify import (
+    ConvLayer,
+    Layer,
+    effective_nonzero_fraction,
+    nonzero_fraction,
+)
 from pathnorm_experiments.config import (
+    IMAGE_SHAPE,
     History,
     TrainConfig,
     float_key,
-    initial_weights,
+    initial_layer_weights,
     shuffle_orders,
 )
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.evaluation import build_result
 from pathnorm_tf import PathNormSGD, ProxOptimizer
+from pathnorm_tf.layers import ENTRIES
 
 __all__ = [
     "RegularizedMLP",
     "build_model",
+    "keras_kernel",
     "make_optimizer",
     "make_tf_dataset",
     "pgd_attack",
     "robust_error",
+    "torch_weight",
+    "torch_weights",
     "train_keras",
 ]
 
@@ -87,30 +104,104 @@ def make_tf_dataset(
     return ds.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
+def _weight_layers(model: keras.Model) -> list[Any]:
+    """The layers of the layer seam (``Dense``, ``Conv1D``, ``Conv2D``), in order."""
+    return [layer for layer in model.layers if isinstance(layer, tuple(ENTRIES))]
+
+
 def _kernels(model: keras.Model) -> list[Any]:
-    return [layer.kernel for layer in model.layers if isinstance(layer, keras.layers.Dense)]
+    return [layer.kernel for layer in _weight_layers(model)]
+
+
+def _unit_norms(k_in: Any, k_out: Any) -> tuple[tf.Tensor, tf.Tensor]:
+    """Per hidden unit (a Dense unit or a channel): ``||y_i||_1`` from the first kernel and
+    ``||x_i||_1`` from the second. A kernel's last axis is its outputs; the second kernel reads
+    unit ``i`` in the rows ``[..., i, :]`` of its ``(-1, n, out)`` reshape (a convolution's
+    ``(*k, C, out)``, a Dense kernel after a channels-last Flatten: row ``q * C + c``)."""
+    n = int(k_in.shape[-1])
+    y = tf.reduce_sum(tf.reshape(tf.abs(k_in), (-1, n)), 0)
+    x = tf.reduce_sum(tf.reshape(tf.abs(k_out), (-1, n, int(k_out.shape[-1]))), (0, 2))
+    return y, x
 
 
 def penalty(kernels: list[Any], regularizer: str) -> tf.Tensor:
-    """Differentiable ``g`` on Keras kernels (in, out): l1 sum |K|, path = pairwise path-norms."""
+    """Differentiable ``g`` on Keras kernels: l1 sum |K|, path = pairwise path-norms (over
+    units or channels)."""
     if regularizer in ("none", "linf"):
         return tf.zeros((), kernels[0].dtype)
     if regularizer == "l1":
         return tf.add_n([tf.reduce_sum(tf.abs(k)) for k in kernels])
     if regularizer == "path":
-        return tf.add_n(
-            [
-                tf.reduce_sum(
-                    tf.reduce_sum(tf.abs(kernels[i]), 0) * tf.reduce_sum(tf.abs(kernels[i + 1]), 1)
-                )
-                for i in range(0, len(kernels), 2)
-            ]
-        )
+        terms = []
+        for i in range(0, len(kernels), 2):
+            y, x = _unit_norms(kernels[i], kernels[i + 1])
+            terms.append(tf.reduce_sum(x * y))
+        return tf.add_n(terms)
     raise ValueError(f"unknown regularizer {regularizer!r}")
 
 
+def keras_kernel(weight: np.ndarray, channels_before: int | None = None) -> np.ndarray:
+    """A torch-layout weight as the Keras kernel of the same layer.
+
+    Args:
+        weight: (out, in) of a Linear layer, or (C, C_in, *k) of a convolution.
+        channels_before: for a Linear layer after a convolution of that many channels and a
+            Flatten: torch reads channel by channel (column ``c * P + q``), Keras position by
+            position (row ``q * C + c``), so the rows are permuted.
+
+    Returns:
+        (in, out), or (*k, C_in, C).
+    """
+    if weight.ndim > 2:
+        return np.moveaxis(weight, (0, 1), (-1, -2))
+    if channels_before is None:
+        return weight.T
+    p, width = weight.shape
+    return (
+        weight.reshape(p, channels_before, width // channels_before)
+        .transpose(2, 1, 0)
+        .reshape(width, p)
+    )
+
+
+def torch_weight(kernel: np.ndarray, channels_before: int | None = None) -> np.ndarray:
+    """The inverse of :func:`keras_kernel`."""
+    if kernel.ndim > 2:
+        return np.moveaxis(kernel, (-1, -2), (0, 1))
+    if channels_before is None:
+        return kernel.T
+    width, p = kernel.shape
+    return (
+        kernel.reshape(width // channels_before, channels_before, p)
+        .transpose(2, 1, 0)
+        .reshape(p, width)
+    )
+
+
+def _channels_before(model: keras.Model) -> list[int | None]:
+    """Per weight layer: the channels of the convolution it reads through a Flatten, or None."""
+    out: list[int | None] = []
+    prev: Any = None
+    for layer in _weight_layers(model):
+        conv_before = prev is not None and len(prev.kernel.shape) > 2
+        out.append(
+            int(prev.kernel.shape[-1]) if conv_before and len(layer.kernel.shape) == 2 else None
+        )
+        prev = layer
+    return out
+
+
+def torch_weights(model: keras.Model) -> list[np.ndarray]:
+    """The model's kernels in torch layout (see :func:`torch_weight`), copies."""
+    return [
+        torch_weight(np.asarray(k), c).copy()
+        for k, c in zip(_kernels(model), _channels_before(model), strict=True)
+    ]
+
+
 class RegularizedMLP(keras.Sequential):
-    """``keras.Sequential`` whose training loss is ``CE + lam * g`` when ``penalty_lam > 0``."""
+    """``keras.Sequential`` whose training loss is ``CE + lam * g`` when ``penalty_lam > 0``
+    (the MLP or the conv network)."""
 
     def __init__(
         self, layers: list[Any], regularizer: str = "none", penalty_lam: float = 0.0, **kw: Any
@@ -136,20 +227,37 @@ class RegularizedMLP(keras.Sequential):
 
 
 def build_model(cfg: TrainConfig) -> RegularizedMLP:
-    """Dense 784 -> hidden (activation) -> 10 logits in ``cfg.dtype``, initialised with
-    :func:`~pathnorm_experiments.config.initial_weights` (the torch side's draw, kernels
-    transposed); the penalty term for ``method="penalty"``."""
+    """``cfg``'s network in ``cfg.dtype`` on flat 784-pixel inputs: Dense 784 -> hidden
+    (activation) -> 10 logits, or the conv network (module docstring), initialised with
+    :func:`~pathnorm_experiments.config.initial_layer_weights` (the torch side's draw in Keras
+    layout, :func:`keras_kernel`); the penalty term for ``method="penalty"``."""
     layers: list[Any] = [keras.Input((cfg.widths[0],), dtype=cfg.dtype)]
-    for i, h in enumerate(cfg.hidden):
-        layers.append(
-            keras.layers.Dense(h, activation=cfg.activation, name=f"dense_{i}", dtype=cfg.dtype)
-        )
+    if cfg.model == "conv":
+        c_in, height, width = IMAGE_SHAPE
+        layers += [
+            keras.layers.Reshape((height, width, c_in), dtype=cfg.dtype),
+            keras.layers.Conv2D(
+                cfg.hidden[0],
+                cfg.kernel_size,
+                strides=cfg.stride,
+                padding="valid",
+                activation=cfg.activation,
+                name="conv",
+                dtype=cfg.dtype,
+            ),
+            keras.layers.Flatten(dtype=cfg.dtype),
+        ]
+    else:
+        for i, h in enumerate(cfg.hidden):
+            layers.append(
+                keras.layers.Dense(h, activation=cfg.activation, name=f"dense_{i}", dtype=cfg.dtype)
+            )
     layers.append(keras.layers.Dense(cfg.widths[-1], name="logits", dtype=cfg.dtype))
     lam = cfg.lam if cfg.method == "penalty" else 0.0
     model = RegularizedMLP(layers, regularizer=cfg.regularizer, penalty_lam=lam)
-    dense = [layer for layer in model.layers if isinstance(layer, keras.layers.Dense)]
-    for layer, (w, b) in zip(dense, initial_weights(cfg.widths, cfg.seed), strict=True):
-        layer.kernel.assign(w.T.astype(cfg.dtype))
+    draw = initial_layer_weights(cfg.weight_shapes, cfg.seed)
+    for layer, (w, b), c in zip(_weight_layers(model), draw, _channels_before(model), strict=True):
+        layer.kernel.assign(keras_kernel(w, c).astype(cfg.dtype))
         layer.bias.assign(b.astype(cfg.dtype))
     return model
 
@@ -256,7 +364,7 @@ class _History(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.step += 1
         if self.step % self.cfg.log_every == 0 and logs is not None:
-            ws = [np.asarray(k).T for k in _kernels(self.model)]
+            ws = torch_weights(self.model)
             extra = self.cfg.lam * self._g() if self.cfg.method == "prox" else 0.0
             self.hist.iteration.append(self.step)
             # Keras reports the epoch's running mean loss (with the penalty for "penalty")
@@ -335,16 +443,26 @@ def _fit(
 
 
 def _trained_weights(model: keras.Model) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The weights in torch layout (out, in) and the biases; raises if training diverged."""
-    ws = [np.asarray(k).T.copy() for k in _kernels(model)]
+    """The weights in torch layout and the biases; raises if training diverged."""
+    ws = torch_weights(model)
     if not all(np.isfinite(w).all() for w in ws):
         raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
-    bs = [
-        np.asarray(layer.bias).copy()
-        for layer in model.layers
-        if isinstance(layer, keras.layers.Dense)
-    ]
-    return ws, bs
+    return ws, [np.asarray(layer.bias).copy() for layer in _weight_layers(model)]
+
+
+def _certify_layers(model: keras.Model, ws: list[np.ndarray]) -> list[Layer]:
+    """The torch-layout weights as :mod:`~pathnorm_experiments.certify` layers: a Conv2D
+    (valid padding, channels last, as :func:`build_model` makes it) as a ``ConvLayer``."""
+    out: list[Layer] = []
+    for layer, w in zip(_weight_layers(model), ws, strict=True):
+        if w.ndim == 4:
+            if layer.padding != "valid" or tuple(layer.dilation_rate) != (1, 1):
+                raise ValueError(f"the certificates take valid, undilated convolutions: {layer}")
+            height, width, c_in = layer.input.shape[1:]
+            out.append(ConvLayer(w, (c_in, height, width), tuple(layer.strides)))
+        else:
+            out.append(w)
+    return out
 
 
 def _robust_errors(
@@ -403,7 +521,7 @@ def _evaluate_keras(
     return build_result(
         cfg,
         data,
-        ws,
+        _certify_layers(model, ws),
         bs,
         clean_error=float(wrong_clean.mean()),
         clean_error_attacked=float(wrong_clean[:n_adv].mean()),

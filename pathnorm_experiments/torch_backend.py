@@ -1,11 +1,13 @@
-"""Torch side of the main job: the paper's MLP, (proximal) SGD, PGD and evaluation.
+"""Torch side of the main job: the paper's MLP or its convolutional twin, (proximal) SGD, PGD
+and evaluation.
 
 Two training engines share one model, one step semantics and one evaluation:
 
 * :func:`train_loop` — a plain torch loop (used by the lam sweep for speed): SGD step on the
   cross-entropy (plus ``lam * g`` for ``method="penalty"``), then for ``method="prox"`` the
   library's prox with step ``lr * lam`` (``pathnorm_lightning.functional``), or the row-wise
-  l1-ball projection of radius ``1/lam`` for ``linf``.
+  l1-ball projection of radius ``1/lam`` for ``linf``; a layer pair's units come from the
+  layer seam (``pathnorm_lightning.layers``), so the same step serves the conv network.
 * :func:`train_lightning` — a ``lightning.Trainer`` with the library's callbacks
   (``PathNormProx``, ``L1Prox``, ``LayerwiseLinfProjection``) doing the same after every
   optimizer step. Lightning is imported only there.
@@ -17,44 +19,55 @@ import importlib.util
 import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
+from pathnorm_experiments.certify import (
+    ConvLayer,
+    Layer,
+    effective_nonzero_fraction,
+    nonzero_fraction,
+)
 from pathnorm_experiments.config import (
+    IMAGE_SHAPE,
+    N_CLASSES,
     History,
     TrainConfig,
     float_key,
+    initial_layer_weights,
     initial_weights,
     shuffle_orders,
 )
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.evaluation import build_result
-from pathnorm_lightning.functional import (
-    path_norm,
-    project_rows_l1_ball_,
-    prox_l1_,
-    prox_path_norm_,
-)
+from pathnorm_lightning import layers as seam
+from pathnorm_lightning.functional import path_norm, project_rows_l1_ball_, prox_l1_
 
 __all__ = [
     "apply_prox_",
+    "build_conv_model",
     "build_model",
+    "build_network",
     "evaluate",
     "linear_layers",
+    "numpy_layers",
     "penalty",
     "pgd_attack",
     "record_sparsity",
     "robust_error",
     "torch_dtype",
     "train_loop",
+    "weight_layers",
 ]
 
 _ACTS: dict[str, Callable[[], nn.Module]] = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh}
+
+#: a layer of the layer seam (``pathnorm_lightning.layers``): a weight and a bias
+WeightLayer: TypeAlias = "nn.Linear | nn.modules.conv._ConvNd"
 
 
 def build_model(
@@ -89,13 +102,72 @@ def build_model(
         mods.append(nn.Linear(widths[i], widths[i + 1], dtype=dtype))
     model = nn.Sequential(*mods)
     if seed is not None:
-        with torch.no_grad():
-            for lin, (w, b) in zip(
-                linear_layers(model), initial_weights(widths, seed), strict=True
-            ):
-                lin.weight.copy_(torch.from_numpy(w))
-                lin.bias.copy_(torch.from_numpy(b))
+        _load_initial(model, initial_weights(widths, seed))
     return model
+
+
+def build_conv_model(
+    channels: int,
+    kernel_size: int = 5,
+    stride: int = 2,
+    activation: str = "elu",
+    *,
+    seed: int | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> nn.Sequential:
+    """The paper's network with a convolution for its hidden layer, on flat 784-pixel inputs:
+    ``Unflatten(1, 28, 28) -> Conv2d(1, channels, kernel_size, stride) -> act -> Flatten ->
+    Linear(channels * positions, 10)``. No padding: the pair's ``R`` is the unrolled network's
+    1-path-norm (docs/conv_units.md).
+
+    Args:
+        channels: the convolution's output channels (its hidden units).
+        kernel_size: its square kernel.
+        stride: its stride.
+        activation: ``"elu"``, ``"relu"`` or ``"tanh"``.
+        seed: draw the initial weights with
+            :func:`~pathnorm_experiments.config.initial_layer_weights` (PyTorch's default
+            distribution, the draw the Keras backend makes too); ``None``: PyTorch's own.
+        dtype: the parameters' dtype.
+
+    Returns:
+        The model.
+    """
+    if activation not in _ACTS:
+        raise ValueError(f"activation must be one of {sorted(_ACTS)}, got {activation!r}")
+    cfg = TrainConfig(  # checks the geometry and computes the shapes
+        model="conv", hidden=(channels,), kernel_size=kernel_size, stride=stride
+    )
+    conv = nn.Conv2d(IMAGE_SHAPE[0], channels, kernel_size, stride=stride, dtype=dtype)
+    model = nn.Sequential(
+        nn.Unflatten(1, IMAGE_SHAPE),
+        conv,
+        _ACTS[activation](),
+        nn.Flatten(),
+        nn.Linear(cfg.widths[1], N_CLASSES, dtype=dtype),
+    )
+    if seed is not None:
+        _load_initial(model, initial_layer_weights(cfg.weight_shapes, seed))
+    return model
+
+
+def build_network(cfg: TrainConfig) -> nn.Sequential:
+    """``cfg``'s network (``cfg.model``: the MLP or the conv network), seeded with ``cfg.seed``,
+    in ``cfg.dtype``."""
+    dtype = torch_dtype(cfg.dtype)
+    if cfg.model == "conv":
+        return build_conv_model(
+            cfg.hidden[0], cfg.kernel_size, cfg.stride, cfg.activation, seed=cfg.seed, dtype=dtype
+        )
+    return build_model(cfg.widths, cfg.activation, seed=cfg.seed, dtype=dtype)
+
+
+def _load_initial(model: nn.Module, draw: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    """Copy a NumPy draw (weight, bias per layer, torch layout) into the weight layers."""
+    with torch.no_grad():
+        for layer, (w, b) in zip(weight_layers(model), draw, strict=True):
+            layer.weight.copy_(torch.from_numpy(w))
+            cast(Tensor, layer.bias).copy_(torch.from_numpy(b))
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -108,40 +180,57 @@ def linear_layers(model: nn.Module) -> list[nn.Linear]:
     return [m for m in model.modules() if isinstance(m, nn.Linear)]
 
 
-def penalty(layers: Sequence[nn.Linear], regularizer: str) -> Tensor:
-    """Differentiable ``g``: l1 = sum |W|, path = sum of pairwise 1-path-norms (biases excluded)."""
+def weight_layers(model: nn.Module) -> list[WeightLayer]:
+    """The model's layers of the layer seam (``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``) in
+    forward (module) order: the layers the regularizers act on."""
+    return [cast(WeightLayer, m) for m in model.modules() if isinstance(m, tuple(seam.ENTRIES))]
+
+
+def _pair_path_norm(first: nn.Module, second: nn.Module) -> Tensor:
+    """``R`` of a layer pair from the seam's views (differentiable)."""
+    n_units = seam.entry_of(first).units_out(first)
+    flatten = seam.flatten_positions(first, second)
+    return path_norm(seam.in_view(first), seam.out_view(second, n_units, flatten))
+
+
+def penalty(layers: Sequence[WeightLayer], regularizer: str) -> Tensor:
+    """Differentiable ``g``: l1 = sum |W|, path = sum of pairwise 1-path-norms (biases
+    excluded; a convolution's channels are its units)."""
     if regularizer in ("none", "linf"):
         return layers[0].weight.new_zeros(())
     if regularizer == "l1":
-        return torch.stack([lin.weight.abs().sum() for lin in layers]).sum()
+        return torch.stack([layer.weight.abs().sum() for layer in layers]).sum()
     if regularizer == "path":
         return torch.stack(
-            [path_norm(layers[i].weight, layers[i + 1].weight) for i in range(0, len(layers), 2)]
+            [_pair_path_norm(layers[i], layers[i + 1]) for i in range(0, len(layers), 2)]
         ).sum()
     raise ValueError(f"unknown regularizer {regularizer!r}")
 
 
 @torch.no_grad()
-def apply_prox_(layers: Sequence[nn.Linear], regularizer: str, lam: float, lr: float) -> None:
-    """The proximal step after an SGD step of size ``lr`` (in place, the library's functions)."""
+def apply_prox_(layers: Sequence[WeightLayer], regularizer: str, lam: float, lr: float) -> None:
+    """The proximal step after an SGD step of size ``lr`` (in place, the library's functions;
+    the path prox and the linf rows through the layer seam)."""
     if regularizer == "none" or lam == 0:
         return
     if regularizer == "l1":
-        for lin in layers:
-            prox_l1_(lin.weight, lr * lam)
+        for layer in layers:
+            prox_l1_(layer.weight, lr * lam)
     elif regularizer == "path":
         for i in range(0, len(layers), 2):
-            prox_path_norm_(layers[i].weight, layers[i + 1].weight, lr * lam, check_finite=False)
+            seam.prox_pair_(layers[i], layers[i + 1], lr * lam, check_finite=False)
     elif regularizer == "linf":
-        for lin in layers:
-            project_rows_l1_ball_(lin.weight, 1.0 / lam)
+        for layer in layers:
+            rows = seam.in_view(layer).detach()  # a view of the weight (or a copy, written back)
+            project_rows_l1_ball_(rows, 1.0 / lam)
+            seam.write_in(layer, rows)
     else:
         raise ValueError(f"unknown regularizer {regularizer!r}")
 
 
-def record_sparsity(hist: History, layers: Sequence[nn.Linear]) -> None:
+def record_sparsity(hist: History, layers: Sequence[WeightLayer]) -> None:
     """Append the raw and the live-path % of nonzero weights to ``hist``."""
-    ws = [lin.weight.detach().cpu().numpy() for lin in layers]
+    ws = [layer.weight.detach().cpu().numpy() for layer in layers]
     hist.nonzero_pct.append(100.0 * nonzero_fraction(ws))
     hist.effective_nonzero_pct.append(100.0 * effective_nonzero_fraction(ws))
 
@@ -234,12 +323,51 @@ def robust_error(
     return mask if return_mask else float(mask.double().mean())
 
 
-def _weights_numpy(model: nn.Module) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    layers = linear_layers(model)
-    return (
-        [lin.weight.detach().cpu().numpy().copy() for lin in layers],
-        [lin.bias.detach().cpu().numpy().copy() for lin in layers],
-    )
+def numpy_layers(model: nn.Module, n_inputs: int = 784) -> tuple[list[Layer], list[np.ndarray]]:
+    """The weight layers as :mod:`~pathnorm_experiments.certify` takes them, with the biases:
+    a Linear weight (out, in); an ``nn.Conv2d`` as a :class:`~pathnorm_experiments.certify.
+    ConvLayer` of the input grid one forward pass on ``n_inputs`` zeros shows.
+
+    Raises:
+        ValueError: a convolution the certificates do not take (groups, dilation, a padding
+            other than zeros given as numbers), or a layer that is neither.
+    """
+    grids: dict[nn.Module, tuple[int, ...]] = {}
+    layers = weight_layers(model)
+
+    def record(module: nn.Module, args: tuple[Tensor, ...]) -> None:
+        grids[module] = tuple(args[0].shape[1:])
+
+    hooks = [m.register_forward_pre_hook(record) for m in layers if isinstance(m, nn.Conv2d)]
+    try:
+        p = next(model.parameters())
+        with torch.no_grad():
+            model(torch.zeros(1, n_inputs, dtype=p.dtype, device=p.device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    out: list[Layer] = []
+    for layer in layers:
+        w = layer.weight.detach().cpu().numpy().copy()
+        if isinstance(layer, nn.Conv2d):
+            if (
+                layer.groups != 1
+                or layer.dilation != (1, 1)
+                or isinstance(layer.padding, str)
+                or layer.padding_mode != "zeros"
+            ):
+                raise ValueError(
+                    "the certificates take convolutions with groups=1, dilation=1 and numeric "
+                    f"zero padding, got {layer}"
+                )
+            c_in, height, width = grids[layer]
+            padding = cast(tuple[int, ...], layer.padding)
+            out.append(ConvLayer(w, (c_in, height, width), layer.stride, padding))
+        elif isinstance(layer, nn.Linear):
+            out.append(w)
+        else:
+            raise ValueError(f"the certificates do not take a {type(layer).__name__}")
+    return out, [cast(Tensor, layer.bias).detach().cpu().numpy().copy() for layer in layers]
 
 
 def evaluate(
@@ -277,7 +405,7 @@ def evaluate(
     if cfg.eval_train_samples is not None:
         x_tr, y_tr = x_tr[: cfg.eval_train_samples], y_tr[: cfg.eval_train_samples]
     ce = _mean_ce(model, x_tr, y_tr)
-    weights, biases = _weights_numpy(model)
+    weights, biases = numpy_layers(model, x_te.shape[1])
     timings["eval_s"] = time.perf_counter() - t0
     return build_result(
         cfg,
@@ -306,7 +434,7 @@ def _progress_bar(cfg: TrainConfig, total: int, progress: bool) -> Any:
 
 def _loop_step(
     model: nn.Module,
-    layers: Sequence[nn.Linear],
+    layers: Sequence[WeightLayer],
     opt: torch.optim.Optimizer,
     cfg: TrainConfig,
     xb: Tensor,
@@ -315,8 +443,8 @@ def _loop_step(
     """One minibatch: SGD on the CE (plus ``lam * g`` for a penalty), then the prox if any.
 
     Args:
-        model: the MLP.
-        layers: its linear layers.
+        model: the network.
+        layers: its weight layers.
         opt: its SGD optimizer.
         cfg: regularizer, method, lam, lr.
         xb: the batch's inputs.
@@ -338,7 +466,7 @@ def _loop_step(
 
 def _end_epoch(
     model: nn.Module,
-    layers: Sequence[nn.Linear],
+    layers: Sequence[WeightLayer],
     cfg: TrainConfig,
     epoch: int,
     x_eval: Tensor,
@@ -365,8 +493,8 @@ def train_loop(
     """Train with a plain torch loop (see module docstring); returns (model, result dict)."""
     torch.manual_seed(cfg.seed)
     dtype = torch_dtype(cfg.dtype)
-    model = build_model(cfg.widths, cfg.activation, seed=cfg.seed, dtype=dtype)
-    layers = linear_layers(model)
+    model = build_network(cfg)
+    layers = weight_layers(model)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
     x, y = torch.from_numpy(data.x_train).to(dtype), torch.from_numpy(data.y_train)
     x_eval, y_eval = x, y

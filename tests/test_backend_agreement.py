@@ -6,16 +6,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pathnorm_experiments.config import TrainConfig, initial_weights, shuffle_orders
+from pathnorm_experiments.config import (
+    TrainConfig,
+    initial_layer_weights,
+    initial_weights,
+    shuffle_orders,
+)
 from pathnorm_experiments.data import load_dataset
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")
 # Lightning before TensorFlow: the other order aborts in torch's triton import
 from pathnorm_experiments.lightning_module import train_lightning  # noqa: E402
-from pathnorm_experiments.torch_backend import build_model, linear_layers, train_loop  # noqa: E402
+from pathnorm_experiments.torch_backend import (  # noqa: E402
+    build_model,
+    build_network,
+    linear_layers,
+    train_loop,
+    weight_layers,
+)
 
 pytest.importorskip("tensorflow")
+from pathnorm_experiments import tf_backend  # noqa: E402
 from pathnorm_experiments.tf_backend import build_model as keras_model  # noqa: E402
 from pathnorm_experiments.tf_backend import train_keras  # noqa: E402
 
@@ -83,3 +95,58 @@ def test_torch_and_keras_agree_over_the_first_epoch(dtype: str, atol: float) -> 
         module, _ = train_lightning(cfg, data, progress=False, evaluate_model=False)
         for a, b in zip(_weights(module.net), w_torch, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+# --- the conv network ---------------------------------------------------------------------
+
+
+def test_both_backends_build_the_same_initial_conv_network() -> None:
+    # the kernels are one draw in two layouts (Keras's Dense rows permuted: its Flatten is
+    # channels last), so the two networks compute the same function
+    cfg = TrainConfig(model="conv", hidden=(6,), kernel_size=5, stride=2, dtype="float64", seed=2)
+    net, kmodel = build_network(cfg), keras_model(cfg)
+    draw = initial_layer_weights(cfg.weight_shapes, 2)
+    assert [w.shape for w, _ in draw] == [(6, 1, 5, 5), (10, 6 * 12 * 12)]
+    for layer, k, (w, _) in zip(
+        weight_layers(net), tf_backend.torch_weights(kmodel), draw, strict=True
+    ):
+        np.testing.assert_array_equal(layer.weight.detach().numpy(), w)
+        np.testing.assert_array_equal(k, w)
+    assert kmodel.layers[-1].kernel.shape == (12 * 12 * 6, 10)
+    # Keras row q * C + c is torch column c * P + q (channel c at position q)
+    np.testing.assert_array_equal(
+        np.asarray(kmodel.layers[-1].kernel)[1 * 6 + 4], draw[1][0][:, 4 * 144 + 1]
+    )
+    x = load_dataset("embedded").x_test[:64].astype(np.float64)
+    with torch.no_grad():
+        z_torch = net(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(np.asarray(kmodel(x)), z_torch, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(("regularizer", "lam"), [("path", 1e-3), ("linf", 0.5)])
+def test_torch_and_keras_agree_on_the_conv_network(regularizer: str, lam: float) -> None:
+    # one epoch of the conv network's prox-SGD (the library's seams on both sides), float64
+    data = load_dataset("embedded").subset(600, 100)
+    cfg = TrainConfig(
+        model="conv", hidden=(6,), regularizer=regularizer, lam=lam, epochs=1, dtype="float64",
+        eval_train_samples=600,
+    )  # fmt: skip
+    torch.set_num_threads(1)
+    loop, res_loop = train_loop(cfg, data, progress=False, evaluate_model=False)
+    _, res_keras = train_keras(cfg, data, progress=False, evaluate_model=False, threads=1)
+    for t, k, (w0, _) in zip(
+        [w.detach().numpy() for w in (layer.weight for layer in weight_layers(loop))],
+        res_keras["weights"],
+        initial_layer_weights(cfg.weight_shapes, cfg.seed),
+        strict=True,
+    ):
+        assert np.abs(t - w0).max() > 1e-3  # trained
+        np.testing.assert_allclose(k, t, rtol=0, atol=1e-12)
+        assert np.count_nonzero(k) == np.count_nonzero(t)
+    zeros = [float((w == 0).mean()) for w in res_keras["weights"]]
+    assert max(zeros) > 0.01, zeros  # the prox / the projection zeroed weights on the way
+    (obj_torch,), (obj_keras,) = (
+        res_loop["history"].epoch_objective,
+        res_keras["history"].epoch_objective,
+    )
+    assert obj_keras == pytest.approx(obj_torch, rel=1e-12)

@@ -245,3 +245,156 @@ def test_no_attack_breaks_an_example_either_certificate_certifies(
                     f"PGD ({loss}) broke {int(broken.sum())} {kind}-certified examples at {eps}"
                 )
     assert checked["interval"] >= 100, checked  # not vacuous
+
+
+# --- convolutions ------------------------------------------------------------------------
+
+CONV_CASES = [  # (in_shape, channels, kernel, stride, padding)
+    ((1, 7, 7), 3, 3, 1, 0),
+    ((1, 8, 8), 2, 3, 2, 0),
+    ((2, 6, 5), 3, 2, (2, 1), 1),
+    ((1, 9, 9), 4, 5, 2, (1, 0)),
+]
+
+
+def _random_conv_net(
+    rng: np.random.Generator, case: tuple
+) -> tuple[list[C.Layer], list[np.ndarray]]:
+    in_shape, channels, kernel, stride, padding = case
+    conv = C.ConvLayer(
+        rng.normal(size=(channels, in_shape[0], kernel, kernel)), in_shape, stride, padding
+    )
+    last = rng.normal(size=(4, conv.shape[0]))
+    return [conv, last], [rng.normal(size=channels), rng.normal(size=4)]
+
+
+def _unroll(
+    layers: list[C.Layer], biases: list[np.ndarray]
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    ws = [w.unrolled() if isinstance(w, C.ConvLayer) else w for w in layers]
+    bs = [
+        np.repeat(b, w.shape[0] // b.shape[0]) for w, b in zip(ws, biases, strict=True)
+    ]  # a channel's bias at each of its positions (channels first)
+    return ws, bs
+
+
+@pytest.mark.parametrize("case", CONV_CASES)
+def test_conv_layer_is_torch_conv2d(case: tuple) -> None:
+    rng = np.random.default_rng(4)
+    (conv, _), _ = _random_conv_net(rng, case)
+    x = rng.uniform(size=(5, conv.shape[1]))
+    want = torch.nn.functional.conv2d(
+        torch.from_numpy(x).reshape(5, *conv.in_shape),
+        torch.from_numpy(conv.weight),
+        stride=conv.stride,
+        padding=conv.padding,
+    )
+    assert conv.out_shape == tuple(want.shape[1:])
+    np.testing.assert_allclose(conv.apply(x), want.reshape(5, -1).numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(conv.unrolled() @ x.T, conv.apply(x).T, rtol=0, atol=1e-12)
+    v = conv.unrolled()
+    np.testing.assert_allclose(conv.apply(x, absolute=True), x @ np.abs(v).T, atol=1e-12)
+    assert C.layer_linf_norm(conv) == pytest.approx(np.abs(v).sum(1).max(), rel=1e-12)
+
+
+@pytest.mark.parametrize("activation", ["elu", "relu", "tanh"])
+def test_interval_and_bounds_through_a_conv_equal_the_unrolled_network(activation: str) -> None:
+    rng = np.random.default_rng(5)
+    for case in CONV_CASES * 3:
+        layers, biases = _random_conv_net(rng, case)
+        ws, bs = _unroll(layers, biases)
+        x = rng.uniform(size=(20, layers[0].shape[1]))
+        y = rng.integers(0, 4, 20)
+        for eps in (0.0, 0.05, 0.3):
+            np.testing.assert_allclose(
+                C.interval_margin_bounds(layers, biases, x, y, eps, activation),
+                C.interval_margin_bounds(ws, bs, x, y, eps, activation),
+                rtol=0,
+                atol=1e-10,
+            )
+        np.testing.assert_allclose(
+            C.forward(layers, biases, x, activation), C.forward(ws, bs, x, activation), atol=1e-10
+        )
+        np.testing.assert_allclose(C.lipschitz_matrix(layers), C.lipschitz_matrix(ws), rtol=1e-12)
+        assert C.path_norm_bound(layers) == pytest.approx(C.path_norm_bound(ws), rel=1e-12)
+        assert C.product_bound(layers) == pytest.approx(C.product_bound(ws), rel=1e-12)
+
+
+def test_a_valid_conv_nets_path_norm_bound_is_R_and_the_seams_bound() -> None:
+    """Valid Conv -> Flatten -> Linear: the unrolled path norm is R (the factor s = 1), the
+    value the library's PathNormBound logs for the pair; padding makes it strictly less."""
+    from pathnorm_experiments.torch_backend import build_conv_model, numpy_layers
+    from pathnorm_lightning.metrics import PathNormBound
+
+    model = build_conv_model(5, kernel_size=4, stride=3, seed=0, dtype=torch.float64)
+    layers, _ = numpy_layers(model)
+    assert isinstance(layers[0], C.ConvLayer) and layers[0].out_shape == (5, 9, 9)
+    r = C.regularizer_value(layers, "path")
+    metric = PathNormBound()
+    metric.update([model[1].weight, model[4].weight])
+    assert C.path_norm_bound(layers) == pytest.approx(r, rel=1e-12)
+    assert float(metric.compute()) == pytest.approx(r, rel=1e-12)
+    padded = C.ConvLayer(layers[0].weight, (1, 28, 28), 3, 1)  # 9 x 9 positions
+    last = np.random.default_rng(6).normal(size=(10, 5 * 81))
+    assert C.path_norm_bound([padded, last]) < C.regularizer_value([padded, last], "path")
+
+
+def test_a_conv_nets_kernel_weights_count_once() -> None:
+    conv = np.zeros((3, 1, 2, 2))
+    conv[0] = 1.0  # channel 0: 4 weights, read by no output
+    conv[1, 0, 0, 0] = -2.0  # channel 1: 1 weight, read by output 0
+    # channel 2: no incoming weights, read by output 1 at both its positions
+    last = np.zeros((2, 3 * 2))  # channels first: columns 2c, 2c + 1
+    last[0, 2] = 0.5
+    last[1, 4:6] = [1.0, -1.0]
+    layers: list[C.Layer] = [C.ConvLayer(conv, (1, 2, 3)), last]  # 1 x 2 positions
+    assert C.regularizer_value(layers, "l1") == pytest.approx(4 + 2 + 0.5 + 2)
+    assert C.regularizer_value(layers, "path") == pytest.approx(4 * 0 + 2 * 0.5 + 0 * 2)
+    assert C.nonzero_fraction(layers) == pytest.approx((5 + 3) / (12 + 12))
+    assert C.effective_nonzero_fraction(layers) == pytest.approx((1 + 1) / 24)  # channel 1
+    assert C.nonzero_fraction([conv, last]) == C.nonzero_fraction(layers)  # native arrays
+    assert C.path_norm_bound(layers) == pytest.approx(2 * 0.5)
+
+
+def test_conv_bad_inputs() -> None:
+    with pytest.raises(ValueError, match="4-D array"):
+        C.ConvLayer(np.ones((2, 3)), (1, 4, 4))
+    with pytest.raises(ValueError, match=r"in_channels = weight\.shape"):
+        C.ConvLayer(np.ones((2, 3, 2, 2)), (1, 4, 4))
+    with pytest.raises(ValueError, match="does not fit"):
+        C.ConvLayer(np.ones((2, 1, 5, 5)), (1, 4, 4))
+    conv = C.ConvLayer(np.ones((2, 1, 3, 3)), (1, 4, 4))
+    with pytest.raises(ValueError, match="last layer must be a matrix"):
+        C.path_norm_bound([np.ones((16, 4)), conv])
+    with pytest.raises(ValueError, match="does not follow"):
+        C.lipschitz_matrix([conv, np.ones((3, 9))])  # 2 channels x 4 positions = 8 inputs
+    with pytest.raises(ValueError, match="a ConvLayer's: \\(channels,\\)"):
+        C.forward([conv, np.ones((3, 8))], [np.zeros(8), np.zeros(3)], np.ones((1, 16)), "elu")
+
+
+def test_no_attack_breaks_a_certified_conv_example(data: Dataset) -> None:
+    """The conv network of the main job, path-regularized: neither certificate (Lipschitz,
+    IBP through the convolution) certifies an example that PGD breaks. (PGD through a
+    one-channel convolution is slow on CPU: 150 test images, one restart per loss.)"""
+    from pathnorm_experiments.torch_backend import numpy_layers
+
+    torch.set_num_threads(1)
+    cfg = TrainConfig(model="conv", hidden=(4,), lam=1e-3, epochs=2, log_every=100)
+    model, _ = train_loop(cfg, data.subset(1000, 150), progress=False, evaluate_model=False)
+    model.eval()
+    ws, bs = numpy_layers(model)
+    x_np, y_np = data.x_test[:150], data.y_test[:150]
+    x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
+    checked = {"Lipschitz": 0, "interval": 0}
+    for eps in (0.01, 0.1):
+        masks = {
+            "Lipschitz": C.certified_mask(ws, bs, x_np, y_np, eps, "elu"),
+            "interval": C.interval_certified_mask(ws, bs, x_np, y_np, eps, "elu"),
+        }
+        for kind, cert in masks.items():
+            checked[kind] += int(cert.sum())
+        idx = torch.from_numpy(np.flatnonzero(masks["Lipschitz"] | masks["interval"]))
+        for loss in ("ce", "margin"):
+            broken = robust_error(model, x[idx], y[idx], eps, steps=30, loss=loss, return_mask=True)
+            assert not bool(broken.any()), (eps, loss, int(broken.sum()))
+    assert checked["interval"] >= 50 and checked["Lipschitz"] >= 20, checked  # not vacuous
