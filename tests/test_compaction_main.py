@@ -1,6 +1,7 @@
 """The main job's compacted network (``pathnorm_experiments.compaction``) in torch: the units
-``compact`` keeps, the parameters and the output before and after, the timing helpers, a
-network ``compact`` refuses, and what ``pathnorm-train`` prints and writes. The Keras side:
+``compact`` keeps, the parameters and the output before and after (the MLP through the
+Lightning module, and the conv network), the timing helpers, a network ``compact`` refuses,
+and what ``pathnorm-train`` prints and writes. The Keras side:
 ``test_backend_compaction_keras.py`` (a process of its own, as every file that loads
 TensorFlow)."""
 
@@ -32,6 +33,12 @@ def _params(units: int) -> int:
     return 784 * units + units + units * 10 + 10
 
 
+def _conv_params(channels: int) -> int:
+    """Parameters of the conv network: Conv2d(1, channels, 5, stride 2), Linear(channels * 144,
+    10)."""
+    return channels * 25 + channels + channels * 144 * 10 + 10
+
+
 @pytest.fixture(scope="module")
 def images() -> np.ndarray:
     return load_embedded().x_test[:300]
@@ -43,11 +50,15 @@ def kill(w_in: np.ndarray, w_out: np.ndarray) -> None:
     w_in[list(IN_DEAD)] = 0
 
 
-def check(info: dict[str, Any], pairs: list[str], tol: float) -> None:
+def check(
+    info: dict[str, Any], pairs: list[str], units: tuple[int, int], params: tuple[int, int]
+) -> None:
+    """``measure``'s record: the pairs, units and parameters before and after, the same outputs
+    (float32) and positive times."""
     assert info["pairs"] == pairs
-    assert (info["hidden_before"], info["hidden_after"], info["hidden_alive"]) == (16, 10, 10)
-    assert (info["params_before"], info["params_after"]) == (_params(HIDDEN), _params(ALIVE))
-    assert 0 <= info["max_abs_output_diff"] < tol
+    assert (info["hidden_before"], info["hidden_after"], info["hidden_alive"]) == (*units, units[1])
+    assert (info["params_before"], info["params_after"]) == params
+    assert 0 <= info["max_abs_output_diff"] < 1e-5
     assert info["ms_per_1000_before"] > 0 and info["ms_per_1000_after"] > 0
     ratio = info["ms_per_1000_before"] / info["ms_per_1000_after"]
     assert info["speedup"] == pytest.approx(ratio) and info["repeats"] == 2
@@ -78,12 +89,24 @@ def test_torch_measures_the_lightning_modules_network(images: np.ndarray) -> Non
     before = [p.detach().clone() for p in net.parameters()]
     module.train()
     info = compaction.measure(module, images, "torch", repeats=2)
-    check(info, ["0 -> 2"], 1e-5)
+    check(info, ["0 -> 2"], (HIDDEN, ALIVE), (_params(HIDDEN), _params(ALIVE)))
     assert module.training and net.training  # the mode is restored
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters(), strict=True))
     text = compaction.format_compaction(info)
     assert text.startswith("compacted network (0 -> 2): hidden units 16 -> 10, parameters 12,730 ")
     assert "-> 7,960 (62.5%)\ninference, batch of 1,000 test images (median of 2 " in text
+
+
+def test_torch_measures_the_conv_network(images: np.ndarray) -> None:
+    from pathnorm_experiments.torch_backend import build_network
+
+    net = build_network(TrainConfig(model="conv", hidden=(8,)))
+    conv, linear = (m for m in net if isinstance(m, nn.Conv2d | nn.Linear))
+    with torch.no_grad():
+        conv.weight[6:] = 0  # zero incoming: folded (a valid convolution, then a Flatten)
+        linear.weight[:, : 2 * 144] = 0  # channels 0 and 1 (144 positions each): removed
+    info = compaction.measure(net, images, "torch", repeats=2)
+    check(info, ["1 -> 4"], (8, 4), (_conv_params(8), _conv_params(4)))
 
 
 def test_a_network_compact_refuses_is_an_error_entry(images: np.ndarray) -> None:
