@@ -242,6 +242,19 @@ Update = Callable[[StepTarget, float, FiniteCheck], None]
 class _Planned:
     target: StepTarget
     groups: tuple[int, ...]  # param-group index of every weight, in the owning optimizer
+    lr_group: int | None = None  # the one group of all the weights (None: several)
+    check: FiniteCheck | None = None  # the finiteness check, chosen at plan time
+
+
+#: What the plan's validity is checked against at every step, in O(groups + targets): per
+#: optimizer its ``param_groups`` list, its length and each group's ``params`` list and length
+#: (held, so that their ids are never reused), the position of every planned weight in its
+#: group's list, and every target's weights (identity, storage, trainability).
+_Guard = tuple[
+    tuple[tuple[list[Any], int, tuple[tuple[list[Any], int], ...]], ...],
+    tuple[tuple[list[Any], int, Tensor], ...],
+    tuple[tuple[Any, ...], ...],
+]
 
 
 #: Every hook registered on an optimizer (for the check that no weight is regularized twice
@@ -329,12 +342,12 @@ class StepHook:
             "sync": SyncCheck(),
             "deferred": DeferredCheck(owner, lambda: self.num_steps + 1),
         }
-        self.check_finite = check_finite
+        self._guard: _Guard | None = None
+        self._check_finite = check_finite
         self.watch_units = watch_units
         self._steps_here = 0  # steps acted on by this hook (the unit-watch schedule)
         self._warned: set[tuple[str, str]] = set()  # (what, target name): warned once
         self._forward_check = forward_check
-        self._key: Any = None
         self._plan: dict[int, list[_Planned]] = {}
         try:
             self._replan()  # every refusal comes before a hook is registered
@@ -347,6 +360,16 @@ class StepHook:
         if self.chain and seam.entry_of(self.chain[-1]).spatial:
             self._chain_handle = self.chain[-1].register_forward_pre_hook(self._record_positions)
         _LIVE.add(self)
+
+    @property
+    def check_finite(self) -> bool:
+        """Whether the targets' weights are checked after every step (set: re-planned)."""
+        return self._check_finite
+
+    @check_finite.setter
+    def check_finite(self, value: bool) -> None:
+        self._check_finite = value
+        self._guard = None  # the plan holds each target's check
 
     def remove(self) -> None:
         """Remove the hooks (idempotent); checks still pending are dropped."""
@@ -418,11 +441,16 @@ class StepHook:
         acted = False
         for item in planned:
             target = item.target
-            if all(w.grad is None for w in target.weights):
+            if _no_grad(target.weights):
                 continue  # no gradient reached these weights: this step did not change them
-            lr = self._step_size(optimizer, item)
+            lr = (
+                _as_float(optimizer.param_groups[item.lr_group]["lr"])
+                if item.lr_group is not None
+                else self._step_size(optimizer, item)
+            )
+            finite = item.check if item.check is not None else self._check_for(target)
             try:
-                self.update(target, lr, self._check_for(target))
+                self.update(target, lr, finite)
             except _StepError:  # already names its step (a deferred check that came back)
                 raise
             except NonFiniteWeightsError:  # the update's own check: name the target
@@ -482,18 +510,46 @@ class StepHook:
 
     # --- the plan: what the optimizers update now ------------------------------------------
     def _replan(self) -> None:
-        """Rebuild the plan when the optimizers' parameters or the targets' weights changed
-        (identity, storage, requires_grad); a cached plan otherwise."""
-        key = (
-            tuple(
-                tuple(tuple(map(id, group["params"])) for group in o.param_groups)
-                for o in self.optimizers
-            ),
-            tuple(_weight_state(t) for t in self.targets),
-        )
-        if key != self._key:
+        """Rebuild the plan when the optimizers' parameter groups or the targets' weights
+        changed (identity, storage, requires_grad); a cached plan otherwise. The test costs
+        O(groups + targets), whatever the number of parameters (see :data:`_Guard`)."""
+        if self._guard is None or not self._guard_holds(self._guard):
+            self._guard = None
             self._plan = self._build_plan()
-            self._key = key
+            self._guard = self._make_guard()
+
+    def _make_guard(self) -> _Guard:
+        groups = tuple(
+            (
+                o.param_groups,
+                len(o.param_groups),
+                tuple((g["params"], len(g["params"])) for g in o.param_groups),
+            )
+            for o in self.optimizers
+        )
+        placed = []
+        for optimizer in self.optimizers:
+            for item in self._plan.get(id(optimizer), []):
+                for weight, g in zip(item.target.weights, item.groups, strict=True):
+                    params = optimizer.param_groups[g]["params"]
+                    index = next(i for i, p in enumerate(params) if p is weight)
+                    placed.append((params, index, weight))
+        return groups, tuple(placed), tuple(_weight_state(t) for t in self.targets)
+
+    def _guard_holds(self, guard: _Guard) -> bool:
+        groups, placed, states = guard
+        for optimizer, (param_groups, n_groups, lists) in zip(self.optimizers, groups, strict=True):
+            now = optimizer.param_groups
+            if now is not param_groups or len(now) != n_groups:
+                return False
+            for group, (params, n_params) in zip(now, lists, strict=True):
+                found = group["params"]
+                if found is not params or len(found) != n_params:
+                    return False
+        for params, index, weight in placed:
+            if params[index] is not weight:
+                return False
+        return all(_weight_state(t) == state for t, state in zip(self.targets, states, strict=True))
 
     def _current(self, target: StepTarget) -> StepTarget:
         """``target`` with the weights its modules hold now (a clear error for a computed one)."""
@@ -550,7 +606,9 @@ class StepHook:
                 )
             groups = tuple(g for _, g in owners)  # type: ignore[misc]
             optimizer = self.optimizers[opt_indices[0]]
-            plan.setdefault(id(optimizer), []).append(_Planned(target, groups))
+            lr_group = groups[0] if all(g == groups[0] for g in groups) else None
+            planned = _Planned(target, groups, lr_group, self._check_for(target))
+            plan.setdefault(id(optimizer), []).append(planned)
         self._check_once_per_step(plan)
         return plan
 
@@ -596,6 +654,13 @@ def _weight_state(target: StepTarget) -> tuple[Any, ...]:
     return tuple(
         (id(w), w.data_ptr(), w.requires_grad) if isinstance(w, Tensor) else None for w in weights
     )
+
+
+def _no_grad(weights: tuple[Tensor, ...]) -> bool:
+    """Whether no gradient reached any of ``weights`` (a layer's one or a pair's two)."""
+    if len(weights) == 2:
+        return weights[0].grad is None and weights[1].grad is None
+    return all(w.grad is None for w in weights)
 
 
 def _overlap(a: StepTarget, b: StepTarget) -> bool:

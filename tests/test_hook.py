@@ -196,3 +196,61 @@ def test_the_torch_loop_example_trains_a_sparse_network() -> None:
     result = module.main(epochs=1, lam=1e-3)
     assert result["accuracy"] > 0.5 and result["sparsity"] > 0.01
     assert result["path_norm_bound"] <= result["product_bound"]
+
+
+def _one_step(model: MLP, optimizer: torch.optim.Optimizer) -> None:
+    optimizer.zero_grad()
+    model.loss(next(iter(loader(make_data())))).backward()
+    optimizer.step()
+
+
+def test_the_plan_is_reused_and_rebuilt_when_a_group_or_a_weight_changes() -> None:
+    torch.manual_seed(2)
+    model = MLP()
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.05)
+    plan = handle._plan
+    for _ in range(3):
+        _one_step(model, optimizer)
+    assert handle._plan is plan and handle.num_steps == 3  # not re-planned at each step
+    params = optimizer.param_groups[0]["params"]
+    optimizer.param_groups[0]["params"] = list(params)  # the same weights in a new list
+    _one_step(model, optimizer)
+    assert handle._plan is not plan and handle.num_steps == 4
+    # A pair's weight replaced in its module and in the group's list, in place (same length):
+    first = linears(model)[0]
+    fresh = nn.Parameter(first.weight.detach().clone())
+    params = optimizer.param_groups[0]["params"]
+    params[next(i for i, p in enumerate(params) if p is first.weight)] = fresh
+    first.weight = fresh
+    _one_step(model, optimizer)
+    assert handle._plan[id(optimizer)][0].target.weights[0] is fresh
+    assert handle.num_steps == 5 and (fresh == 0).any()  # the prox acted on the new weight
+
+
+def test_a_weight_swapped_out_of_its_group_in_place_is_refused_at_the_next_step() -> None:
+    torch.manual_seed(3)
+    model = MLP()
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.05)
+    _one_step(model, optimizer)
+    params = optimizer.param_groups[0]["params"]
+    weight = linears(model)[0].weight
+    params[next(i for i, p in enumerate(params) if p is weight)] = nn.Parameter(weight.detach())
+    before = weight.detach().clone()
+    with pytest.raises(ValueError, match="not in any optimizer"):
+        _one_step(model, optimizer)
+    assert torch.equal(weight.detach(), before) and handle.num_steps == 1
+
+
+def test_setting_check_finite_re_plans_the_check() -> None:
+    torch.manual_seed(4)
+    model = MLP()
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.05, check_finite=False)
+    _one_step(model, optimizer)
+    handle.check_finite = True
+    with torch.no_grad():
+        linears(model)[0].weight[0, 0] = float("nan")
+    with pytest.raises(pathnorm_lightning.NonFiniteWeightsError):
+        _one_step(model, optimizer)
