@@ -91,7 +91,7 @@ def main() -> None:
     y = torch.from_numpy(data.y_test[:1000])
     with torch.no_grad():
         before, after = model(x), small(x)
-        seconds = time_calls(
+        seconds, _ = time_calls(
             {"before": lambda: model(x), "after": lambda: small(x)}, args.repeats, sample_s=0.02
         )
     result = {

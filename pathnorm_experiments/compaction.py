@@ -36,7 +36,9 @@ __all__ = [
 ]
 
 BATCH = 1000  # images per timed forward pass
-REPEATS = 15  # timed samples per network
+REPEATS = 15  # timed samples per network, at most
+MIN_REPEATS = 5  # ... and at least, whatever the budget
+BUDGET_S = 0.6  # the timed samples of both networks take about this long (slow networks: fewer)
 SAMPLE_S = 0.005  # each sample repeats the call for at least this long
 
 
@@ -64,29 +66,40 @@ def hidden_alive(report: _Report) -> int:
 
 
 def time_calls(
-    calls: Mapping[str, Callable[[], object]], repeats: int, sample_s: float = SAMPLE_S
-) -> dict[str, float]:
+    calls: Mapping[str, Callable[[], object]],
+    repeats: int,
+    sample_s: float = SAMPLE_S,
+    budget_s: float | None = None,
+) -> tuple[dict[str, float], int]:
     """Median seconds per call of each function, the functions timed in turn.
 
-    Each is called once to warm up, then ``repeats`` samples are taken of each, in turns (the
-    order reversed every other turn); a sample repeats its call for at least ``sample_s``.
+    Each is called once to warm up and once to size its samples, then ``repeats`` samples are
+    taken of each, in turns (the order reversed every other turn); a sample repeats its call
+    for at least ``sample_s``.
 
     Args:
         calls: name -> a function of no arguments.
         repeats: samples per function (>= 1).
         sample_s: the least length of one sample.
+        budget_s: fewer samples (down to :data:`MIN_REPEATS`, or ``repeats`` if less) where
+            ``repeats`` turns would take longer than this, as the sizing calls estimate; None:
+            ``repeats``.
 
     Returns:
-        name -> median seconds per call.
+        (name -> median seconds per call, the samples taken of each).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    per_sample = {}
+    per_sample, turn = {}, 0.0
     for name, fn in calls.items():
         fn()
         t0 = time.perf_counter()
         fn()
-        per_sample[name] = max(1, int(sample_s / max(time.perf_counter() - t0, 1e-7)) + 1)
+        once = max(time.perf_counter() - t0, 1e-7)
+        per_sample[name] = max(1, int(sample_s / once) + 1)
+        turn += per_sample[name] * once
+    if budget_s is not None:
+        repeats = min(repeats, max(MIN_REPEATS, int(budget_s / turn)))
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for r in range(repeats):
         for name in list(calls) if r % 2 == 0 else list(reversed(list(calls))):
@@ -95,7 +108,7 @@ def time_calls(
             for _ in range(n):
                 fn()
             samples[name].append((time.perf_counter() - t0) / n)
-    return {name: statistics.median(s) for name, s in samples.items()}
+    return {name: statistics.median(s) for name, s in samples.items()}, repeats
 
 
 def batch_of(x: np.ndarray, n: int = BATCH) -> np.ndarray:
@@ -122,7 +135,7 @@ def torch_hidden_alive(model: Any) -> int:
         return hidden_alive(compact(model)[1])
 
 
-def _torch(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, float], float]:
+def _torch(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, float], int, float]:
     import torch
     from torch import nn
 
@@ -141,13 +154,14 @@ def _torch(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, floa
         xb = torch.from_numpy(batch_of(x)).to(next(net.parameters()).dtype)
         with torch.no_grad():
             diff = float((small(xb) - net(xb)).abs().max())
-            times = time_calls({"before": lambda: net(xb), "after": lambda: small(xb)}, repeats)
+            calls = {"before": lambda: net(xb), "after": lambda: small(xb)}
+            times, repeats = time_calls(calls, repeats, budget_s=BUDGET_S)
     finally:
         net.train(was_training)
-    return report, times, diff
+    return report, times, repeats, diff
 
 
-def _keras(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, float], float]:
+def _keras(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, float], int, float]:
     import tensorflow as tf
 
     from pathnorm_tf import compact
@@ -158,8 +172,9 @@ def _keras(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, floa
     before = tf.function(lambda t: model(t, training=False))
     after = tf.function(lambda t: small(t, training=False))
     diff = float(np.max(np.abs(np.asarray(after(xb)) - np.asarray(before(xb)))))
-    times = time_calls({"before": lambda: before(xb), "after": lambda: after(xb)}, repeats)
-    return report, times, diff
+    calls = {"before": lambda: before(xb), "after": lambda: after(xb)}
+    times, repeats = time_calls(calls, repeats, budget_s=BUDGET_S)
+    return report, times, repeats, diff
 
 
 def measure(model: Any, x: np.ndarray, backend: str, repeats: int = REPEATS) -> dict[str, Any]:
@@ -171,20 +186,21 @@ def measure(model: Any, x: np.ndarray, backend: str, repeats: int = REPEATS) -> 
         x: test images, as the evaluation feeds them to the network; the first :data:`BATCH`
             (cycled where there are fewer) are timed.
         backend: ``"torch"`` or ``"tf"``.
-        repeats: timed samples per network.
+        repeats: timed samples per network, at most: a slow network gets fewer (no fewer than
+            :data:`MIN_REPEATS`), so the timing takes about :data:`BUDGET_S`.
 
     Returns:
         ``pairs`` (the pairs compacted, ``"first -> second"``), ``hidden_before``,
         ``hidden_after`` (as the report counts, a pair with all units dead keeping one zero
         unit), ``hidden_alive`` (:func:`hidden_alive`), ``params_before``, ``params_after``
         (the whole network's), ``ms_per_1000_before``, ``ms_per_1000_after``, ``speedup``,
-        ``max_abs_output_diff`` (on the timed batch), ``repeats``; or ``error`` (why not)
+        ``max_abs_output_diff`` (on the timed batch), ``repeats`` (the samples taken); or ``error`` (why not)
         where ``compact`` refuses the network.
     """
     if backend not in ("torch", "tf"):
         raise ValueError(f"backend must be 'torch' or 'tf', got {backend!r}")
     try:
-        report, times, diff = (_torch if backend == "torch" else _keras)(model, x, repeats)
+        report, times, repeats, diff = (_torch if backend == "torch" else _keras)(model, x, repeats)
     except ValueError as e:  # compact refused the network: the run's results still count
         return {"error": str(e)}
     return {

@@ -121,10 +121,13 @@ def test_a_network_compact_refuses_is_an_error_entry(images: np.ndarray) -> None
 def test_time_calls_alternates_the_order_and_takes_medians() -> None:
     order: list[str] = []
     calls = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
-    times = compaction.time_calls(calls, repeats=3, sample_s=0.0)
+    times, repeats = compaction.time_calls(calls, repeats=3, sample_s=0.0)
     # warm-up and one sizing call each, then a b, b a, a b (one call per sample)
     assert order == ["a", "a", "b", "b", "a", "b", "b", "a", "a", "b"]
-    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values()) and repeats == 3
+    # a budget far below one turn: the least number of samples
+    assert compaction.time_calls(calls, repeats=9, budget_s=1e-9)[1] == compaction.MIN_REPEATS
+    assert compaction.time_calls(calls, repeats=9, budget_s=10.0)[1] == 9
     with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
         compaction.time_calls(calls, repeats=0)
 
