@@ -180,9 +180,18 @@ class AfterOptimizerStep(Callback):
         # Several instances of one class (e.g. a different lam per pair) keep their own state:
         # the key names the layers acted on when they are explicit (the default keeps the
         # class name, as in checkpoints of earlier versions).
-        if self.targets_spec == "auto":
-            return type(self).__qualname__
-        return self._generate_state_key(targets=_normalize(self.targets_spec))
+        # Lightning reads it around every hook of every batch: built once per targets spec.
+        spec = self.targets_spec
+        cached = self.__dict__.get("_state_key")
+        if cached is not None and cached[0] is spec:
+            return cached[1]
+        key = (
+            type(self).__qualname__
+            if spec == "auto"
+            else self._generate_state_key(targets=_normalize(spec))
+        )
+        self._state_key = (spec, key)
+        return key
 
     # --- hooks --------------------------------------------------------------------------
     @override
