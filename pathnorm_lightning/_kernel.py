@@ -592,3 +592,59 @@ def prox_tensors(
             else:  # written by numba, behind autograd's back
                 torch.autograd.graph.increment_version(w)
     return w_in, w_out
+
+
+class PlannedProx:
+    """The kernel on one pair's weights as planned: the facade's checks ran once, when it was
+    built (:func:`pathnorm_lightning.functional.planned_prox`), and each call runs the compiled
+    entry on numpy views cached then, without numba's type dispatch. Valid while the weights
+    keep their storage, shape and dtype (the caller re-plans when they change). Acts only on
+    C-contiguous float32/64 CPU weights with ``p <= m`` (the short side ``w_out.T``).
+    """
+
+    __slots__ = ("_entry", "_long", "_short", "_sorted", "w_in", "w_out")
+
+    def __init__(self, w_in: Tensor, w_out: Tensor) -> None:
+        if not _compiled:
+            _compile()
+        self.w_in, self.w_out = w_in.detach(), w_out.detach()
+        self._short = self.w_out.numpy().T  # (n, p), F-contiguous: written through
+        self._long = self.w_in.numpy()  # (n, m)
+        self._sorted = (
+            np.empty(self._short.shape) if self._short.shape[1] > _PRESORT else _NOT_SORTED
+        )
+        args = (self._short, self._long, 1.0, True, True, self._sorted)
+        compiled = _prox_all.overloads.get(tuple(numba.typeof(a) for a in args))
+        entry = getattr(compiled, "entry_point", None)  # skips numba's type dispatch
+        self._entry = _prox_all if entry is None else entry
+
+    @staticmethod
+    def applies(w_in: Tensor, w_out: Tensor) -> bool:
+        """Whether a pair that passed the facade's checks is one this plan runs on."""
+        return (
+            w_in.device.type == "cpu"
+            and w_in.dtype in (torch.float32, torch.float64)
+            and w_in.is_contiguous()
+            and w_out.is_contiguous()
+            and 0 < w_out.shape[0] <= w_in.shape[1]
+            and w_in.shape[0] > 0
+        )
+
+    def __call__(self, lam: float, check_finite: bool) -> bool:
+        """The prox with step ``lam`` in place, as ``prox_path_norm_``; False (nothing done)
+        for a ``lam`` outside ``(0, 2]``, which the facade handles (0, capping, errors)."""
+        if not 0.0 < lam <= 2.0:
+            return False
+        short = self._short
+        if short.shape[1] > _PRESORT:
+            x_sorted = self._sorted
+            np.abs(short, out=x_sorted)
+            np.negative(x_sorted, out=x_sorted)
+            x_sorted.sort(axis=1)
+            np.negative(x_sorted, out=x_sorted)
+        bad = self._entry(short, self._long, lam, check_finite, True, self._sorted)
+        if bad >= 0:  # unit `bad` holds a NaN or inf; nothing was written
+            raise non_finite("w_out" if bool(torch.isfinite(self.w_in[bad]).all()) else "w_in")
+        torch.autograd.graph.increment_version(self.w_in)  # written by numba, behind
+        torch.autograd.graph.increment_version(self.w_out)  # autograd's back
+        return True

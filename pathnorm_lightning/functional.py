@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Callable
 from types import ModuleType
 from typing import Literal
 
@@ -190,6 +191,27 @@ def _resolve_method(method: str, w_in: Tensor, w_out: Tensor) -> str:
 
 
 _TRITON_FAILED = False  # set when the Triton prox failed to build here: "auto" avoids it
+
+
+def planned_prox(w_in: Tensor, w_out: Tensor) -> Callable[[float, bool], bool] | None:
+    """For a caller that applies the in-place prox to the same pair at every step: the
+    ``method="auto"`` prox of these weights with the per-call checks done now, once, as
+    ``(lam, check_finite) -> bool`` (False: that ``lam`` is left to :func:`prox_path_norm_`).
+    It is valid while the weights keep their storage, shape and dtype: re-plan when any
+    changes. None where the pair fails a check (the facade will raise it) or the planned
+    path does not apply (not the CPU kernel, or weights that need working copies)."""
+    try:
+        check_pair(w_in, w_out)
+        check_writable([(w_in, "w_in"), (w_out, "w_out")])
+        if _resolve_method("auto", w_in, w_out) != "kernel":
+            return None
+    except ValueError:
+        return None
+    kernel = _kernel_module()
+    assert kernel is not None  # checked by _resolve_method
+    if not kernel.PlannedProx.applies(w_in, w_out):
+        return None
+    return kernel.PlannedProx(w_in, w_out)  # type: ignore[no-any-return]
 
 
 def _kernel_module() -> ModuleType | None:

@@ -45,7 +45,7 @@ from pathnorm_lightning._common import (
     rank_zero_warn,
     shares_memory,
 )
-from pathnorm_lightning.functional import prox_path_norm_
+from pathnorm_lightning.functional import planned_prox, prox_path_norm_
 from pathnorm_lightning.pairing import (
     ForwardCheck,
     LayerPair,
@@ -84,6 +84,11 @@ class UnitViews:
     n_units: int
     flatten: int | None
     cached: tuple[Tensor | None, ...] = dataclasses.field(repr=False)
+    #: For a pair whose matrices are both views: the planned in-place prox of them
+    #: (:func:`pathnorm_lightning.functional.planned_prox`), checked once, here.
+    prox: Callable[[float, bool], bool] | None = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
     def plan(cls, modules: Sequence[nn.Module], weights: Sequence[Tensor]) -> UnitViews:
@@ -94,7 +99,10 @@ class UnitViews:
         views = cls(entries, n_units, flatten, (None,) * len(modules))
         fresh = views.matrices(weights)
         cached = tuple(m if _is_view(m, w) else None for m, w in zip(fresh, weights, strict=True))
-        return cls(entries, n_units, flatten, cached)
+        prox = None
+        if len(cached) == 2 and cached[0] is not None and cached[1] is not None:
+            prox = planned_prox(cached[0], cached[1])
+        return cls(entries, n_units, flatten, cached, prox)
 
     def matrices(self, weights: Sequence[Tensor]) -> tuple[Tensor, ...]:
         """The unit matrices of ``weights``: the cached views, or copies made now."""
@@ -760,6 +768,8 @@ def prox_pair(target: StepTarget, step: float, check: FiniteCheck) -> None:
     if not check.synchronous:
         check(target)
     views = target.views
+    if views is not None and views.prox is not None and views.prox(step, check.synchronous):
+        return  # the planned prox (checked when planned) on the views of the weights
     if views is None:
         w_in, w_out = target.weights
         prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)

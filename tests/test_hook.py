@@ -254,3 +254,26 @@ def test_setting_check_finite_re_plans_the_check() -> None:
         linears(model)[0].weight[0, 0] = float("nan")
     with pytest.raises(pathnorm_lightning.NonFiniteWeightsError):
         _one_step(model, optimizer)
+
+
+def test_the_planned_prox_equals_the_facade_and_refuses_non_finite_weights() -> None:
+    torch.manual_seed(5)
+    model = MLP(sizes=(20, 16, 4))
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.05)
+    views = handle._plan[id(optimizer)][0].target.views
+    assert views is not None and views.prox is not None  # planned: checked once, here
+    w_in, w_out = (layer.weight for layer in linears(model)[:2])
+    expected = prox_path_norm(w_in.detach(), w_out.detach(), 0.03)
+    versions = (w_in._version, w_out._version)
+    assert views.prox(0.03, True)
+    assert torch.equal(w_in.detach(), expected[0]) and torch.equal(w_out.detach(), expected[1])
+    assert w_in._version > versions[0] and w_out._version > versions[1]  # autograd sees it
+    for step in (0.0, 2.5, math.nan, -1.0):  # left to prox_path_norm_ (0, capping, errors)
+        assert not views.prox(step, True)
+    with torch.no_grad():
+        w_out[1, 3] = math.inf
+    before = (w_in.detach().clone(), w_out.detach().clone())
+    with pytest.raises(pathnorm_lightning.NonFiniteWeightsError, match="w_out"):
+        views.prox(0.03, True)
+    assert torch.equal(w_in.detach(), before[0]) and torch.equal(w_out.detach(), before[1])
