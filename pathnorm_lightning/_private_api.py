@@ -1,0 +1,219 @@
+"""Every private name of torch and Lightning that ``pathnorm_lightning`` uses: where, why, and
+a probe on small real objects of the installed versions. The record type, the check and the
+source scan are :mod:`shared_spec.private_api`; ``tests/test_private_api.py`` runs them, and
+``pyproject.toml`` keeps torch and lightning below 3."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared_spec.private_api import PrivateName
+from shared_spec.private_api import check as _check
+
+__all__ = ["ENTRIES", "TESTED", "check"]
+
+# The versions these entries were last checked with (the probes pass there).
+TESTED = {"torch": "2.13.0", "lightning": "2.6.6"}
+
+
+def check() -> None:
+    """Raise ``PrivateAPIError`` naming each entry that no longer resolves here, and the fix."""
+    _check(ENTRIES, TESTED)
+
+
+def _trainer() -> Any:
+    import lightning.pytorch as pl
+
+    names = ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary")
+    quiet: dict[str, Any] = dict.fromkeys(names, False)
+    return pl.Trainer(accelerator="cpu", devices=1, **quiet)
+
+
+def _should_accumulate() -> bool:
+    return callable(_trainer().fit_loop._should_accumulate)
+
+
+def _should_update_logs() -> bool:
+    return isinstance(_trainer()._logger_connector.should_update_logs, bool)
+
+
+def _batches_that_stepped() -> bool:
+    return _trainer().fit_loop.epoch_loop._batches_that_stepped == 0
+
+
+def _state_key() -> bool:
+    import lightning.pytorch as pl
+
+    key = pl.Callback()._generate_state_key(targets=["a"])
+    return isinstance(key, str) and "a" in key
+
+
+def _attached() -> bool:
+    import lightning.pytorch as pl
+
+    module = pl.LightningModule()
+    return module._trainer is None and module._fabric is None
+
+
+def _parameters() -> bool:
+    import torch
+
+    layer = torch.nn.Linear(2, 2)
+    return layer._parameters["weight"] is layer.weight
+
+
+def _modules() -> bool:
+    import torch
+
+    a, b = torch.nn.Linear(2, 2), torch.nn.ReLU()
+    return list(torch.nn.Sequential(a, b)._modules.items()) == [("0", a), ("1", b)]
+
+
+def _forward_pre_hooks() -> bool:
+    import torch
+
+    layer = torch.nn.Linear(2, 2)
+    torch.nn.utils.prune.l1_unstructured(layer, "weight", amount=0.5)
+    hooks = list(layer._forward_pre_hooks.values())
+    return any(isinstance(h, torch.nn.utils.prune.BasePruningMethod) for h in hooks)
+
+
+def _reversed_padding() -> bool:
+    import torch
+
+    conv = torch.nn.Conv2d(1, 1, 3, padding=(1, 2))
+    return tuple(conv._reversed_padding_repeated_twice) == (2, 2, 1, 1)
+
+
+def _saved_sizes() -> bool:
+    import torch
+
+    x = torch.zeros(2, 3, 4, 5, requires_grad=True)
+    return tuple(x.flatten(1).grad_fn._saved_self_sym_sizes) == (2, 3, 4, 5)  # type: ignore[union-attr]
+
+
+def _found_inf() -> bool:
+    import torch
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.Adam([weight], fused=True)
+    seen: list[Any] = []
+    optimizer.register_step_post_hook(lambda o, *_: seen.append(getattr(o, "found_inf", None)))
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale((weight**2).sum()).backward()
+    weight.grad.fill_(float("inf"))  # type: ignore[union-attr]
+    scaler.step(optimizer)
+    return len(seen) == 1 and isinstance(seen[0], torch.Tensor) and bool(seen[0])
+
+
+_FILL = "a Lightning hook runs on every batch"
+ENTRIES: tuple[PrivateName, ...] = (
+    PrivateName(
+        "lightning",
+        "_should_accumulate",
+        "trainer.fit_loop._should_accumulate()",
+        ("pathnorm_lightning/callbacks.py:AfterOptimizerStep.on_train_batch_end",),
+        f"{_FILL}; this tells whether the optimizer stepped on it (metrics are logged only "
+        "after a real step, as Lightning's own step logging does)",
+        _should_accumulate,
+    ),
+    PrivateName(
+        "lightning",
+        "_logger_connector",
+        "trainer._logger_connector.should_update_logs",
+        ("pathnorm_lightning/callbacks.py:AfterOptimizerStep.on_train_batch_end",),
+        "the trainer's own flush condition for log_every_n_steps (Lightning's "
+        "LearningRateMonitor reads it the same way)",
+        _should_update_logs,
+    ),
+    PrivateName(
+        "lightning",
+        "_batches_that_stepped",
+        "trainer.fit_loop.epoch_loop._batches_that_stepped",
+        ("pathnorm_lightning/callbacks.py:AfterOptimizerStep.log_metric_values",),
+        "the step axis of Lightning's own step-level logging, so the metrics line up with "
+        "the loss in the loggers",
+        _batches_that_stepped,
+    ),
+    PrivateName(
+        "lightning",
+        "_generate_state_key",
+        "Callback._generate_state_key(**kwargs)",
+        ("pathnorm_lightning/callbacks.py:AfterOptimizerStep.state_key",),
+        "the key format Lightning gives stateful callbacks, so several instances keep their "
+        "own checkpoint state",
+        _state_key,
+    ),
+    *(
+        PrivateName(
+            "lightning",
+            name,
+            f"LightningModule.{name}",
+            ("pathnorm_lightning/compact.py:_copy",),
+            "compact deep-copies the model without the trainer/Fabric it is attached to "
+            "(if renamed, the copy would silently include the trainer)",
+            _attached,
+        )
+        for name in ("_trainer", "_fabric")
+    ),
+    PrivateName(
+        "torch",
+        "_parameters",
+        'module._parameters.get("weight")',
+        (
+            "pathnorm_lightning/compact.py:_ops",
+            "pathnorm_lightning/hook.py:_weight_state",
+            "pathnorm_lightning/pairing.py:weight_parameter",
+        ),
+        "the registered weight Parameter itself, not what module.weight computes under a "
+        "parametrization or pruning (the prox must write the trained tensor)",
+        _parameters,
+    ),
+    PrivateName(
+        "torch",
+        "_modules",
+        "nn.Sequential._modules",
+        (
+            "pathnorm_lightning/compact.py:_sequential_between",
+            "pathnorm_lightning/pairing.py:_children_between",
+        ),
+        "the children in registration order by name, None entries included, to find the "
+        "modules between the two layers of a pair",
+        _modules,
+    ),
+    PrivateName(
+        "torch",
+        "_forward_pre_hooks",
+        "module._forward_pre_hooks",
+        ("pathnorm_lightning/pairing.py:weight_parameter",),
+        "recognises torch.nn.utils.prune (a forward pre-hook) to say why a weight is computed",
+        _forward_pre_hooks,
+    ),
+    PrivateName(
+        "torch",
+        "_reversed_padding_repeated_twice",
+        "nn.Conv2d._reversed_padding_repeated_twice",
+        ("pathnorm_lightning/compact.py:_ConvUnits.input_shift",),
+        "the resolved padding ('same' included) as numbers, to know whether zero padding "
+        "touches an output",
+        _reversed_padding,
+    ),
+    PrivateName(
+        "torch",
+        "_saved_self_sym_sizes",
+        "autograd ViewBackward0/ReshapeAliasBackward0 node ._saved_self_sym_sizes",
+        ("pathnorm_lightning/pairing.py:_keeps_units",),
+        "the input shape of a flatten in the training graph, to verify that a conv's channels "
+        "reach the Linear layer as its units (renamed: such auto pairs would all be refused)",
+        _saved_sizes,
+    ),
+    PrivateName(
+        "torch",
+        "found_inf",
+        "optimizer.found_inf (set by GradScaler.step on fused optimizers)",
+        ("pathnorm_lightning/hook.py:_skipped_by_scaler",),
+        "a fused optimizer under GradScaler steps with inf/NaN gradients and updates "
+        "nothing; the prox must skip that step too",
+        _found_inf,
+    ),
+)
