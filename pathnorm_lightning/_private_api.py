@@ -106,15 +106,14 @@ def _found_inf() -> bool:
     return len(seen) == 1 and isinstance(seen[0], torch.Tensor) and bool(seen[0])
 
 
-_FILL = "a Lightning hook runs on every batch"
 ENTRIES: tuple[PrivateName, ...] = (
     PrivateName(
         "lightning",
         "_should_accumulate",
         "trainer.fit_loop._should_accumulate()",
         ("pathnorm_lightning/callbacks.py:AfterOptimizerStep.on_train_batch_end",),
-        f"{_FILL}; this tells whether the optimizer stepped on it (metrics are logged only "
-        "after a real step, as Lightning's own step logging does)",
+        "the batch-end hook runs on every batch; this tells whether the optimizer stepped "
+        "(metrics are logged after a real step only, as Lightning's own step logging does)",
         _should_accumulate,
     ),
     PrivateName(

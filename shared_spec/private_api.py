@@ -7,8 +7,9 @@ two share (pure Python):
 - :func:`check` resolves every record on the installed versions (its ``probe`` builds small real
   objects) and raises :class:`PrivateAPIError` naming the name, the version, the call site and
   the fix;
-- :func:`scan` reads a package's sources (``ast``) for what counts as a private name, so that a
-  test can hold the list complete (:func:`unlisted`) and current (:func:`stale`).
+- :func:`scan` reads a package's sources (``ast``; its ``_private_api.py`` left out) for what
+  counts as a private name, so that a test can hold the list complete (:func:`unlisted`) and
+  current (:func:`stale`); :func:`audit` runs the three checks of a list.
 
 What :func:`scan` counts, by name:
 
