@@ -194,7 +194,8 @@ def test_quick_runs_the_protocol_and_resumes(
     assert "**0 violations**" in page and "## embedded MNIST subset" in page
     sgd = "(a) SGD on the penalty leaves under 0.01% of the weights exactly zero"
     assert f"| {sgd} | raw nonzero | **holds**" in page
-    assert len(list((out / "img" / "results").glob("embedded_*.png"))) == 4
+    # the trade-off, error and sparsity vs lam, error vs sparsity, error vs compacted size
+    assert len(list((out / "img" / "results").glob("embedded_*.png"))) == 5
     # a rerun trains nothing and rewrites the same report
     assert reproduce.main(["--quick", "--out", str(out)]) == 0
     assert "sweep: 0 groups written now, 16 before, 0 remaining" in capsys.readouterr().out
