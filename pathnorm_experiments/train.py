@@ -15,6 +15,7 @@ from pathnorm_experiments.config import (
     DEFAULT_EPS,
     DTYPES,
     METHODS,
+    MODELS,
     REGULARIZERS,
     TrainConfig,
     nonnegative_int,
@@ -39,6 +40,7 @@ DEFAULT_EPOCHS = 20  # the paper's
 OUTPUT_FILES = ("results.json", "results.csv", "training_curve.png")
 EXAMPLES = """examples (the embedded MNIST subset needs no download; about a minute on 2 cores):
   pathnorm-train --regularizer path --lam 1e-3
+  pathnorm-train --model conv --lam 1e-4
   pathnorm-train --backend tf --regularizer l1 --method penalty --lam 1e-4
   pathnorm-train --dataset mnist --data-dir /data --epochs 20 --out runs/mnist_path
 """
@@ -66,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
     p = argparse.ArgumentParser(
         prog="pathnorm-train",
-        description="Train an MLP with 1-path-norm / l1 / layer-wise linf regularization\n"
+        description="Train the paper's MLP (or its convolutional twin, --model conv) with\n"
+        "1-path-norm / l1 / layer-wise linf regularization\n"
         "(proximal SGD or penalty SGD), then report clean, PGD-robust and certified error\n"
         "(Lipschitz and interval bound propagation).",
         epilog=EXAMPLES,
@@ -94,6 +97,13 @@ def _training_args(p: argparse.ArgumentParser) -> None:
         help="torch only: Lightning Trainer + library callbacks, or the plain torch "
         "loop with the library's functional prox (the sweep's engine)",
     )
+    g.add_argument(
+        "--model",
+        choices=MODELS,
+        default="mlp",
+        help="mlp: the paper's 784-hidden-10 network; conv: its convolutional twin, "
+        "Conv2d(1, C, kernel, stride) without padding -> activation -> Flatten -> Linear(10)",
+    )
     g.add_argument("--regularizer", choices=REGULARIZERS, default="path", help="the regularizer")
     g.add_argument(
         "--method",
@@ -108,9 +118,12 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--hidden",
         type=_hidden,
-        default="200",  # argparse passes a string default through type: (200,)
-        help="hidden widths, e.g. 200 or 400,200,100 (path needs an odd count)",
+        default=None,
+        help="mlp: hidden widths, e.g. 200 or 400,200,100 (path needs an odd count); conv: the "
+        "convolution's channels (None: 200 for mlp, 32 for conv)",
     )
+    g.add_argument("--kernel-size", type=int, default=None, help="conv only: the kernel (None: 5)")
+    g.add_argument("--stride", type=int, default=None, help="conv only: the stride (None: 2)")
     g.add_argument("--activation", choices=ACTIVATIONS, default="elu", help="hidden activation")
     g.add_argument(
         "--dtype",
@@ -225,14 +238,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     Returns:
         The result dict (as written to ``results.json``).
     """
+    conv = args.model == "conv"
+    for option, value in (("--kernel-size", args.kernel_size), ("--stride", args.stride)):
+        if value is not None and not conv:
+            raise ValueError(f"{option} is the conv network's: add --model conv, or drop it")
+    hidden = args.hidden if args.hidden is not None else ((32,) if conv else (200,))
     cfg = TrainConfig(
+        model=args.model,
+        kernel_size=5 if args.kernel_size is None else args.kernel_size,
+        stride=2 if args.stride is None else args.stride,
         regularizer=args.regularizer,
         method=args.method,
         lam=args.lam,
         lr=args.lr,
         epochs=args.epochs,
         batch_size=args.batch_size,
-        hidden=tuple(args.hidden),
+        hidden=tuple(hidden),
         activation=args.activation,
         seed=args.seed,
         dtype=args.dtype,

@@ -90,6 +90,20 @@ def test_tf_main_job_penalty(tmp_path: Path) -> None:
     assert r["nonzero_weights_pct"] == 100  # plain SGD: no exact zeros
 
 
+@pytest.mark.parametrize("backend", ["torch", "tf"])
+def test_conv_main_job(tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str) -> None:
+    if backend == "tf":
+        pytest.importorskip("tensorflow")
+    r = run_main(tmp_path, "--backend", backend, "--model", "conv", "--hidden", "8")
+    check_result(r, backend)
+    cfg = r["config"]
+    assert (cfg["model"], cfg["hidden"], cfg["kernel_size"], cfg["stride"]) == ("conv", [8], 5, 2)
+    assert "conv 8 channels, kernel 5, stride 2" in capsys.readouterr().out
+    # a valid convolution read by a Linear layer: the unrolled path norm is R (factor s = 1)
+    assert r["path_norm_bound"] == pytest.approx(r["regularizer_value"], rel=1e-9)
+    assert r["nonzero_weights_pct"] < 100  # the path prox zeroed weights of the conv pair
+
+
 BLOCK = "import sys\nfor name in sys.argv[1].split(','):\n    sys.modules[name] = None\n"
 
 
@@ -214,6 +228,9 @@ def test_deeper_net_pairs_layers(tmp_path: Path) -> None:
         (["--lam", "-1"], "lam must be a finite number >= 0"),
         (["--epochs", "0"], "epochs must be >= 1"),
         (["--dataset", "mnist", "--data-dir", "/nonexistent"], "not found in /nonexistent/mnist"),
+        (["--stride", "1"], "--stride is the conv network's: add --model conv"),
+        (["--model", "conv", "--hidden", "8,8"], "one hidden layer, its convolution"),
+        (["--model", "conv", "--kernel-size", "29"], "larger than the 28 x 28 images"),
     ],
 )
 def test_errors_exit_2_with_message(
