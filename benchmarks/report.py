@@ -200,6 +200,17 @@ GROUPS = (
         ),
     ),
     Group(
+        "bench_conv.py",
+        "The prox on the conv pair of `pathnorm-train --model conv` (`Conv2d(1, 32, 5, "
+        "stride=2)` -> ELU -> Flatten -> `Linear(4608, 10)`, float32) as the step hook runs it "
+        "(`pathnorm_lightning.layers.prox_pair_`: the seam's views, the exact prox with step "
+        "`lr * lam = 1e-5`, the write-back), against one SGD step of that network at batch 100, "
+        "at its initial weights and after one epoch of prox-SGD; timed in turns in one process, "
+        "medians. Each prox call first restores the weights (timed alone as *restore*, and "
+        "included in the prox).",
+        (Entry("conv_prox", "CPU, 1 thread", ""),),
+    ),
+    Group(
         "bench_compact.py",
         "What `compact` buys: the paper's 784-200-10 network trained with the 1-path-norm prox "
         "(the main job's torch loop, lam 0.002, lr 0.05, 20 epochs: the sweep's MNIST setting "
@@ -330,6 +341,17 @@ def targets(runs: dict[str, Run]) -> list[tuple[str, str, bool]]:
                 all(r <= 2 * math.log(2 * s) / math.log(s) + 0.005 for s, r in g),
             )
         )
+    conv = [
+        number(cell(runs, "conv_prox", {"state": state}, "prox/SGD"), f"conv_prox.md, {state}")
+        for state in ("initial", "after 1 epoch of prox-SGD")
+    ]
+    rows.append(
+        (
+            "conv pair of `--model conv`: prox <= 1 SGD step (initial, trained)",
+            ", ".join(f"{r:.2f}x" for r in conv),
+            all(r <= 1.0 for r in conv),
+        )
+    )
     for label, name in (("Lightning", "epoch_lightning"), ("Keras (XLA)", "epoch_keras")):
         value = ratio(runs, name)
         rows.append((f"{label} epoch <= 1.2x the plain epoch", value, number(value, name) <= 1.2))
