@@ -24,6 +24,10 @@ from pathlib import Path
 
 #: Test files that load TensorFlow (each gets a process of its own).
 TF_FILES = ("test_tf_", "test_spec_tf", "test_cross_backend", "test_train_cli", "test_backend_")
+#: Small TensorFlow files (about 1 GiB each, a few seconds of tests) that share one process:
+#: each alone would pay TensorFlow's import (about 6 s) for a few seconds of tests.
+SMALL_TF = ("test_tf_private_api.py", "test_backend_compaction_keras.py", "test_tf_compact.py",
+            "test_tf_layers.py")  # fmt: skip
 #: Files run as several processes (``--shard K/N``, tests/conftest.py), each compiling less.
 SHARDS = {"test_tf_optimizers.py": 3, "test_tf_edge_cases.py": 2}
 #: Peak resident memory (GiB) of one process of a file (per shard), as this script printed it;
@@ -35,6 +39,7 @@ PEAK = {
     "test_tf_optimizers.py": 2.1,
     "test_tf_band_fast.py": 1.9,
     "test_tf_functional.py": 1.9,
+    "test_tf_private_api.py": 1.6,  # the SMALL_TF group, run together
 }
 TF_PEAK, OTHER_PEAK = 1.4, 1.2
 #: Processes start only while the sum of their peaks stays within this (GiB).
@@ -48,7 +53,10 @@ def groups(files: list[Path], jobs: int) -> list[Group]:
     for the rest."""
     files = sorted(files, key=lambda f: f.stat().st_size, reverse=True)
     tf: list[Group] = []
-    for f in (f for f in files if f.name.startswith(TF_FILES)):
+    small = sorted((f for f in files if f.name in SMALL_TF), key=lambda f: SMALL_TF.index(f.name))
+    if small:
+        tf.append((small, None))
+    for f in (f for f in files if f.name.startswith(TF_FILES) and f.name not in SMALL_TF):
         n = SHARDS.get(f.name, 1)
         tf += [([f], f"{k}/{n}" if n > 1 else None) for k in range(n)]
     rest: list[list[Path]] = [[] for _ in range(2 * jobs)]  # smaller: they fill in beside TF
