@@ -33,13 +33,13 @@ SHARDS = {"test_tf_optimizers.py": 3, "test_tf_edge_cases.py": 2}
 #: Peak resident memory (GiB) of one process of a file (per shard), as this script printed it;
 #: other TensorFlow files count as TF_PEAK, the groups of other files as OTHER_PEAK.
 PEAK = {
-    "test_tf_edge_cases.py": 2.0,
+    "test_tf_edge_cases.py": 2.05,
     "test_cross_backend.py": 2.3,
-    "test_spec_tf.py": 2.1,
-    "test_tf_optimizers.py": 2.1,
-    "test_tf_band_fast.py": 1.9,
+    "test_spec_tf.py": 1.95,
+    "test_tf_optimizers.py": 2.4,
+    "test_tf_band_fast.py": 1.85,
     "test_tf_functional.py": 1.9,
-    "test_tf_private_api.py": 1.6,  # the SMALL_TF group, run together
+    "test_tf_private_api.py": 1.2,  # the SMALL_TF group, run together
 }
 TF_PEAK, OTHER_PEAK = 1.4, 1.2
 #: Processes start only while the sum of their peaks stays within this (GiB).
