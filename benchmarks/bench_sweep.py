@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from pathnorm_experiments.config import initial_weights, shuffle_orders
 from pathnorm_experiments.data import DataError, Dataset, load_dataset
+from pathnorm_experiments.draws import initial_weights, shuffle_orders
 from pathnorm_experiments.sweep import RunSpec, SweepConfig, prepare, train_metrics, train_run
 from pathnorm_lightning.functional import (
     path_norm,

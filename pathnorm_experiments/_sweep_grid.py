@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pathnorm_experiments.config import float_key
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.runs import (
     COLUMNS,
@@ -29,6 +28,7 @@ from pathnorm_experiments.runs import (
     REGULARIZERS,
     join_key,
 )
+from pathnorm_experiments.settings import float_key
 
 __all__ = [
     "Group",

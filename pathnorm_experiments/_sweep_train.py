@@ -19,8 +19,9 @@ from torch.nn import functional as F
 
 from pathnorm_experiments import certify, compaction
 from pathnorm_experiments._sweep_grid import Group, Prepared, RunSpec, SweepConfig
-from pathnorm_experiments.config import float_key, initial_weights, shuffle_orders
 from pathnorm_experiments.data import N_CLASSES
+from pathnorm_experiments.draws import initial_weights, shuffle_orders
+from pathnorm_experiments.settings import float_key
 from pathnorm_lightning.functional import (
     path_norm,
     project_rows_l1_ball_,
@@ -55,8 +56,8 @@ def train_run(
     """Train one run; returns its ``(weights, biases)`` (torch layout), or None if it diverged.
 
     The initial weights and the epochs' orders are those of the main job
-    (:func:`~pathnorm_experiments.config.initial_weights`,
-    :func:`~pathnorm_experiments.config.shuffle_orders`), so a run is deterministic.
+    (:func:`~pathnorm_experiments.draws.initial_weights`,
+    :func:`~pathnorm_experiments.draws.shuffle_orders`), so a run is deterministic.
 
     Args:
         spec: the run.

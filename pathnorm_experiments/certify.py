@@ -43,7 +43,7 @@ from typing import TypeAlias
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from pathnorm_experiments.config import float_key
+from pathnorm_experiments.settings import float_key
 
 __all__ = [
     "ConvLayer",
@@ -303,7 +303,7 @@ def certified_error(
     eps_list: Sequence[float],
     activation: str,
 ) -> dict[str, float]:
-    """Fraction of examples NOT certified, per eps (keys: :func:`~pathnorm_experiments.config.float_key`)."""
+    """Fraction of examples NOT certified, per eps (keys: :func:`~pathnorm_experiments.settings.float_key`)."""
     z = forward(weights, biases, x, activation)
     lip = lipschitz_matrix(weights)
     return {
@@ -390,7 +390,7 @@ def interval_certified_error(
     activation: str,
 ) -> dict[str, float]:
     """Fraction of examples NOT certified by IBP, per eps (keys:
-    :func:`~pathnorm_experiments.config.float_key`)."""
+    :func:`~pathnorm_experiments.settings.float_key`)."""
     return {
         float_key(e): float(
             1.0 - interval_certified_mask(weights, biases, x, y, e, activation).mean()

@@ -20,8 +20,9 @@ from pathnorm_experiments.certify import (
     product_bound,
     regularizer_value,
 )
-from pathnorm_experiments.config import History, TrainConfig, float_key
 from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.results import History
+from pathnorm_experiments.settings import TrainConfig, float_key
 
 __all__ = [
     "build_result",

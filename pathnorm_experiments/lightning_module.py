@@ -19,8 +19,9 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
-from pathnorm_experiments.config import History, TrainConfig
 from pathnorm_experiments.data import DATASET_NAMES, Dataset, load_dataset
+from pathnorm_experiments.results import History
+from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.torch_backend import (
     build_network,
     penalty,
@@ -41,7 +42,7 @@ __all__ = [
 
 
 class EpochOrderSampler(Sampler[int]):
-    """Each epoch's order as :func:`~pathnorm_experiments.config.shuffle_orders` draws it (the
+    """Each epoch's order as :func:`~pathnorm_experiments.draws.shuffle_orders` draws it (the
     NumPy permutations the plain loop and the Keras backend train in), one per ``iter()``."""
 
     def __init__(self, n: int, seed: int) -> None:

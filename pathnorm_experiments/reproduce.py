@@ -19,11 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pathnorm_experiments.config import unwritable_dir
 from pathnorm_experiments.data import DataError, Dataset, load_dataset
 from pathnorm_experiments.deps import MissingDependency, require
 from pathnorm_experiments.report import write_report
 from pathnorm_experiments.report_data import ReportError
+from pathnorm_experiments.results import unwritable_dir
 from pathnorm_experiments.runs import protocol_clash, read_rows
 
 __all__ = ["QUICK", "build_parser", "main", "preflight", "run_sweep", "sweep_config"]

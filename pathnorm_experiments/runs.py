@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from pathnorm_experiments.config import float_key
 from pathnorm_experiments.data import DATASET_NAMES
+from pathnorm_experiments.settings import float_key
 
 __all__ = [
     "COLUMNS",

@@ -89,7 +89,6 @@ from pathnorm_experiments._sweep_train import (
     train_metrics,
     train_run,
 )
-from pathnorm_experiments.config import float_key
 from pathnorm_experiments.data import DataError, load_dataset
 from pathnorm_experiments.runs import (
     COLUMNS,
@@ -110,6 +109,7 @@ from pathnorm_experiments.runs import (
     save_pending,
     summarize,
 )
+from pathnorm_experiments.settings import float_key
 
 __all__ = [
     "COLUMNS",

@@ -6,8 +6,8 @@ Same configuration, step semantics and evaluation as the torch backend: an SGD s
 cross-entropy, then the prox with step ``lr * lam`` (``linf``: every kernel projected onto
 ``||K||_{inf->inf} <= 1/lam``), or for ``method="penalty"`` plain SGD on ``CE + lam * g``.
 Both backends start from the same weights (PyTorch's default distribution, drawn by
-:func:`~pathnorm_experiments.config.initial_weights`) and see the minibatches in the same order
-(:func:`~pathnorm_experiments.config.shuffle_orders`), so they train the same network up to
+:func:`~pathnorm_experiments.draws.initial_weights`) and see the minibatches in the same order
+(:func:`~pathnorm_experiments.draws.shuffle_orders`), so they train the same network up to
 floating-point rounding. Certificates and bounds are computed by the
 backend-neutral :mod:`pathnorm_experiments.certify` on the kernels in torch layout.
 
@@ -39,16 +39,11 @@ from pathnorm_experiments.certify import (
     effective_nonzero_fraction,
     nonzero_fraction,
 )
-from pathnorm_experiments.config import (
-    IMAGE_SHAPE,
-    History,
-    TrainConfig,
-    float_key,
-    initial_layer_weights,
-    shuffle_orders,
-)
 from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.draws import initial_layer_weights, shuffle_orders
 from pathnorm_experiments.evaluation import build_result
+from pathnorm_experiments.results import History
+from pathnorm_experiments.settings import IMAGE_SHAPE, TrainConfig, float_key
 from pathnorm_tf import PathNormSGD, ProxOptimizer
 from pathnorm_tf.layers import ENTRIES
 
@@ -83,7 +78,7 @@ def make_tf_dataset(
         shuffle: reshuffle every epoch with TF's own shuffle (seeded by ``seed``).
         seed: seed of TF's shuffle.
         orders: instead of TF's shuffle, the epochs' orders (epochs, N) in sequence, every
-            epoch batched on its own (:func:`~pathnorm_experiments.config.shuffle_orders`, the
+            epoch batched on its own (:func:`~pathnorm_experiments.draws.shuffle_orders`, the
             torch side's order); the dataset then ends after the last epoch.
 
     Returns:
@@ -229,7 +224,7 @@ class RegularizedMLP(keras.Sequential):
 def build_model(cfg: TrainConfig) -> RegularizedMLP:
     """``cfg``'s network in ``cfg.dtype`` on flat 784-pixel inputs: Dense 784 -> hidden
     (activation) -> 10 logits, or the conv network (module docstring), initialised with
-    :func:`~pathnorm_experiments.config.initial_layer_weights` (the torch side's draw in Keras
+    :func:`~pathnorm_experiments.draws.initial_layer_weights` (the torch side's draw in Keras
     layout, :func:`keras_kernel`); the penalty term for ``method="penalty"``."""
     layers: list[Any] = [keras.Input((cfg.widths[0],), dtype=cfg.dtype)]
     if cfg.model == "conv":

@@ -32,18 +32,11 @@ from pathnorm_experiments.certify import (
     effective_nonzero_fraction,
     nonzero_fraction,
 )
-from pathnorm_experiments.config import (
-    IMAGE_SHAPE,
-    N_CLASSES,
-    History,
-    TrainConfig,
-    float_key,
-    initial_layer_weights,
-    initial_weights,
-    shuffle_orders,
-)
 from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.draws import initial_layer_weights, initial_weights, shuffle_orders
 from pathnorm_experiments.evaluation import build_result
+from pathnorm_experiments.results import History
+from pathnorm_experiments.settings import IMAGE_SHAPE, N_CLASSES, TrainConfig, float_key
 from pathnorm_lightning import layers as seam
 from pathnorm_lightning.functional import path_norm, project_rows_l1_ball_, prox_l1_
 
@@ -83,7 +76,7 @@ def build_model(
         widths: layer widths from input to output, e.g. (784, 200, 10).
         activation: ``"elu"``, ``"relu"`` or ``"tanh"``.
         seed: draw the initial weights with
-            :func:`~pathnorm_experiments.config.initial_weights` (PyTorch's default
+            :func:`~pathnorm_experiments.draws.initial_weights` (PyTorch's default
             distribution from a NumPy generator, the draw the Keras backend makes too);
             ``None``: PyTorch's own initialisation from its global generator.
         dtype: the parameters' dtype (the NumPy draw is rounded to it once).
@@ -126,7 +119,7 @@ def build_conv_model(
         stride: its stride.
         activation: ``"elu"``, ``"relu"`` or ``"tanh"``.
         seed: draw the initial weights with
-            :func:`~pathnorm_experiments.config.initial_layer_weights` (PyTorch's default
+            :func:`~pathnorm_experiments.draws.initial_layer_weights` (PyTorch's default
             distribution, the draw the Keras backend makes too); ``None``: PyTorch's own.
         dtype: the parameters' dtype.
 

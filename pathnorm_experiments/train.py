@@ -6,22 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pathnorm_experiments.config import (
-    ACTIVATIONS,
-    ATTACKS,
-    DEFAULT_EPS,
-    DTYPES,
-    METHODS,
-    MODELS,
-    REGULARIZERS,
-    TrainConfig,
-    nonnegative_int,
-    unwritable_dir,
-    write_results,
-)
 from pathnorm_experiments.data import DATASET_NAMES, DataError, load_dataset
 from pathnorm_experiments.deps import (
     BACKEND_MODULES,
@@ -33,8 +21,35 @@ from pathnorm_experiments.deps import (
 )
 from pathnorm_experiments.deps import missing as missing_modules
 from pathnorm_experiments.evaluation import format_summary
+from pathnorm_experiments.results import unwritable_dir, write_results
+from pathnorm_experiments.settings import (
+    ACTIVATIONS,
+    ATTACKS,
+    DTYPES,
+    EPS,
+    MODELS,
+    OPTIMIZERS,
+    REGULARIZERS,
+    TrainConfig,
+)
 
 __all__ = ["OUTPUT_FILES", "OutputError", "build_parser", "check_out", "main", "run"]
+
+
+def nonnegative_int(zero_means: str) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= 0, where 0 means ``zero_means``."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"must be >= 0 (0: {zero_means}), got {n}")
+        return n
+
+    return parse
+
 
 DEFAULT_EPOCHS = 20  # the paper's
 OUTPUT_FILES = ("results.json", "results.csv", "training_curve.png")
@@ -107,7 +122,7 @@ def _training_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--regularizer", choices=REGULARIZERS, default="path", help="the regularizer")
     g.add_argument(
         "--method",
-        choices=METHODS,
+        choices=OPTIMIZERS,
         default="prox",
         help="prox: proximal SGD (projection for linf); penalty: SGD on CE + lam*g",
     )
@@ -155,9 +170,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 def _evaluation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation")
-    g.add_argument(
-        "--eps", type=float, nargs="+", default=list(DEFAULT_EPS), help="l_inf attack radii"
-    )
+    g.add_argument("--eps", type=float, nargs="+", default=list(EPS), help="l_inf attack radii")
     g.add_argument("--pgd-steps", type=int, default=40, help="PGD steps (of eps/20 each)")
     g.add_argument(
         "--attack",

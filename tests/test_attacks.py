@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import Dataset, load_dataset
+from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.torch_backend import (
     build_model,
     linear_layers,

@@ -6,13 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pathnorm_experiments.config import (
-    TrainConfig,
-    initial_layer_weights,
-    initial_weights,
-    shuffle_orders,
-)
 from pathnorm_experiments.data import load_dataset
+from pathnorm_experiments.draws import initial_layer_weights, initial_weights, shuffle_orders
+from pathnorm_experiments.settings import TrainConfig
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")

@@ -15,8 +15,8 @@ import pytest
 pytest.importorskip("tensorflow")
 
 from pathnorm_experiments import compaction
-from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import load_embedded
+from pathnorm_experiments.settings import TrainConfig
 
 
 def test_keras_measures_the_compacted_model() -> None:

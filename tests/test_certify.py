@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from pathnorm_experiments import certify as C
-from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import Dataset, load_dataset
+from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.torch_backend import linear_layers, robust_error, train_loop
 
 # hand example: W (2 hidden x 2 inputs), V (2 outputs x 2 hidden)

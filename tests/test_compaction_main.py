@@ -19,8 +19,8 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from pathnorm_experiments import compaction, train  # noqa: E402
-from pathnorm_experiments.config import TrainConfig  # noqa: E402
 from pathnorm_experiments.data import load_embedded  # noqa: E402
+from pathnorm_experiments.settings import TrainConfig  # noqa: E402
 
 HIDDEN = 16
 OUT_DEAD = (0, 1, 2)  # zero outgoing weights: removed

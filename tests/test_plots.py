@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pathnorm_experiments.config import DEFAULT_EPS
+from pathnorm_experiments.settings import EPS
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -18,7 +18,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 def _result(reg: str, method: str, lam: float, rng: np.random.Generator) -> dict[str, Any]:
     clean = 0.05 + 0.3 * rng.random()
-    robust = {f"{e:g}": min(1.0, clean + e * 3 + 0.1 * rng.random()) for e in DEFAULT_EPS}
+    robust = {f"{e:g}": min(1.0, clean + e * 3 + 0.1 * rng.random()) for e in EPS}
     iters = list(range(10, 510, 10))
     return {
         "dataset": "mnist",

@@ -25,7 +25,6 @@ import pytest
 import torch
 
 from pathnorm_experiments import sweep as S
-from pathnorm_experiments.config import TrainConfig
 from pathnorm_experiments.data import Dataset, load_embedded
 from pathnorm_experiments.runs import (
     claim_group,
@@ -34,6 +33,7 @@ from pathnorm_experiments.runs import (
     row_group_key,
     save_pending,
 )
+from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.torch_backend import linear_layers, train_loop
 
 EPS = ("0.02", "0.05", "0.1", "0.15", "0.2", "0.3")

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pathnorm_experiments import config, data, reproduce, train
-from pathnorm_experiments.config import TrainConfig
+from pathnorm_experiments import data, reproduce, settings, train
+from pathnorm_experiments.settings import TrainConfig
 
 TINY = [
     "--epochs", "1", "--n-train", "300", "--n-test", "200", "--pgd-samples", "100",
@@ -327,7 +327,7 @@ def test_module_entry_point_help() -> None:
         capture_output=True, text=True, check=True, timeout=60,
     )  # fmt: skip
     text = " ".join(out.stdout.split())
-    assert "--regularizer {none,l1,linf,path}" in text and "--backend {auto,torch,tf}" in text
+    assert "--regularizer {none,l1,path,linf}" in text and "--backend {auto,torch,tf}" in text
     assert "``" not in text and "::" not in text and ":mod:" not in text  # no raw reST
     for shown in ("(default: auto)", "(default: path)", "(default: 0.001)", "(default: 20)"):
         assert shown in text, shown
@@ -464,4 +464,4 @@ def test_repeated_eps_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[s
     [(0.1, "0.1"), (0.05, "0.05"), (1e-5, "1e-05"), (0.1000001, "0.1000001"), (1 / 3, repr(1 / 3))],
 )
 def test_float_key_reads_back_exactly(value: float, key: str) -> None:
-    assert config.float_key(value) == key and float(key) == value
+    assert settings.float_key(value) == key and float(key) == value

@@ -1,46 +1,35 @@
-"""Backend-neutral run configuration and result files (JSON + CSV) of the main job."""
+"""The main job's vocabulary and one run's settings: the constants of both backends, the
+results key of a number, and :class:`TrainConfig`."""
 
 from __future__ import annotations
 
-import argparse
-import csv
 import itertools
-import json
 import math
-import os
-import tempfile
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
+from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS
 
 __all__ = [
     "ACTIVATIONS",
     "ATTACKS",
-    "DEFAULT_EPS",
     "DTYPES",
+    "EPS",
     "IMAGE_SHAPE",
-    "METHODS",
     "MODELS",
     "N_CLASSES",
+    "OPTIMIZERS",
     "REGULARIZERS",
+    "SWEEP_EPS",
     "TrainConfig",
     "float_key",
-    "initial_layer_weights",
-    "initial_weights",
-    "nonnegative_int",
-    "shuffle_orders",
-    "unwritable_dir",
-    "write_results",
 ]
 
-REGULARIZERS = ("none", "l1", "linf", "path")
-METHODS = ("prox", "penalty")
 ATTACKS = ("ce", "ce+margin")
 ACTIVATIONS = ("elu", "relu", "tanh")  # slopes in [0, 1]: the path-norm bounds hold
-DEFAULT_EPS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
+EPS = (0.05, 0.1, 0.15, 0.2, 0.25, 0.3)  # pathnorm-train's attack radii (its --eps default)
+# the sweep's radii: its runs.csv columns, with the paper's smallest, 0.02, for the figures
+SWEEP_EPS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 DTYPES = ("float32", "float64")
 MODELS = ("mlp", "conv")  # the paper's MLP, or its convolutional twin (one conv hidden layer)
 IMAGE_SHAPE = (1, 28, 28)  # (channels, height, width) of every dataset's images
@@ -91,7 +80,7 @@ class TrainConfig:
     activation: str = "elu"
     seed: int = 0
     dtype: str = "float32"  # of weights and data in training and evaluation (float64: checks)
-    eps: tuple[float, ...] = DEFAULT_EPS
+    eps: tuple[float, ...] = EPS
     pgd_steps: int = 40
     attack: str = (
         "ce"  # "ce": the paper's PGD; "ce+margin": also CW-margin PGD, error if either wins
@@ -106,8 +95,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.regularizer not in REGULARIZERS:
             raise ValueError(f"regularizer must be one of {REGULARIZERS}, got {self.regularizer!r}")
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.method not in OPTIMIZERS:
+            raise ValueError(f"method must be one of {OPTIMIZERS}, got {self.method!r}")
         if self.regularizer == "linf" and self.method != "prox":
             raise ValueError(
                 "linf is the hard constraint ||W||_inf <= 1/lam; it has only the projection "
@@ -204,138 +193,3 @@ class TrainConfig:
         if self.model != "conv":
             del d["kernel_size"], d["stride"]
         return d
-
-
-def initial_weights(widths: Sequence[int], seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Initial ``(weight (out, in), bias (out,))`` per layer, float64, the same in both backends.
-
-    PyTorch's default ``nn.Linear`` distribution (Kaiming-uniform with ``a = sqrt(5)``): weights
-    and biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, drawn layer by layer (weight,
-    then bias) from one NumPy generator seeded with ``(seed, 0)``.
-
-    Args:
-        widths: layer widths from input to output, e.g. (784, 200, 10).
-        seed: the run's seed.
-
-    Returns:
-        One (weight, bias) pair per layer, in torch layout.
-    """
-    return initial_layer_weights(
-        [(fan_out, fan_in) for fan_in, fan_out in itertools.pairwise(widths)], seed
-    )
-
-
-def initial_layer_weights(
-    shapes: Sequence[Sequence[int]], seed: int
-) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Initial ``(weight, bias (out,))`` per layer of the given torch-layout weight shapes.
-
-    The draw of :func:`initial_weights` for any layer: ``(out, in)`` for ``nn.Linear``,
-    ``(out, in, *kernel)`` for a convolution, whose PyTorch default is the same distribution
-    with ``fan_in = in * prod(kernel)``. ``TrainConfig.weight_shapes`` gives the shapes.
-    """
-    rng = np.random.default_rng((seed, 0))
-    layers = []
-    for shape in shapes:
-        bound = 1.0 / math.sqrt(math.prod(shape[1:]))
-        w = rng.uniform(-bound, bound, tuple(shape))
-        b = rng.uniform(-bound, bound, shape[0])
-        layers.append((w, b))
-    return layers
-
-
-def shuffle_orders(n: int, epochs: int, seed: int) -> np.ndarray:
-    """The training order of every epoch, (epochs, n) int64, the same in both backends.
-
-    One permutation of ``range(n)`` per epoch, from a NumPy generator seeded with ``(seed, 1)``
-    (a stream apart from :func:`initial_weights`').
-    """
-    rng = np.random.default_rng((seed, 1))
-    return np.stack([rng.permutation(n) for _ in range(epochs)])
-
-
-def nonnegative_int(zero_means: str) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= 0, where 0 means ``zero_means``."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if n < 0:
-            raise argparse.ArgumentTypeError(f"must be >= 0 (0: {zero_means}), got {n}")
-        return n
-
-    return parse
-
-
-@dataclass
-class History:
-    """Training trajectory: one record every ``log_every`` iterations and per epoch."""
-
-    iteration: list[int] = field(default_factory=list)
-    batch_objective: list[float] = field(default_factory=list)  # mean over the last records
-    nonzero_pct: list[float] = field(default_factory=list)
-    effective_nonzero_pct: list[float] = field(default_factory=list)  # on live paths only
-    epoch_objective: list[float] = field(default_factory=list)  # on eval_train_samples
-
-
-def unwritable_dir(out: str | Path) -> str | None:
-    """Why files cannot be written in the directory ``out`` (made if missing), else None.
-
-    Nothing is left behind: the check writes a temporary file (or directory) and removes it.
-
-    Args:
-        out: the directory.
-
-    Returns:
-        The problem in words (``out`` is a file, lies under a file, or is not writable), or None.
-    """
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        return "is a file, not a directory"
-    existing = out
-    while not existing.exists():  # the nearest existing ancestor: the directories go under it
-        existing = existing.parent
-    if not existing.is_dir():
-        return f"{existing} is a file, so no directory can be made under it"
-    try:  # os.access says yes to root even on a read-only mount: try a real write
-        if existing == out:
-            with tempfile.TemporaryFile(dir=out):
-                pass
-        else:
-            os.rmdir(tempfile.mkdtemp(dir=existing))
-    except OSError as e:
-        return f"cannot write in {existing} ({e.strerror or e})"
-    return None
-
-
-def write_results(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
-    """Write ``result`` as ``<out>/results.json`` and the per-eps table ``<out>/results.csv``.
-
-    The CSV's error columns but the last share the attacked test images (``n_attacked``), so
-    ``clean_error_attacked <= robust_error <= certified_error`` on every row, and likewise for
-    ``certified_error_interval`` (interval bound propagation); the last column is the clean
-    error on all test images.
-
-    Args:
-        result: a result of :func:`~pathnorm_experiments.evaluation.build_result`.
-        out: the output directory (made if missing).
-
-    Returns:
-        The paths of the JSON and the CSV file.
-    """
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    jpath, cpath = out / "results.json", out / "results.csv"
-    jpath.write_text(json.dumps(result, indent=2) + "\n")
-    clean, clean_all = result["clean_error_attacked"], result["clean_error"]
-    columns = ("robust_error", "certified_error", "certified_error_interval")
-    with cpath.open("w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["eps", "clean_error_attacked", *columns, "clean_error"])
-        w.writerow([0.0, clean, clean, clean, clean, clean_all])
-        for e in result["config"]["eps"]:
-            key = float_key(e)
-            w.writerow([e, clean, *(result[c][key] for c in columns), clean_all])
-    return jpath, cpath
