@@ -68,6 +68,7 @@ Adding a layer type is one :class:`LayerEntry` subclass, :func:`register`, and i
 from __future__ import annotations
 
 import enum
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, cast
@@ -90,6 +91,7 @@ __all__ = [
     "entry_of",
     "flatten_positions",
     "in_view",
+    "max_slope",
     "out_view",
     "prox_pair_",
     "register",
@@ -378,6 +380,35 @@ BETWEEN: dict[type[nn.Module], Role] = {
 }  # fmt: skip
 
 
+#: The pointwise types whose slope can exceed 1, with their largest |slope| (of the default
+#: arguments, or read from the module). The path-norm bounds the (l_inf, l_1) Lipschitz constant
+#: for activations of slope at most 1; a steeper one multiplies it by up to its slope per pair.
+#: The constants are the sup of |f'| to 4 digits, rounded up (held to autograd in the tests).
+STEEP: dict[type[nn.Module], object] = {
+    nn.GELU: 1.129,
+    nn.SiLU: 1.1,
+    nn.Mish: 1.089,
+    nn.SELU: 1.7582,
+    nn.Hardswish: 1.5,
+    nn.ELU: "alpha",
+    nn.CELU: None,  # slope exp(x / alpha) <= 1 for every alpha
+    nn.LeakyReLU: "negative_slope",
+}
+
+
+def max_slope(module: nn.Module) -> float:
+    """The largest ``|f'|`` of a pointwise module (1.0 when it is at most 1, as for ReLU)."""
+    for cls in type(module).__mro__:
+        if cls in STEEP:
+            value = STEEP[cls]
+            if value is None:
+                return 1.0
+            if isinstance(value, str):
+                return max(1.0, abs(float(getattr(module, value))))
+            return float(cast(float, value))
+    return 1.0
+
+
 def role_of(module: nn.Module) -> Role | None:
     """The :class:`Role` of ``module`` between two paired layers, or None (not allowed)."""
     for cls in type(module).__mro__:
@@ -415,6 +446,15 @@ def check_between(first: nn.Module, second: nn.Module, modules: Sequence[nn.Modu
                 f"{what}: a {name} is neither pointwise, nor pooling, nor a Flatten; the pair "
                 "would not be a shallow network and its path-norm would not bound it (pair "
                 "other layers, or leave this pair out)"
+            )
+        if role is Role.POINTWISE and max_slope(module) > 1.0:
+            warnings.warn(
+                f"{what}: {name} has a slope of up to {max_slope(module):g} > 1, so the pair's "
+                "path norm bounds its Lipschitz constant only up to that factor: the logged "
+                "path_norm_bound and product_bound are not bounds of this network (activations "
+                "of slope <= 1 keep them: ReLU, ELU (alpha <= 1), Tanh, Sigmoid, Softplus)",
+                UserWarning,
+                stacklevel=3,
             )
         if role is Role.POOL:
             if not spatial_in or flatten is not None:

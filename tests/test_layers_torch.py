@@ -5,6 +5,7 @@ stands between their layers."""
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable
 
 import numpy as np
@@ -319,6 +320,42 @@ def test_check_between_accepts_and_reports_pools_and_flatten() -> None:
     assert layers.check_between(nn.Linear(3, 2), nn.Linear(2, 1), []) == layers.Between((), None)
     assert layers.role_of(nn.AdaptiveAvgPool2d(1)) is layers.Role.POOL
     assert layers.role_of(nn.Softmax(1)) is None  # mixes entries
+
+
+_POINTWISE = [m for m, role in layers.BETWEEN.items() if role is layers.Role.POINTWISE]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [cls() for cls in _POINTWISE if "Dropout" not in cls.__name__]
+    + [nn.ELU(alpha=2.5), nn.LeakyReLU(-1.5), nn.CELU(alpha=0.3), nn.GELU("tanh")],
+    ids=repr,
+)
+def test_max_slope_is_the_sup_of_the_derivative(module: nn.Module) -> None:
+    x = torch.linspace(-12, 12, 480_001, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(module(x).sum(), x)
+    sup = float(grad.abs().max())
+    # never below the true slope (the warning must fire when it exceeds 1), at most 1e-3 above
+    assert sup <= layers.max_slope(module) + 1e-9
+    assert layers.max_slope(module) - max(sup, 1.0) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("module", "warns"),
+    [(nn.GELU(), True), (nn.SiLU(), True), (nn.Hardswish(), True), (nn.ELU(alpha=2.0), True),
+     (nn.ELU(), False), (nn.ReLU(), False), (nn.Tanh(), False), (nn.LeakyReLU(0.2), False)],
+    ids=repr,
+)  # fmt: skip
+def test_an_activation_steeper_than_one_warns_that_the_bounds_do_not_hold(
+    module: nn.Module, warns: bool
+) -> None:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        layers.check_between(nn.Linear(3, 2), nn.Linear(2, 1), [module])
+    steep = [w for w in seen if "path_norm_bound" in str(w.message)]
+    assert len(steep) == int(warns)
+    if warns:
+        assert type(module).__name__ in str(steep[0].message)
 
 
 def test_reuse_counts_output_positions_per_tap() -> None:
