@@ -3,6 +3,7 @@
 Where things live (the same file names do the same jobs in ``pathnorm_lightning``):
 
     functional.py   pure tf functions: prox_path_norm, path_norm, product_bound, baselines
+    _baselines.py   the baselines' code: prox_l1, project_rows_l1_ball, project_linf_operator_norm
     layers.py       the layer seam: Dense, Conv1D, Conv2D as the unit matrices the prox takes
     pairing.py      which kernels pair up ("auto" or named), with clear errors
     optimizers.py   the training hook: PathNormSGD and ProxOptimizer (prox after each step)

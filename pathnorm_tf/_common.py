@@ -168,9 +168,3 @@ def scalar(value: float | tf.Tensor, dtype: tf.DType) -> tf.Tensor:
 def compute_dtype(dtype: tf.DType) -> tf.DType:
     """float64 stays float64; every other float (half, bfloat16, float32) works in float32."""
     return tf.float64 if dtype == tf.float64 else tf.float32
-
-
-def soft_threshold(t: tf.Tensor, lam: float | tf.Tensor) -> tf.Tensor:
-    """``sign(t) max(|t| - lam, 0)``, in ``t``'s dtype."""
-    lam_t = scalar(lam, t.dtype)
-    return tf.sign(t) * tf.maximum(tf.abs(t) - lam_t, tf.zeros([], t.dtype))

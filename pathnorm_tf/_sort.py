@@ -12,6 +12,16 @@ objective over the candidates is the minimum. Ties: the first candidate of least
 in the order ``(x, 0)``, ``(0, y)``, then ``(k, L(k))`` by increasing k (the order of
 ``shared_spec.reference.prox_unit``).
 
+The contract differs from its torch twin, ``pathnorm_lightning/_sort.py``, on purpose (the
+mathematics, the candidates and the tie order are the same, held to the same exhaustive
+reference): :func:`prox_rows` here takes rows its caller already scaled (the facade,
+:func:`pathnorm_tf.functional._sort_thresholds`, scales each unit by a power of two with the
+helper the band method uses too) and returns the thresholds ``(t_v, t_w)``, which the caller applies to the kernels in
+their own dtype without a float64 pass over the long side; and :func:`largest_feasible_l`
+bisects with a fixed number of static steps, each a ``batch_dims`` gather, which XLA compiles
+well. The torch ``prox_rows`` scales its rows itself, returns the weights, and finds ``L(k)``
+by binary lifting from one stacked table (the cheapest form for eager torch).
+
 References:
     Latorre, Rolland, Hallak, Cevher, *Efficient Proximal Mapping of the 1-path-norm of
     Shallow Networks*, ICML 2020 (Algorithm 2; docs/errata.md lists what its printed form

@@ -26,10 +26,9 @@ is exact at every finite magnitude, subnormals included. Everything is tf ops ov
 shapes, so it runs eagerly, in ``tf.function`` and under XLA (``jit_compile=True``), on
 CPU and GPU. float16/bfloat16 are computed in float32.
 
-On a Dense kernel the l_inf operator norm of the layer map ``u -> u @ kernel`` is the largest
-l1 norm of a *column* (one output unit's incoming weights): use
-:func:`project_linf_operator_norm` for the layer-wise constraint, not
-:func:`project_rows_l1_ball` (which is the generic row-wise projection).
+The paper's layer-wise baselines, :func:`prox_l1`, :func:`project_rows_l1_ball` and
+:func:`project_linf_operator_norm`, live in :mod:`pathnorm_tf._baselines` (as the torch ones
+in ``pathnorm_lightning/_baselines.py``) and are public here.
 """
 
 from __future__ import annotations
@@ -39,15 +38,13 @@ from typing import Any
 import tensorflow as tf
 
 from pathnorm_tf._band import Band, band_setup, prox_band
+from pathnorm_tf._baselines import project_linf_operator_norm, project_rows_l1_ball, prox_l1
 from pathnorm_tf._common import (
     NonFiniteWeightsError,
     Scalar,
-    as_matrix,
     check_pair,
     check_scalar,
     compute_dtype,
-    scalar,
-    soft_threshold,
     static_dims,
 )
 from pathnorm_tf._sort import prox_rows
@@ -291,92 +288,3 @@ def product_bound(kernel_in: Any, kernel_out: Any) -> tf.Tensor:
         tf.concat([tf.reduce_sum(tf.abs(k_in), 0), tf.zeros([1], k_in.dtype)], 0)
     )
     return tf.reduce_sum(tf.abs(k_out)) * col_norm
-
-
-# ---------------------------------------------------------------------------------------------
-# Baselines
-# ---------------------------------------------------------------------------------------------
-
-
-@tf.autograph.experimental.do_not_convert
-def prox_l1(w: Any, lam: Scalar) -> tf.Tensor:
-    """Soft-thresholding ``sign(w) max(|w| - lam, 0)``: the prox of ``lam ||w||_1``.
-
-    Args:
-        w: a floating tensor of any shape.
-        lam: the threshold, finite and >= 0.
-
-    Returns:
-        A new tensor of ``w``'s shape and dtype.
-    """
-    lam = check_scalar(lam, "lam")
-    try:
-        t = tf.convert_to_tensor(w)
-    except (TypeError, ValueError):
-        raise ValueError(f"w must be a floating-point tensor, got {type(w).__name__}") from None
-    if not t.dtype.is_floating:
-        raise ValueError(f"w must be a floating-point tensor, got dtype {t.dtype.name}")
-    return soft_threshold(t, lam)
-
-
-@tf.autograph.experimental.do_not_convert
-def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
-    """Project each row of ``w`` (shape (r, c)) onto ``{z : ||z||_1 <= radius}``.
-
-    Exact (sort-based), vectorised over rows. This is the generic row-wise projection; for
-    the l_inf operator-norm constraint of a Dense kernel (whose rows are *inputs*) use
-    :func:`project_linf_operator_norm`.
-
-    Args:
-        w: a 2-D floating tensor.
-        radius: the l1 radius, finite and >= 0.
-
-    Returns:
-        A new tensor of ``w``'s shape and dtype.
-
-    References:
-        Duchi, Shalev-Shwartz, Singer, Chandra, *Efficient Projections onto the l1-Ball for
-        Learning in High Dimensions*, ICML 2008.
-    """
-    radius = check_scalar(radius, "radius")
-    return _project_rows(as_matrix(w, "w", check_finite=False), radius)
-
-
-def _project_rows(t: tf.Tensor, radius: float | tf.Tensor) -> tf.Tensor:
-    """:func:`project_rows_l1_ball` without input checks."""
-    cd = compute_dtype(t.dtype)
-    u = tf.cast(tf.stop_gradient(t), cd)
-    if t.shape[1] == 0 or t.shape[0] == 0:
-        return tf.identity(t)
-    r = scalar(radius, cd)
-    au = tf.abs(u)
-    s = tf.sort(au, axis=1, direction="DESCENDING")
-    cs = tf.cumsum(s, axis=1)
-    j = tf.cast(tf.range(1, tf.shape(u)[1] + 1), cd)
-    rho = tf.reduce_sum(tf.cast(s - (cs - r) / j > 0, tf.int32), 1, keepdims=True)
-    rho = tf.maximum(rho, 1)
-    theta = tf.maximum((tf.gather(cs, rho - 1, axis=1, batch_dims=1) - r) / tf.cast(rho, cd), 0.0)
-    inside = tf.reduce_sum(au, 1, keepdims=True) <= r
-    out = tf.where(inside, u, tf.sign(u) * tf.maximum(au - theta, 0.0))
-    out = tf.where(r > 0, out, tf.zeros_like(out))
-    return tf.cast(out, t.dtype)
-
-
-@tf.autograph.experimental.do_not_convert
-def project_linf_operator_norm(kernel: Any, radius: Scalar) -> tf.Tensor:
-    """Project a Dense kernel (in, out) onto ``{K : ||K||_{inf -> inf} <= radius}``.
-
-    The l_inf operator norm of ``u -> u @ K`` is the largest l1 norm of a column of ``K``
-    (the incoming weights of one output unit), so each *column* is projected onto the l1
-    ball: the layer-wise constraint of the paper's baseline, equal to
-    ``project_rows_l1_ball`` on the torch weight ``K.T``.
-
-    Args:
-        kernel: a Dense kernel (in, out).
-        radius: the bound on the operator norm, finite and >= 0.
-
-    Returns:
-        A new tensor of ``kernel``'s shape and dtype.
-    """
-    t = as_matrix(kernel, "kernel", check_finite=False)
-    return tf.transpose(project_rows_l1_ball(tf.transpose(t), radius))
