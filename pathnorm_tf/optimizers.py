@@ -43,7 +43,8 @@ import tensorflow as tf
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf._common import check_scalar, soft_threshold, warn_if_xla
+from pathnorm_tf._baselines import soft_threshold
+from pathnorm_tf._common import check_scalar, warn_if_xla
 from pathnorm_tf.functional import _prox_kernels
 from pathnorm_tf.functional import project_linf_operator_norm as _project_linf
 
