@@ -32,7 +32,7 @@ from pathnorm_experiments.compaction import time_calls
 from pathnorm_experiments.data import DataError, Dataset, load_dataset, load_embedded
 from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.sweep import default_machine
-from pathnorm_experiments.torch_backend import train_loop
+from pathnorm_experiments.engine import train_loop
 from pathnorm_lightning import compact
 
 

@@ -1,8 +1,9 @@
 """One run of the sweep: training (SGD, then the prox or projection; or SGD on the penalty),
 the metrics every run gets, the attacks and certificates of a selected run, and their timing.
 
-The training loop is bare torch on (out, in) weight lists, bit-equal to the main job's
-``torch_backend.train_loop`` with the same initial weights and shuffling.
+The training is the torch engine's (:mod:`~pathnorm_experiments.engine`), the loop of
+``pathnorm-train --engine loop``: a sweep run is a :class:`~pathnorm_experiments.settings.
+TrainConfig` (:func:`train_config`).
 """
 
 from __future__ import annotations
@@ -15,49 +16,31 @@ from dataclasses import replace
 import numpy as np
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
 from pathnorm_experiments import certify, compaction
 from pathnorm_experiments._sweep_grid import Group, Prepared, RunSpec, SweepConfig
-from pathnorm_experiments.data import N_CLASSES
-from pathnorm_experiments.draws import initial_weights, shuffle_orders
-from pathnorm_experiments.settings import float_key
-from pathnorm_lightning.functional import (
-    path_norm,
-    project_rows_l1_ball_,
-    prox_l1_,
-    prox_path_norm_,
-)
+from pathnorm_experiments.attacks_torch import pgd_attack, robust_error
+from pathnorm_experiments.engine import run
+from pathnorm_experiments.settings import TrainConfig, float_key
+from pathnorm_experiments.torch_backend import build_model, linear_layers
 
-__all__ = ["calibrate", "estimate", "evaluate_run", "train_metrics", "train_run"]
+__all__ = ["calibrate", "estimate", "evaluate_run", "train_config", "train_metrics", "train_run"]
 
 
-def _forward(ws: Sequence[Tensor], bs: Sequence[Tensor], x: Tensor) -> Tensor:
-    h = x
-    last = len(ws) - 1
-    for i, (w, b) in enumerate(zip(ws, bs, strict=True)):
-        h = torch.addmm(b, h, w.t())
-        if i < last:
-            h = F.elu(h)
-    return h
-
-
-def _penalty(ws: Sequence[Tensor], reg: str) -> Tensor:
-    if reg == "l1":
-        return sum((w.abs().sum() for w in ws), ws[0].new_zeros(()))
-    if reg == "path":
-        return sum((path_norm(ws[i], ws[i + 1]) for i in range(0, len(ws), 2)), ws[0].new_zeros(()))
-    return ws[0].new_zeros(())
+def train_config(spec: RunSpec, cfg: SweepConfig) -> TrainConfig:
+    """The engine's spec of the sweep's run ``spec``: the main job's network (784-``cfg.hidden``
+    -10 ELU) at ``cfg``'s batch size, trained by ``spec``'s regularizer, optimizer, lam, lr,
+    seed and epochs."""
+    # TrainConfig's leading fields: regularizer, method, lam, lr, epochs, batch_size, hidden
+    leading = (spec.regularizer, spec.optimizer, spec.lam, spec.lr, spec.epochs, cfg.batch_size)
+    return TrainConfig(*leading, (cfg.hidden,), seed=spec.seed)
 
 
 def train_run(
     spec: RunSpec, data: Prepared, cfg: SweepConfig, *, steps: int | None = None
 ) -> tuple[list[Tensor], list[Tensor]] | None:
-    """Train one run; returns its ``(weights, biases)`` (torch layout), or None if it diverged.
-
-    The initial weights and the epochs' orders are those of the main job
-    (:func:`~pathnorm_experiments.draws.initial_weights`,
-    :func:`~pathnorm_experiments.draws.shuffle_orders`), so a run is deterministic.
+    """Train one run with the engine (:func:`~pathnorm_experiments.engine.run`, the main job's
+    loop: its initial weights and epoch orders, so a run is deterministic).
 
     Args:
         spec: the run.
@@ -66,58 +49,22 @@ def train_run(
         steps: stop after this many SGD steps (benchmarks); None: ``spec.epochs`` epochs.
 
     Returns:
-        The trained parameters, or None when a weight became NaN or infinite.
+        The trained ``(weights, biases)`` (torch layout), or None when a weight became NaN or
+        infinite.
     """
-    widths = (data.x_train.shape[1], cfg.hidden, N_CLASSES)
-    device = data.x_train.device
-    ws, bs = [], []
-    for w, b in initial_weights(widths, spec.seed):
-        ws.append(torch.tensor(w, dtype=torch.float32, device=device, requires_grad=True))
-        bs.append(torch.tensor(b, dtype=torch.float32, device=device, requires_grad=True))
-    params = [p for pair in zip(ws, bs, strict=True) for p in pair]
-    x, y = data.x_train, data.y_train
-    n, batch = x.shape[0], cfg.batch_size
-    orders = shuffle_orders(n, spec.epochs, spec.seed)
-    reg, lam, lr = spec.regularizer, spec.lam, spec.lr
-    use_penalty = spec.optimizer == "penalty" and reg in ("l1", "path") and lam > 0
-    step = 0
-    for epoch in range(spec.epochs):
-        perm = torch.from_numpy(orders[epoch]).to(device)
-        for s in range(0, n, batch):
-            idx = perm[s : s + batch]
-            loss = F.cross_entropy(_forward(ws, bs, x[idx]), y[idx])
-            if use_penalty:
-                loss = loss + lam * _penalty(ws, reg)
-            grads = torch.autograd.grad(loss, params)
-            with torch.no_grad():
-                torch._foreach_add_(params, grads, alpha=-lr)
-                if spec.optimizer == "prox":
-                    _prox_(ws, reg, lam, lr)
-            step += 1
-            if steps is not None and step >= steps:
-                return [w.detach() for w in ws], [b.detach() for b in bs]
-        if not all(bool(torch.isfinite(p).all()) for p in params):
-            return None
-    return [w.detach() for w in ws], [b.detach() for b in bs]
+    try:
+        model = run(train_config(spec, cfg), data.x_train, data.y_train, steps=steps).model
+    except FloatingPointError:
+        return None
+    layers = linear_layers(model)
+    return [lin.weight.detach() for lin in layers], [lin.bias.detach() for lin in layers]
 
 
-def _prox_(ws: Sequence[Tensor], reg: str, lam: float, lr: float) -> None:
-    if reg == "l1":
-        for w in ws:
-            prox_l1_(w, lr * lam)
-    elif reg == "path":
-        for i in range(0, len(ws), 2):
-            prox_path_norm_(ws[i], ws[i + 1], lr * lam, check_finite=False)
-    elif reg == "linf":
-        for w in ws:
-            project_rows_l1_ball_(w, 1.0 / lam)
-
-
-def _error_pct(ws: Sequence[Tensor], bs: Sequence[Tensor], x: Tensor, y: Tensor) -> float:
+def _error_pct(model: torch.nn.Module, x: Tensor, y: Tensor) -> float:
     wrong = 0
     with torch.no_grad():
         for s in range(0, x.shape[0], 5000):
-            wrong += int((_forward(ws, bs, x[s : s + 5000]).argmax(1) != y[s : s + 5000]).sum())
+            wrong += int((model(x[s : s + 5000]).argmax(1) != y[s : s + 5000]).sum())
     return 100.0 * wrong / x.shape[0]
 
 
@@ -125,11 +72,12 @@ def train_metrics(ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared) ->
     """The columns every run has: validation, clean errors, sparsity, the path-norm and the
     hidden units that ``compact`` keeps (:func:`~pathnorm_experiments.compaction.hidden_alive`)."""
     w_np = [w.cpu().numpy() for w in ws]
+    model = _as_model(ws, bs)
     return {
-        "hidden_alive": compaction.torch_hidden_alive(_as_model(ws, bs)),
-        "val_error": _error_pct(ws, bs, data.x_val, data.y_val),
-        "clean_error": _error_pct(ws, bs, data.x_eval, data.y_eval),
-        "clean_error_full": _error_pct(ws, bs, data.x_test, data.y_test),
+        "hidden_alive": compaction.torch_hidden_alive(model),
+        "val_error": _error_pct(model, data.x_val, data.y_val),
+        "clean_error": _error_pct(model, data.x_eval, data.y_eval),
+        "clean_error_full": _error_pct(model, data.x_test, data.y_test),
         "nonzero": 100.0 * certify.nonzero_fraction(w_np),
         "nonzero_live": 100.0 * certify.effective_nonzero_fraction(w_np),
         "path_norm": certify.path_norm_bound(w_np),
@@ -137,8 +85,6 @@ def train_metrics(ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared) ->
 
 
 def _as_model(ws: Sequence[Tensor], bs: Sequence[Tensor]) -> torch.nn.Module:
-    from pathnorm_experiments.torch_backend import build_model, linear_layers
-
     model = build_model([ws[0].shape[1], *(w.shape[0] for w in ws)], "elu")
     model.to(ws[0].device)
     with torch.no_grad():
@@ -168,8 +114,6 @@ def _strong_restarts_(
         cfg: PGD steps and the number of restarts.
         gen: the restarts' random starts (advanced across radii).
     """
-    from pathnorm_experiments.torch_backend import pgd_attack
-
     for _ in range(cfg.strong_restarts):
         alive = torch.nonzero(~strong).flatten()
         if alive.numel() == 0:
@@ -223,8 +167,6 @@ def evaluate_run(
         ``{"robust_error@EPS", "robust_error_strong@EPS", "certified_lipschitz@EPS",
         "certified_interval@EPS"}`` for every eps.
     """
-    from pathnorm_experiments.torch_backend import robust_error
-
     model = _as_model(ws, bs)
     x, y = data.x_eval, data.y_eval
     w_np, b_np = [w.cpu().numpy() for w in ws], [b.cpu().numpy() for b in bs]

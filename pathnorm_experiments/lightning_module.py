@@ -1,5 +1,8 @@
-"""Lightning side of the main job: a ``LightningDataModule`` over the NumPy arrays and the
-paper's classifier as a ``LightningModule``; the prox is the library's callbacks.
+"""Lightning side of the main job (``pathnorm-train --engine lightning``): a
+``LightningDataModule`` over the NumPy arrays and the paper's classifier as a
+``LightningModule``; the prox is the library's callbacks. The network, the penalty, the curve
+and the evaluation are the torch engine's (:mod:`~pathnorm_experiments.engine`); only the loop
+is Lightning's.
 
 Imported only by the torch backend (this module imports ``lightning``).
 """
@@ -20,16 +23,10 @@ from torch.utils.data import DataLoader, Sampler, TensorDataset
 from typing_extensions import override
 
 from pathnorm_experiments.data import DATASET_NAMES, Dataset, load_dataset
+from pathnorm_experiments.engine import TORCH, epoch_objective, penalty, record_sparsity
 from pathnorm_experiments.results import History
 from pathnorm_experiments.settings import TrainConfig
-from pathnorm_experiments.torch_backend import (
-    build_network,
-    penalty,
-    record_sparsity,
-    torch_dtype,
-    weight_layers,
-)
-from pathnorm_lightning import L1Prox, LayerwiseLinfProjection, PathNormProx
+from pathnorm_experiments.torch_backend import build_network, evaluate, torch_dtype, weight_layers
 
 __all__ = [
     "ArrayDataModule",
@@ -191,15 +188,9 @@ class PaperMLP(pl.LightningModule):
 
     @override
     def on_train_epoch_end(self) -> None:
-        if self._x_eval is None or self._y_eval is None:
-            return
-        with torch.no_grad():
-            ce = 0.0
-            for s in range(0, self._x_eval.shape[0], 10000):
-                z = self.net(self._x_eval[s : s + 10000])
-                ce += float(F.cross_entropy(z, self._y_eval[s : s + 10000], reduction="sum"))
-            g = float(penalty(weight_layers(self.net), self.cfg.regularizer))
-        self.history.epoch_objective.append(ce / self._x_eval.shape[0] + self.cfg.lam * g)
+        if self._x_eval is not None and self._y_eval is not None:
+            obj = epoch_objective(self.net, self.cfg, self._x_eval, self._y_eval)
+            self.history.epoch_objective.append(obj)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -208,21 +199,16 @@ class PaperMLP(pl.LightningModule):
 
 def regularizer_callbacks(cfg: TrainConfig, *, prog_bar: bool = True) -> list[Callback]:
     """The library callback that implements ``cfg``'s proximal step (empty for penalty/none)."""
-    if cfg.method != "prox" or cfg.regularizer == "none" or cfg.lam == 0:
+    make = TORCH[cfg.regularizer].callback
+    if cfg.method != "prox" or make is None or cfg.lam == 0:
         return []
-    if cfg.regularizer == "path":
-        return [PathNormProx(lam=cfg.lam, prog_bar=prog_bar)]
-    if cfg.regularizer == "l1":
-        return [L1Prox(lam=cfg.lam, prog_bar=prog_bar)]
-    return [LayerwiseLinfProjection(radius=1.0 / cfg.lam, prog_bar=prog_bar)]
+    return [make(cfg.lam, prog_bar)]
 
 
 def train_lightning(
     cfg: TrainConfig, data: Dataset, *, progress: bool = True, evaluate_model: bool = True
 ) -> tuple[PaperMLP, dict[str, Any]]:
     """Train with ``lightning.Trainer`` + the library callbacks; returns (module, result)."""
-    from pathnorm_experiments.torch_backend import evaluate
-
     pl.seed_everything(cfg.seed, verbose=False)
     dtype = torch_dtype(cfg.dtype)
     x_eval = torch.from_numpy(data.x_train[: cfg.eval_train_samples]).to(dtype)

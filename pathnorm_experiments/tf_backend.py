@@ -1,6 +1,6 @@
 """TensorFlow / Keras side of the main job: ``tf.data`` pipeline, the paper's MLP or its
 convolutional twin, proximal SGD with the library's optimizers (``pathnorm_tf.PathNormSGD`` /
-``ProxOptimizer``), PGD.
+``ProxOptimizer``), the evaluation (the attacks: :mod:`~pathnorm_experiments.attacks_tf`).
 
 Same configuration, step semantics and evaluation as the torch backend: an SGD step on the
 cross-entropy, then the prox with step ``lr * lam`` (``linf``: every kernel projected onto
@@ -27,12 +27,14 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from pathnorm_experiments.attacks_tf import robust_error
 from pathnorm_experiments.certify import (
     ConvLayer,
     Layer,
@@ -42,6 +44,7 @@ from pathnorm_experiments.certify import (
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.draws import initial_layer_weights, shuffle_orders
 from pathnorm_experiments.evaluation import build_result
+from pathnorm_experiments.regularizers import REGULARIZERS, regularizer
 from pathnorm_experiments.results import History
 from pathnorm_experiments.settings import IMAGE_SHAPE, TrainConfig, float_key
 from pathnorm_tf import PathNormSGD, ProxOptimizer
@@ -53,8 +56,6 @@ __all__ = [
     "keras_kernel",
     "make_optimizer",
     "make_tf_dataset",
-    "pgd_attack",
-    "robust_error",
     "torch_weight",
     "torch_weights",
     "train_keras",
@@ -119,20 +120,48 @@ def _unit_norms(k_in: Any, k_out: Any) -> tuple[tf.Tensor, tf.Tensor]:
     return y, x
 
 
-def penalty(kernels: list[Any], regularizer: str) -> tf.Tensor:
+def _l1(kernels: list[Any]) -> tf.Tensor:
+    return tf.add_n([tf.reduce_sum(tf.abs(k)) for k in kernels])
+
+
+def _path(kernels: list[Any]) -> tf.Tensor:
+    terms = []
+    for k_in, k_out in zip(kernels[::2], kernels[1::2], strict=True):
+        y, x = _unit_norms(k_in, k_out)
+        terms.append(tf.reduce_sum(x * y))
+    return tf.add_n(terms)
+
+
+def _l1_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
+    return ProxOptimizer(keras.optimizers.SGD(cfg.lr), lam=cfg.lam, regularizer="l1")
+
+
+def _path_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
+    return PathNormSGD(learning_rate=cfg.lr, lam=cfg.lam)
+
+
+def _linf_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
+    return ProxOptimizer(keras.optimizers.SGD(cfg.lr), regularizer="linf", radius=1.0 / cfg.lam)
+
+
+#: each regularizer's Keras parts (its row in :mod:`~pathnorm_experiments.regularizers` says
+#: what it is): the differentiable ``g`` on the kernels (None: ``g = 0``) and the library
+#: optimizer of its proximal step (None: plain SGD)
+KERAS: dict[str, tuple[Callable[[list[Any]], tf.Tensor] | None, Callable[..., Any] | None]] = {
+    "none": (None, None),
+    "l1": (_l1, _l1_optimizer),
+    "path": (_path, _path_optimizer),
+    "linf": (None, _linf_optimizer),
+}
+if tuple(KERAS) != REGULARIZERS:  # a new row of the table needs its Keras parts here
+    raise ImportError(f"tf_backend.KERAS covers {tuple(KERAS)}, the table has {REGULARIZERS}")
+
+
+def penalty(kernels: list[Any], name: str) -> tf.Tensor:
     """Differentiable ``g`` on Keras kernels: l1 sum |K|, path = pairwise path-norms (over
-    units or channels)."""
-    if regularizer in ("none", "linf"):
-        return tf.zeros((), kernels[0].dtype)
-    if regularizer == "l1":
-        return tf.add_n([tf.reduce_sum(tf.abs(k)) for k in kernels])
-    if regularizer == "path":
-        terms = []
-        for i in range(0, len(kernels), 2):
-            y, x = _unit_norms(kernels[i], kernels[i + 1])
-            terms.append(tf.reduce_sum(x * y))
-        return tf.add_n(terms)
-    raise ValueError(f"unknown regularizer {regularizer!r}")
+    units or channels); 0 for none and for a constraint."""
+    g = KERAS[regularizer(name).name][0]
+    return tf.zeros((), kernels[0].dtype) if g is None else g(kernels)
 
 
 def keras_kernel(weight: np.ndarray, channels_before: int | None = None) -> np.ndarray:
@@ -259,90 +288,10 @@ def build_model(cfg: TrainConfig) -> RegularizedMLP:
 
 def make_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
     """The library optimizer for ``method="prox"``; plain SGD otherwise."""
-    if cfg.method != "prox" or cfg.regularizer == "none" or cfg.lam == 0:
+    make = KERAS[cfg.regularizer][1]
+    if cfg.method != "prox" or make is None or cfg.lam == 0:
         return keras.optimizers.SGD(cfg.lr)
-    if cfg.regularizer == "path":
-        return PathNormSGD(learning_rate=cfg.lr, lam=cfg.lam)
-    if cfg.regularizer == "l1":
-        return ProxOptimizer(keras.optimizers.SGD(cfg.lr), lam=cfg.lam, regularizer="l1")
-    return ProxOptimizer(keras.optimizers.SGD(cfg.lr), regularizer="linf", radius=1.0 / cfg.lam)
-
-
-def pgd_attack(
-    model: keras.Model,
-    x: tf.Tensor,
-    y: tf.Tensor,
-    eps: float,
-    *,
-    steps: int = 40,
-    step_size: float | None = None,
-    random_start: bool = True,
-    loss: str = "ce",
-    seed: int = 0,
-) -> tf.Tensor:
-    """l_inf PGD (step ``eps / 20``, random start, clipped to [0, 1]) on ``loss``: ``"ce"``
-    (cross-entropy, the paper's attack) or ``"margin"`` (CW margin ``max_{j != y} z_j - z_y``)."""
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
-    if loss not in ("ce", "margin"):
-        raise ValueError(f"loss must be 'ce' or 'margin', got {loss!r}")
-    step = eps / 20 if step_size is None else step_size
-    x = tf.convert_to_tensor(x)
-    if not x.dtype.is_floating:
-        x = tf.cast(x, tf.float32)
-    y = tf.convert_to_tensor(y, tf.int32)
-    lo, hi = tf.maximum(x - eps, 0.0), tf.minimum(x + eps, 1.0)
-    if random_start:
-        noise = tf.random.stateless_uniform(
-            tf.shape(x), seed=[seed, 0], minval=-eps, maxval=eps, dtype=x.dtype
-        )
-        x_adv = tf.clip_by_value(x + noise, lo, hi)
-    else:
-        x_adv = x
-    ce = keras.losses.SparseCategoricalCrossentropy(
-        from_logits=True, reduction="sum", dtype=x.dtype.name
-    )
-    onehot = tf.one_hot(y, model.output_shape[-1]) > 0
-
-    def objective(z: tf.Tensor) -> tf.Tensor:
-        if loss == "ce":
-            return ce(y, z)
-        neg_inf = tf.constant(-np.inf, z.dtype)  # a bare -np.inf would be float32
-        zy = tf.reduce_max(tf.where(onehot, z, neg_inf), 1)
-        other = tf.reduce_max(tf.where(onehot, neg_inf, z), 1)
-        return tf.reduce_sum(other - zy)
-
-    @tf.function
-    def one_step(xa: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            tape.watch(xa)
-            obj = objective(model(xa, training=False))
-        grad = tape.gradient(obj, xa)
-        return tf.clip_by_value(xa + step * tf.sign(grad), lo, hi)
-
-    for _ in range(steps):
-        x_adv = one_step(x_adv)
-    return x_adv
-
-
-def robust_error(
-    model: keras.Model,
-    x: np.ndarray,
-    y: np.ndarray,
-    eps: float,
-    *,
-    steps: int = 40,
-    seed: int = 0,
-    losses: tuple[str, ...] = ("ce",),
-) -> float:
-    """Fraction misclassified at ``x`` or at the PGD point of any loss in ``losses``."""
-    logits = model(x, training=False)
-    wrong = np.argmax(logits, 1) != y
-    if eps > 0:
-        for i, loss in enumerate(losses):
-            xa = pgd_attack(model, x, y, eps, steps=steps, seed=seed + i, loss=loss)
-            wrong |= np.argmax(model(xa, training=False), 1) != y
-    return float(wrong.mean())
+    return make(cfg)
 
 
 class _History(keras.callbacks.Callback):

@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             model, result = train_lightning(cfg, data, progress=progress)
         else:
-            from pathnorm_experiments.torch_backend import train_loop
+            from pathnorm_experiments.engine import train_loop
 
             model, result = train_loop(cfg, data, progress=progress)
     else:

@@ -8,15 +8,11 @@ import numpy as np
 import pytest
 import torch
 
+from pathnorm_experiments.attacks_torch import pgd_attack, robust_error
 from pathnorm_experiments.data import Dataset, load_dataset
+from pathnorm_experiments.engine import train_loop
 from pathnorm_experiments.settings import TrainConfig
-from pathnorm_experiments.torch_backend import (
-    build_model,
-    linear_layers,
-    pgd_attack,
-    robust_error,
-    train_loop,
-)
+from pathnorm_experiments.torch_backend import build_model, linear_layers
 
 N_ATTACK = 300
 
@@ -151,6 +147,7 @@ def test_pgd_rejects_bad_arguments(mlp: torch.nn.Module, data: Dataset) -> None:
 
 def test_tf_pgd_matches_torch_on_same_weights(mlp: torch.nn.Module, data: Dataset) -> None:
     tfb = pytest.importorskip("pathnorm_experiments.tf_backend")
+    attacks_tf = pytest.importorskip("pathnorm_experiments.attacks_tf")
     cfg = TrainConfig(regularizer="none", hidden=(64,))
     kmodel = tfb.build_model(cfg)
     lins = [m for m in mlp.modules() if isinstance(m, torch.nn.Linear)]
@@ -162,13 +159,13 @@ def test_tf_pgd_matches_torch_on_same_weights(mlp: torch.nn.Module, data: Datase
     np.testing.assert_allclose(np.asarray(kmodel(data.x_test)), mlp(x).detach().numpy(), atol=1e-4)
     y32 = data.y_test.astype(np.int32)
     for eps in (0.05, 0.1):
-        e_tf = tfb.robust_error(kmodel, data.x_test, y32, eps)
+        e_tf = attacks_tf.robust_error(kmodel, data.x_test, y32, eps)
         e_torch = robust_error(mlp, x, y, eps)
         assert abs(e_tf - e_torch) <= 0.04, (eps, e_tf, e_torch)
-        m_tf = tfb.robust_error(kmodel, data.x_test, y32, eps, losses=("margin",))
+        m_tf = attacks_tf.robust_error(kmodel, data.x_test, y32, eps, losses=("margin",))
         m_torch = robust_error(mlp, x, y, eps, loss="margin")
         assert abs(m_tf - m_torch) <= 0.04, (eps, m_tf, m_torch)
-        xa = np.asarray(tfb.pgd_attack(kmodel, data.x_test, data.y_test, eps))
+        xa = np.asarray(attacks_tf.pgd_attack(kmodel, data.x_test, data.y_test, eps))
         assert np.abs(xa - data.x_test).max() <= eps + 1e-6 and xa.min() >= 0 and xa.max() <= 1
 
 

@@ -13,12 +13,12 @@ from pathnorm_experiments.settings import TrainConfig
 torch = pytest.importorskip("torch")
 pytest.importorskip("lightning")
 # Lightning before TensorFlow: the other order aborts in torch's triton import
+from pathnorm_experiments.engine import train_loop  # noqa: E402
 from pathnorm_experiments.lightning_module import train_lightning  # noqa: E402
 from pathnorm_experiments.torch_backend import (  # noqa: E402
     build_model,
     build_network,
     linear_layers,
-    train_loop,
     weight_layers,
 )
 

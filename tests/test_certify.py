@@ -8,9 +8,11 @@ import pytest
 import torch
 
 from pathnorm_experiments import certify as C
+from pathnorm_experiments.attacks_torch import robust_error
 from pathnorm_experiments.data import Dataset, load_dataset
+from pathnorm_experiments.engine import train_loop
 from pathnorm_experiments.settings import TrainConfig
-from pathnorm_experiments.torch_backend import linear_layers, robust_error, train_loop
+from pathnorm_experiments.torch_backend import linear_layers
 
 # hand example: W (2 hidden x 2 inputs), V (2 outputs x 2 hidden)
 W = np.array([[1.0, -2.0], [0.5, 0.5]])  # row l1 norms 3, 1

@@ -24,8 +24,10 @@ import numpy as np
 import pytest
 import torch
 
+from pathnorm_experiments import _sweep_run
 from pathnorm_experiments import sweep as S
-from pathnorm_experiments.data import Dataset, load_embedded
+from pathnorm_experiments.data import load_embedded
+from pathnorm_experiments.report_data import settings_from_rows
 from pathnorm_experiments.runs import (
     claim_group,
     load_pending,
@@ -33,8 +35,6 @@ from pathnorm_experiments.runs import (
     row_group_key,
     save_pending,
 )
-from pathnorm_experiments.settings import TrainConfig
-from pathnorm_experiments.torch_backend import linear_layers, train_loop
 
 EPS = ("0.02", "0.05", "0.1", "0.15", "0.2", "0.3")
 # the issue's columns, written out here so that a change of COLUMNS cannot pass unnoticed
@@ -213,16 +213,19 @@ def test_group_order_spreads_every_grid_early() -> None:
     assert {g.dataset for g in groups[:85]} == {"mnist"}
 
 
-def test_summarize_selected_runs(full_run: tuple[Path, dict[str, int]]) -> None:
+def test_the_reports_settings_summarize_the_selected_runs(
+    full_run: tuple[Path, dict[str, int]],
+) -> None:
     rows = S.read_rows(full_run[0])
-    summary = S.summarize(rows)
-    assert len(summary) == 6
-    st = summary[("embedded", "path", "prox", 2e-3)]
+    settings = settings_from_rows(rows)
+    assert len(settings) == 6
+    st = settings[("embedded", "path", "prox", 2e-3)]
     sel = [r for r in rows if r["regularizer"] == "path" and r["optimizer"] == "prox"]
     sel = [r for r in sel if r["selected"] == "1"]
-    assert st["seeds"] == [0, 1] and st["lr"] == float(sel[0]["lr"])
+    assert st.seeds == (0, 1) and st.lr == float(sel[0]["lr"])
     vals = [float(r["robust_error@0.1"]) for r in sel]
-    assert st["robust_error@0.1"] == pytest.approx((np.mean(vals), min(vals), max(vals)))
+    got = st.stats["robust_error@0.1"]
+    assert (got.mean, got.lo, got.hi) == pytest.approx((np.mean(vals), min(vals), max(vals)))
 
 
 def test_select_lr_ties_and_divergence() -> None:
@@ -247,7 +250,7 @@ def test_resume_never_recomputes(
 ) -> None:
     calls: list[tuple[str, bool]] = []
     kill_at = [8]
-    real = S._execute
+    real = _sweep_run._execute
 
     def counting(task: Any, cfg: S.SweepConfig) -> dict[str, Any]:
         calls.append((task.spec.key, task.train))
@@ -255,7 +258,7 @@ def test_resume_never_recomputes(
             raise Killed  # the sweep is killed in the middle of the 8th task
         return real(task, cfg)
 
-    monkeypatch.setattr(S, "_execute", counting)
+    monkeypatch.setattr(_sweep_run, "_execute", counting)
     with pytest.raises(Killed):
         S.run_sweep(CFG, data, tmp_path, machine="test machine", log=io.StringIO())
     first = list(calls)
@@ -347,13 +350,13 @@ def test_a_rerun_adds_missing_seeds_and_refuses_another_protocol(
     shutil.copy(full_run[0], tmp_path / "runs.csv")
     before = _by_key(tmp_path / "runs.csv")
     calls: list[tuple[str, bool, bool]] = []
-    real = S._execute
+    real = _sweep_run._execute
 
     def counting(task: Any, cfg: S.SweepConfig) -> dict[str, Any]:
         calls.append((task.spec.key, task.train, task.evaluate))
         return real(task, cfg)
 
-    monkeypatch.setattr(S, "_execute", counting)
+    monkeypatch.setattr(_sweep_run, "_execute", counting)
     cfg = replace(CFG, regularizers=("none", "path"), optimizers=("prox",), seeds=(0, 1, 2))
     counts = S.run_sweep(cfg, data, tmp_path, machine="test machine", log=io.StringIO())
     # seed 2 at each group's recorded lr, trained and evaluated; nothing else runs again
@@ -560,19 +563,6 @@ def test_splits_are_stratified_disjoint_and_fixed() -> None:
     val = {r.tobytes() for r in p.x_val.numpy()}
     assert not train & val and train | val == seen and len(seen) == d.x_train.shape[0]
     assert np.bincount(p.y_val.numpy()).min() >= 41
-
-
-def test_training_equals_the_main_jobs_loop(data: dict[str, S.Prepared]) -> None:
-    """The sweep's bare loop makes the same steps as ``torch_backend.train_loop``, bit for bit."""
-    p = data["embedded"]
-    ds = Dataset("e", p.x_train.numpy(), p.y_train.numpy(), p.x_test.numpy(), p.y_test.numpy(), "")
-    for reg, opt, lam in (("path", "prox", 1e-3), ("l1", "penalty", 1e-3), ("linf", "prox", 0.2)):
-        trained = S.train_run(S.RunSpec("e", reg, opt, lam, 0.2, 3, 2, p.n_train), p, CFG)
-        assert trained is not None
-        cfg = TrainConfig(regularizer=reg, method=opt, lam=lam, lr=0.2, epochs=2, seed=3)
-        model, _ = train_loop(cfg, ds, progress=False, evaluate_model=False)
-        for w, b, lin in zip(*trained, linear_layers(model), strict=True):
-            assert torch.equal(w, lin.weight.detach()) and torch.equal(b, lin.bias.detach())
 
 
 def test_hidden_alive_counts_units_with_weights_in_and_out(data: dict[str, S.Prepared]) -> None:
