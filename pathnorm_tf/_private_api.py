@@ -174,8 +174,8 @@ ENTRIES: tuple[PrivateName, ...] = (
         (
             "pathnorm_tf/compact.py:_layers_between",
             "pathnorm_tf/metrics.py:_seam_layers",
-            "pathnorm_tf/pairing.py:_leaves",
-            "pathnorm_tf/pairing.py:_graph_calls",
+            "pathnorm_tf/_graph.py:leaves",
+            "pathnorm_tf/_graph.py:graph_calls",
         ),
         "every layer of a model, nested models included, in order (model.layers is one level)",
         _flatten_layers,
@@ -198,7 +198,7 @@ ENTRIES: tuple[PrivateName, ...] = (
             "keras",
             name,
             'Functional._nodes (keys "<id(layer)>_ib-<k>"), Sequential._functional',
-            ("pathnorm_tf/pairing.py:_graph_calls",),
+            ("pathnorm_tf/_graph.py:graph_calls",),
             "how many times the model's graphs call each layer, to refuse a shared layer in a "
             'pairs="auto" pair',
             _graph_nodes,
@@ -209,7 +209,7 @@ ENTRIES: tuple[PrivateName, ...] = (
         "keras",
         "_inbound_nodes",
         "Layer._inbound_nodes (nodes with .parent_nodes, .operation)",
-        ("pathnorm_tf/pairing.py:_path_between",),
+        ("pathnorm_tf/_graph.py:path_between",),
         "the layers through which every call of a pair's second layer reads the first's output",
         _inbound_nodes,
     ),

@@ -39,7 +39,8 @@ The entries (:data:`ENTRIES`): ``Dense`` (:class:`DenseEntry`) and ``Conv1D`` / 
   global pooling layer (``keepdims=False``) in place of the Flatten leaves ``P = 1``.
 
 Which layers may stand between the two layers of a pair is data (:data:`BETWEEN`, a role per
-layer type) and :func:`check_between` reads it: pointwise activations and dropout anywhere;
+layer type) and :func:`check_between` reads it (both in :mod:`pathnorm_tf._between`, public
+here): pointwise activations and dropout anywhere;
 max/average pooling after a convolution, in its ``data_format``; one ``Flatten`` (or a
 global pooling layer) between a convolution and a Dense layer, which that pair needs.
 
@@ -69,7 +70,6 @@ A new Keras layer type is a :class:`LayerEntry` subclass given to :func:`registe
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -77,6 +77,7 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
+from pathnorm_tf._between import BETWEEN, Between, Role, check_between, role_of
 from pathnorm_tf._common import Scalar
 from pathnorm_tf.functional import prox_path_norm
 
@@ -363,106 +364,6 @@ def entry_of(layer: Any) -> LayerEntry:
     return entry
 
 
-class Role(enum.Enum):
-    """What a layer between the two layers of a pair does."""
-
-    #: acts on each entry alone and holds no weights: activations, dropout, noise, identity
-    POINTWISE = "pointwise"
-    #: acts on each channel alone and keeps the channels: max and average pooling
-    POOL = "pool"
-    #: global pooling: one value per channel (with ``keepdims=False`` it also flattens)
-    GLOBAL_POOL = "global_pool"
-    #: ``Flatten``: between a convolution and a Dense layer
-    FLATTEN = "flatten"
-
-
-_L = keras.layers
-#: The layer classes that may stand between two paired layers, by role (data the pairing
-#: reads). Layers with weights (BatchNormalization, LayerNormalization, PReLU, ...) have none.
-BETWEEN: dict[type, Role] = {
-    **dict.fromkeys(
-        (_L.Activation, _L.ReLU, _L.LeakyReLU, _L.ELU, _L.Dropout, _L.SpatialDropout1D,
-         _L.SpatialDropout2D, _L.AlphaDropout, _L.GaussianDropout, _L.GaussianNoise,
-         _L.Identity),
-        Role.POINTWISE,
-    ),
-    **dict.fromkeys(
-        (_L.MaxPooling1D, _L.MaxPooling2D, _L.AveragePooling1D, _L.AveragePooling2D), Role.POOL
-    ),
-    **dict.fromkeys(
-        (_L.GlobalMaxPooling1D, _L.GlobalMaxPooling2D, _L.GlobalAveragePooling1D,
-         _L.GlobalAveragePooling2D),
-        Role.GLOBAL_POOL,
-    ),
-    _L.Flatten: Role.FLATTEN,
-}  # fmt: skip
-#: Activations that mix the entries of a vector: an ``Activation`` of one has no role.
-_MIXING = frozenset({"softmax", "log_softmax"})
-
-
-def role_of(layer: Any) -> Role | None:
-    """The :class:`Role` of a Keras layer between two paired layers; None: not allowed there
-    (it holds weights, mixes entries, or is unknown)."""
-    mixing = getattr(getattr(layer, "activation", None), "__name__", "") in _MIXING
-    if getattr(layer, "weights", None) or (isinstance(layer, _L.Activation) and mixing):
-        return None
-    return _by_class(BETWEEN, layer)
-
-
-@dataclass(frozen=True)
-class Between:
-    """The layers :func:`check_between` found between a pair: the pooling layers (global ones
-    included), and the layer that flattens (a ``Flatten`` or a global pool), if any."""
-
-    pools: tuple[Any, ...]
-    flatten: Any | None
-
-
-def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
-    """Check the Keras layers between ``first`` and ``second`` (in the order they run).
-
-    Allowed: pointwise layers anywhere; pooling after a convolution, in the convolution's
-    ``data_format``, before the flattening; exactly one ``Flatten`` or global pooling layer
-    (``keepdims=False``) between a convolution and a Dense layer, which that pair needs.
-
-    Raises:
-        ValueError: naming the layer and why it breaks the pair.
-    """
-    spatial_in, spatial_out = entry_of(first).spatial, entry_of(second).spatial
-    where = f"between {first.name!r} and {second.name!r}"
-    pools: list[Any] = []
-    flattening: Any | None = None
-    for layer in between:
-        role, label = role_of(layer), f"{type(layer).__name__} {layer.name!r}"
-        if role is None:
-            raise ValueError(
-                f"{where}: {label} is neither pointwise, nor pooling, nor a Flatten; the pair "
-                "would not be a shallow network and its path-norm would not bound it (pair "
-                "other layers, or leave this pair out)"
-            )
-        if role in (Role.POOL, Role.GLOBAL_POOL):
-            if not spatial_in or flattening is not None:
-                raise ValueError(f"{where}: {label} pools positions, but there are none here")
-            if layer.data_format != first.data_format:
-                raise ValueError(
-                    f"{where}: {label} pools in {layer.data_format} but {first.name!r} writes "
-                    f"{first.data_format}: it would pool across channels"
-                )
-            pools.append(layer)
-        if role is Role.FLATTEN or (role is Role.GLOBAL_POOL and not layer.keepdims):
-            if not (spatial_in and not spatial_out) or flattening is not None:
-                raise ValueError(f"{where}: {label} may stand only once, after a convolution")
-            flattening = layer
-    if spatial_in and not spatial_out and flattening is None:
-        raise ValueError(
-            f"{where}: the convolution's output needs a Flatten (or a global pooling layer) "
-            "before the Dense layer, which would otherwise read each position separately"
-        )
-    if spatial_out and not spatial_in:
-        raise ValueError(f"{where}: a convolution cannot read the units of a Dense layer")
-    return Between(tuple(pools), flattening)
-
-
 def flat_of(first: Any, second: Any, flatten: Any | None = None) -> Flat | None:
     """The :class:`Flat` between a convolution ``first`` and a Dense ``second`` (None for any
     other pair): the positions per channel from the shapes, the order from ``flatten`` (the
@@ -484,7 +385,7 @@ def flat_of(first: Any, second: Any, flatten: Any | None = None) -> Flat | None:
         message = f"{rows} inputs are not a whole number of positions of {channels} channels"
         raise ValueError(f"Dense layer {second.name!r} cannot read {first.name!r}: {message}")
     fmt = first.data_format
-    if not isinstance(flatten, _L.Flatten) or flatten.data_format == fmt:
+    if not isinstance(flatten, keras.layers.Flatten) or flatten.data_format == fmt:
         if flatten is None and fmt != "channels_last":
             raise ValueError(
                 f"{first.name!r} is channels_first: the order the Dense layer reads depends on "

@@ -42,6 +42,7 @@ import tensorflow as tf
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
+from pathnorm_tf._graph import path_between
 from pathnorm_tf.optimizers import (
     PathNormSGD,
     ProxOptimizer,
@@ -113,7 +114,7 @@ def _chain_of(model: keras.Model) -> tuple[list[Any], list[seam.PairLayout], int
     try:
         layouts = []
         for a, b in itertools.pairwise(found):
-            between = pairing._path_between(a, b)
+            between = path_between(a, b)
             flatten = None
             if between is not None and seam.entry_of(a).spatial:
                 flatten = seam.check_between(a, b, between).flatten

@@ -67,17 +67,26 @@ an optimizer needs to run the prox on the variables.
 
 from __future__ import annotations
 
-import collections
 import re
 import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from pathnorm_tf import _record
 from pathnorm_tf import layers as seam
+from pathnorm_tf._graph import (
+    Owners,
+    check_auto_pairs_in_model,
+    not_consecutive,
+    owners_of,
+    path_between,
+)
+from pathnorm_tf._record import Record, check_record
 
 __all__ = [
     "Chain",
     "Pair",
+    "check_auto_pairs_in_model",
     "check_record",
     "kernel_chains",
     "layer_kernels",
@@ -162,26 +171,6 @@ def _layer_of(variable: Any) -> tuple[str, str]:
 def layer_path(variable: Any) -> str:
     """The path of the layer that owns ``variable`` (``"net/dense_1"``)."""
     return _layer_of(variable)[0]
-
-
-def _leaves(model: Any) -> list[Any]:
-    """The layers of ``model`` (nested models included) that hold no layers themselves."""
-    return [
-        layer
-        for layer in model._flatten_layers(include_self=False, recursive=True)
-        if not list(layer._flatten_layers(include_self=False))
-    ]
-
-
-#: ``id(variable) -> layer`` for every weight of a model (:func:`owners_of`).
-Owners = dict[int, Any]
-
-
-def owners_of(model: Any | None) -> Owners | None:
-    """The layer that owns each weight of ``model``, by the weight's ``id`` (None: no model)."""
-    if model is None:
-        return None
-    return {id(w): layer for layer in _leaves(model) for w in layer.weights}
 
 
 # The cells Keras' recurrent layers create (named by Keras, then made unique: "lstm_cell_3").
@@ -327,15 +316,6 @@ def _recurrent_between(scan: _Scan, i: int, j: int) -> str | None:
     return next((cell for r, cell in scan.recurrent if min(i, j) < r < max(i, j)), None)
 
 
-def _not_consecutive(a: str, b: str, what: str) -> ValueError:
-    return ValueError(
-        f'pairs="auto": layers {a!r} -> {b!r} are not consecutive: the {what} lies '
-        "between them (a recurrent, frozen, normalization or other layer with weights), so "
-        "they are no shallow network and their path-norm bounds nothing. Pass pairs=[...] to "
-        "choose the pairs explicitly"
-    )
-
-
 def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[str]] | None:
     """A layer with trained variables between the kernels ``i`` and ``j`` (in variable order,
     which is layer order) other than their own two layers: its path and variables."""
@@ -348,110 +328,6 @@ def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[
             ]
             return layer, names
     return None
-
-
-def check_auto_pairs_in_model(
-    model: Any, variables: Sequence[Any], pairs: Sequence[Sequence[Any]]
-) -> None:
-    """Refuse an auto pair whose two layers have a layer with weights between them in
-    ``model``'s layer order, frozen ones included (the optimizer's variables cannot show a
-    layer whose weights are all frozen), one with a shared layer (called more often than its
-    partner), or one whose graph puts layers between the two that the seam does not allow
-    there (:func:`~pathnorm_tf.layers.check_between`: pooling between Dense layers, a missing
-    Flatten); warn about pairs that the model's graph does not confirm (the second layer fed
-    by the first through layers the seam knows only).
-
-    Args:
-        model: the Keras model that trains ``variables``.
-        variables: its trainable variables, as the optimizer holds them.
-        pairs: what ``resolve_pairs(variables, "auto")`` returned (or index pairs).
-    """
-    leaves = _leaves(model)
-    position = {id(w): k for k, layer in enumerate(leaves) for w in layer.weights}
-    calls = _graph_calls(model)
-    unverified = []
-    for i, j, *_ in pairs:
-        a, b = position.get(id(variables[i])), position.get(id(variables[j]))
-        if a is None or b is None:
-            unverified.append((_layer_of(variables[i])[0], _layer_of(variables[j])[0]))
-            continue
-        for layer in leaves[a + 1 : b]:
-            if layer.weights:
-                state = "frozen " if not any(w.trainable for w in layer.weights) else ""
-                what = f"{state}{type(layer).__name__} {layer.name!r}"
-                raise _not_consecutive(leaves[a].name, leaves[b].name, what)
-        _check_shared(calls, leaves[a], leaves[b])
-        between = _path_between(leaves[a], leaves[b])
-        if between is None:
-            unverified.append((leaves[a].name, leaves[b].name))
-            continue
-        try:
-            seam.check_between(leaves[a], leaves[b], between)
-        except ValueError as err:
-            raise ValueError(
-                f'pairs="auto": {err}. Pass pairs=[...] to choose the pairs explicitly'
-            ) from None
-    if unverified:
-        warnings.warn(
-            f'pairs="auto" paired {unverified} from the order of the model\'s layers, which need '
-            "not be the order call() runs them in; the model's graph does not confirm them (the "
-            "second layer's input does not come from the first through activations, dropout, "
-            "pooling or a Flatten only). Pass pairs=[(first, second), ...] explicitly to confirm "
-            "them.",
-            stacklevel=4,
-        )
-
-
-def _graph_calls(model: Any) -> collections.Counter[str]:
-    """How many times the graphs of ``model`` and of the models inside it call each layer, by
-    ``id`` (Keras names a graph's nodes ``"<id(layer)>_ib-<k>"``; a layer's own list of calls
-    also holds calls from outside these graphs, e.g. the ones ``load_model`` makes while it
-    rebuilds a model). Empty without a graph (a subclassed model)."""
-    keys: set[str] = set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
-        keys |= set(getattr(graph, "_nodes", ()) or ())
-    return collections.Counter(key.partition("_ib-")[0] for key in keys)
-
-
-def _check_shared(calls: collections.Counter[str], first: Any, second: Any) -> None:
-    """Refuse an auto pair whose layers the model's graph calls a different number of times:
-    a shared layer (``s1 -> s2 -> s1``) is also somewhere else in the network, so the pair is
-    no shallow network. (A pair called together several times, as in a Siamese network, is.)"""
-    n_first, n_second = calls[str(id(first))], calls[str(id(second))]
-    if n_first != n_second:
-        shared = first if n_first > n_second else second
-        raise ValueError(
-            f'pairs="auto": the layer {shared.name!r} is shared (the model calls '
-            f"{first.name!r} {n_first} times and {second.name!r} {n_second} times), so "
-            f"({first.name!r}, {second.name!r}) is not one shallow network and its path-norm "
-            "prox would also act on the other uses of the layer. Give each call its own layer, "
-            "or pass pairs=[...] to choose the pairs explicitly."
-        )
-
-
-def _path_between(first: Any, second: Any) -> list[Any] | None:
-    """The layers through which, in the model's graph, every call of ``second`` takes the
-    output of ``first``, in the order they run: layers the seam gives a role between a pair
-    (:func:`~pathnorm_tf.layers.role_of`), the same ones for every call. None where the graph
-    does not show that (another layer, a merge, no graph: a subclassed model)."""
-    found: list[list[Any]] = []
-    for node in getattr(second, "_inbound_nodes", ()):
-        between: list[Any] = []
-        while True:
-            parents = node.parent_nodes
-            if len(parents) != 1:
-                return None
-            node = parents[0]
-            if node.operation is first:
-                break
-            if seam.role_of(node.operation) is None:
-                return None
-            between.append(node.operation)
-        found.append(between[::-1])
-    if not found or any([id(x) for x in f] != [id(x) for x in found[0]] for f in found):
-        return None
-    return found[0]
 
 
 def _needs_model(variable: Any, what: str) -> ValueError:
@@ -512,7 +388,7 @@ def _layout(
         conv, dense = owners[id(variables[i])], owners.get(id(variables[j]))
         if dense is None:
             raise _needs_model(variables[j], what)
-        between = _path_between(conv, dense)
+        between = path_between(conv, dense)
         flatten = None
         if between is not None:
             try:
@@ -537,88 +413,24 @@ def _layout(
 
 # -- the record of a resolution, for a config that must resolve the same way after reload -------
 
-Record = dict[str, Any]
-
-
-def _signature(variables: Sequence[Any], scan: _Scan) -> list[list[Any]]:
-    return [
-        [layer.rpartition("/")[2], [int(d) for d in variables[i].shape]]
-        for i, layer in scan.kernels
-    ]
-
-
-def _flat(items: Sequence[Any]) -> list[Any]:
-    """Pairs flattened (``[(a, b), (c, d)] -> [a, b, c, d]``); a list of layers as is."""
-    return [x for item in items for x in (item if isinstance(item, tuple) else (item,))]
-
 
 def record_of(
     variables: Sequence[Any], spec: Sequence[Any], resolved: Sequence[Any], model: Any = None
 ) -> Record:
-    """Which layer kernels the explicit ``spec`` resolved to, in a form that survives reload.
-
-    ``spec``: explicit pairs or layers; ``resolved``: what :func:`resolve_pairs` or
-    :func:`resolve_layers` returned for it (or their indices); ``model``: as given to them.
-    The record is ``{"names": [...], "kernels": [[layer name, shape], ...], "targets":
-    [position, ...]}``: the names (pairs flattened), every trained layer kernel in variable
-    order (a reloaded model has the same ones in the same order, the order Keras restores
-    optimizer variables by), and the position in that list of each name's kernel.
-    JSON-serializable.
-    """
+    """Which layer kernels the explicit ``spec`` resolved to, in a form that survives reload
+    (:mod:`pathnorm_tf._record`). ``spec``: explicit pairs or layers; ``resolved``: what
+    :func:`resolve_pairs` or :func:`resolve_layers` returned for it (or their indices);
+    ``model``: as given to them."""
     scan = _scan(variables, owners_of(model))
-    position = {i: p for p, (i, _) in enumerate(scan.kernels)}
     indices = [x for item in resolved for x in (item[:2] if isinstance(item, tuple) else (item,))]
-    return {
-        "names": _flat(spec),
-        "kernels": _signature(variables, scan),
-        "targets": [position[i] for i in indices],
-    }
-
-
-def _is_shape(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(d, int) and not isinstance(d, bool) for d in value
-    )
-
-
-def check_record(value: Any) -> Record | None:
-    """``value`` if it is ``None`` or a well-formed :func:`record_of` (as read from a config)."""
-    if value is None:
-        return None
-    fields = value if isinstance(value, dict) and len(value) == 3 else {}
-    names, kernels, targets = (fields.get(k) for k in ("names", "kernels", "targets"))
-    if (
-        not isinstance(names, list)
-        or not isinstance(kernels, list)
-        or not isinstance(targets, list)
-        or len(names) != len(targets)
-        or not all(isinstance(n, str) for n in names)
-        or not all(
-            isinstance(k, list) and len(k) == 2 and isinstance(k[0], str) and _is_shape(k[1])
-            for k in kernels
-        )
-        or not all(
-            isinstance(t, int) and not isinstance(t, bool) and 0 <= t < len(kernels)
-            for t in targets
-        )
-    ):
-        raise ValueError(
-            "resolved: expected what get_config writes after build, {'names': [name, ...], "
-            "'kernels': [[layer name, shape], ...], 'targets': [position per name, ...]}, "
-            f"got {value!r}; delete the entry to resolve the layer names afresh"
-        )
-    return value
+    return _record.make(spec, variables, scan.kernels, indices)
 
 
 def _from_record(
     variables: Sequence[Any], names: list[str], record: Record | None, scan: _Scan
 ) -> list[int] | None:
     """Indices for ``names`` from ``record`` if it is theirs and fits ``variables``, else None."""
-    if record is None or record["names"] != names:
-        return None
-    if record["kernels"] != _signature(variables, scan):
-        return None
-    return [scan.kernels[p][0] for p in record["targets"]]
+    return _record.lookup(record, names, variables, scan.kernels)
 
 
 def resolve_pairs(
@@ -647,10 +459,10 @@ def resolve_pairs(
         for (i, a), (j, b) in zip(kernels[0::2], kernels[1::2], strict=False):
             cell = _recurrent_between(scan, i, j)
             if cell is not None:
-                raise _not_consecutive(a, b, f"recurrent layer {cell!r}")
+                raise not_consecutive(a, b, f"recurrent layer {cell!r}")
             between = _layer_between(variables, i, j)
             if between is not None:
-                raise _not_consecutive(a, b, f"layer {between[0]!r} (it trains {between[1]})")
+                raise not_consecutive(a, b, f"layer {between[0]!r} (it trains {between[1]})")
             out.append(Pair(i, j, _layout(variables, i, j, owners, 'pairs="auto"')))
         if len(kernels) % 2:
             warnings.warn(
@@ -660,7 +472,7 @@ def resolve_pairs(
             )
         return tuple(out)
     assert not isinstance(pairs, str)
-    found = _from_record(variables, _flat(pairs), record, scan)
+    found = _from_record(variables, _record.flat(pairs), record, scan)
     seen: dict[int, str] = {}
     out = []
     for k, (a, b) in enumerate(pairs):
@@ -705,7 +517,7 @@ def resolve_layers(
         indices = [i for i, _ in scan.kernels]
         what = 'layers="auto"'
     else:
-        found = _from_record(variables, _flat(layers), record, scan)
+        found = _from_record(variables, _record.flat(layers), record, scan)
         indices = []
         for k, name in enumerate(layers):
             i = found[k] if found is not None else _find(variables, name, what, scan)
