@@ -37,12 +37,13 @@ Linear layer, the path-norm bound ``1^T |W_2| |V| 1`` equals that ``R`` (the fac
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeAlias
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from pathnorm_experiments.regularizers import REGULARIZERS, regularizer
 from pathnorm_experiments.settings import float_key
 
 __all__ = [
@@ -421,29 +422,44 @@ def product_bound(weights: Sequence[Layer]) -> float:
     return out
 
 
-def regularizer_value(weights: Sequence[Layer], regularizer: str) -> float:
-    """``g(weights)``: l1 = sum |w|, path = sum of pairwise 1-path-norms, linf/none = 0.
+def _l1(ws: Sequence[np.ndarray]) -> float:
+    return float(sum(np.abs(w.astype(np.float64)).sum() for w in ws))
+
+
+def _path(ws: Sequence[np.ndarray]) -> float:
+    if len(ws) % 2:
+        raise ValueError(f"path pairs layers: need an even number, got {len(ws)}")
+    total = 0.0
+    for w_in, w_out in zip(ws[::2], ws[1::2], strict=True):
+        n = w_in.shape[0]
+        y_norms = np.abs(w_in.astype(np.float64)).reshape(n, -1).sum(1)
+        x_norms = np.abs(_by_unit(w_out, n).astype(np.float64)).sum((0, 2))
+        total += float((x_norms * y_norms).sum())
+    return total
+
+
+#: each regularizer's ``g`` on the weights in their native layouts, float64 (None: ``g = 0``,
+#: none and the constraints, whose indicator is 0 at the feasible iterates)
+G: dict[str, Callable[[Sequence[np.ndarray]], float] | None] = {
+    "none": None,
+    "l1": _l1,
+    "path": _path,
+    "linf": None,
+}
+if tuple(G) != REGULARIZERS:  # a new row of the table needs its g here
+    raise ImportError(f"certify.G covers {tuple(G)}, the table has {REGULARIZERS}")
+
+
+def regularizer_value(weights: Sequence[Layer], name: str) -> float:
+    """``g(weights)`` of the regularizer ``name``: l1 = sum |w|, path = sum of pairwise
+    1-path-norms, linf/none = 0.
 
     ``weights`` in their own torch layout or as :class:`ConvLayer`; a convolution's weights
     count once (its channels are the units of ``R = sum_c ||x_c||_1 ||y_c||_1``).
-    ``linf`` is a constraint (its indicator is 0 at the feasible iterates the projection makes).
     """
+    g = G[regularizer(name).name]
     ws = _natives(weights)
-    if regularizer in ("none", "linf"):
-        return 0.0
-    if regularizer == "l1":
-        return float(sum(np.abs(w.astype(np.float64)).sum() for w in ws))
-    if regularizer == "path":
-        if len(ws) % 2:
-            raise ValueError(f"path pairs layers: need an even number, got {len(ws)}")
-        total = 0.0
-        for w_in, w_out in zip(ws[::2], ws[1::2], strict=True):
-            n = w_in.shape[0]
-            y_norms = np.abs(w_in.astype(np.float64)).reshape(n, -1).sum(1)
-            x_norms = np.abs(_by_unit(w_out, n).astype(np.float64)).sum((0, 2))
-            total += float((x_norms * y_norms).sum())
-        return total
-    raise ValueError(f"regularizer must be none, l1, linf or path, got {regularizer!r}")
+    return 0.0 if g is None else g(ws)
 
 
 def nonzero_fraction(weights: Sequence[Layer]) -> float:

@@ -21,6 +21,7 @@ from pathnorm_experiments.certify import (
     regularizer_value,
 )
 from pathnorm_experiments.data import Dataset
+from pathnorm_experiments.regularizers import regularizer
 from pathnorm_experiments.results import History
 from pathnorm_experiments.settings import TrainConfig, float_key
 
@@ -135,14 +136,6 @@ def _network(cfg: dict[str, Any]) -> str:
 
 LEGEND_FONTSIZE = 9  # as large as the tick labels' 10 allows beside them
 
-# what g is in the training curve's "cross-entropy + lam * g", per regularizer
-PENALTY_TEXT = {
-    "path": "g = sum of the pairs' 1-path-norms",
-    "l1": "g = sum of |w| over all weights",
-    "linf": "g = 0: linf is a constraint, ||W||_inf <= 1/lam",
-    "none": "g = 0: no regularizer",
-}
-
 
 def legend_below(ax: Any, ncol: int) -> None:
     """Give the axes a legend that :func:`place_legends` puts under its x label, where it
@@ -193,7 +186,7 @@ def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
     ends = [per_epoch * (k + 1) for k in range(len(hist["epoch_objective"]))]
     ax_loss.plot(ends, hist["epoch_objective"], "o-", ms=3, label="training set, epoch end")
     ax_loss.set_ylabel("cross-entropy + lam * g")
-    ax_loss.set_title(PENALTY_TEXT[cfg["regularizer"]], fontsize=10)
+    ax_loss.set_title(regularizer(cfg["regularizer"]).penalty_text, fontsize=10)
     ax_nz.plot(hist["iteration"], hist["nonzero_pct"], lw=1, label="raw")
     ax_nz.plot(hist["iteration"], hist["effective_nonzero_pct"], lw=1, label="on live paths")
     ax_nz.set_ylabel("% nonzero weights")

@@ -8,7 +8,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS
+from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS, regularizer
 
 __all__ = [
     "ACTIVATIONS",
@@ -93,19 +93,20 @@ class TrainConfig:
     stride: int = 2  # conv only: its stride (no padding: R is the unrolled net's path norm)
 
     def __post_init__(self) -> None:
-        if self.regularizer not in REGULARIZERS:
-            raise ValueError(f"regularizer must be one of {REGULARIZERS}, got {self.regularizer!r}")
+        row = regularizer(self.regularizer)
         if self.method not in OPTIMIZERS:
             raise ValueError(f"method must be one of {OPTIMIZERS}, got {self.method!r}")
-        if self.regularizer == "linf" and self.method != "prox":
+        if row.constraint and self.method != "prox":
             raise ValueError(
-                "linf is the hard constraint ||W||_inf <= 1/lam; it has only the projection "
+                f"{row.name} is a hard constraint of radius 1/lam; it has only the projection "
                 "form: use method='prox' (--method prox)"
             )
         if not (math.isfinite(self.lam) and self.lam >= 0):
             raise ValueError(f"lam must be a finite number >= 0, got {self.lam}")
-        if self.regularizer == "linf" and self.lam == 0:
-            raise ValueError("linf needs lam > 0 (the radius is 1/lam); use regularizer='none'")
+        if row.constraint and self.lam == 0:
+            raise ValueError(
+                f"{row.name} needs lam > 0 (the radius is 1/lam); use regularizer='none'"
+            )
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {self.lr}")
         for name in ("epochs", "batch_size", "pgd_steps", "log_every"):
@@ -126,9 +127,9 @@ class TrainConfig:
             self._check_conv()
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        if self.regularizer == "path" and len(self.hidden) % 2 != 1:
+        if row.pairs and len(self.hidden) % 2 != 1:
             raise ValueError(
-                f"the path regularizer pairs consecutive layers (the paper's multilayer "
+                f"the {row.name} regularizer pairs consecutive layers (the paper's multilayer "
                 f"extension), so it needs an even number of layers, i.e. an odd number of hidden "
                 f"layers; got hidden={self.hidden} ({len(self.hidden) + 1} layers)"
             )
