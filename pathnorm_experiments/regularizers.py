@@ -1,13 +1,14 @@
-"""The regularizers of the main job, one table: adding one means a row here, its update in the
-libraries, and its tests.
+"""The regularizers of the main job, one table: adding one means a row here, its parts in the
+three backends' tables (``engine.TORCH``: torch penalty, prox step, Lightning callback;
+``tf_backend.KERAS``: Keras penalty and optimizer; ``certify.G``: the certificates' numpy
+``g``; each refuses to import without it), its update in the libraries, and its tests.
 
 Each row holds what the experiments need to know of a regularizer: its name (the CLI's and the
 results' vocabulary), its labels and colour (the report), what ``g`` is (the training curve),
 its sweep grid of lam, and its shape: ``pairs`` (it acts on consecutive layer pairs, so it needs
 an even number of weight layers) and ``constraint`` (lam sets the radius 1/lam of a hard
-constraint, so it has only the projection form, no penalty). The backends' penalties and proximal
-steps are looked up by the name in their own modules (the torch engine, the Keras trainer, the
-certificates' numpy value). This module imports neither torch nor TensorFlow.
+constraint, so it has only the projection form, no penalty). This module imports neither torch
+nor TensorFlow.
 """
 
 from __future__ import annotations
