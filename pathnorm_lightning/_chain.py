@@ -18,6 +18,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -75,15 +76,6 @@ def by_unit(w: Tensor, n: int) -> Tensor:
     return w.reshape(w.shape[0], n, math.prod(w.shape[1:]) // n)
 
 
-def alive_units(w_in: Tensor, w_out: Tensor) -> Tensor:
-    """Per hidden unit between ``w_in`` and ``w_out``: whether its incoming weights and its
-    outgoing weights both have a nonzero (or NaN) entry."""
-    n = w_in.shape[0]
-    if w_in.numel() == 0 or w_out.numel() == 0:  # no unit, or none with weights on both sides
-        return torch.zeros(n, dtype=torch.bool, device=w_in.device)
-    return (rows(w_in).abs().amax(1) != 0) & (by_unit(w_out, n).abs().amax((0, 2)) != 0)
-
-
 def abs_sum(w: Tensor, dim: int | tuple[int, ...] | None, dtype: torch.dtype) -> Tensor:
     """``|w|`` summed over ``dim`` (all when None), in ``dtype``: float32 and float64 weights
     are summed in their own dtype (no full-size copy), half types in float32 (no overflow)."""
@@ -93,17 +85,107 @@ def abs_sum(w: Tensor, dim: int | tuple[int, ...] | None, dtype: torch.dtype) ->
     return (a.sum() if dim is None else a.sum(dim)).to(dtype)
 
 
-def counts(chain: Sequence[Tensor]) -> tuple[Tensor, int, Tensor, int]:
+def count_nonzero(w: Tensor) -> int | Tensor:
+    """The nonzero (and NaN) entries of ``w``: an int on CPU (NumPy counts several times
+    faster than ``torch.count_nonzero`` there), else a 0-d long tensor (no host sync)."""
+    if w.device.type == "cpu" and w.dtype in (torch.float32, torch.float64, torch.float16):
+        return int(np.count_nonzero(w.numpy()))
+    return torch.count_nonzero(w)
+
+
+class ChainSums:
+    """Each weight read once for all the metrics of one moment: per weight, ``|w|`` summed per
+    unit in ``dtype`` and its nonzero count, kept while the object lives (the weights must not
+    change meanwhile). One object serves the alive units, the path-norm bound and the
+    product bound of several chains that share weights."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self._grids: dict[tuple[object, ...], Tensor] = {}  # (weight key, n) -> (out, n)
+        self._rows: dict[tuple[object, ...], Tensor] = {}
+        self._nonzero: dict[tuple[object, ...], int | Tensor] = {}
+
+    def grid(self, w: Tensor, n: int) -> Tensor:
+        """``|w|`` summed per unit as ``(out, n)``: entry ``[o, i]`` over the positions or taps
+        of input unit ``i`` (``n`` the units ``w`` reads)."""
+        key = (_key(w), n)
+        sums = self._grids.get(key)
+        if sums is None:
+            if n == 0:  # reads no unit: every path through it is empty
+                sums = torch.zeros(w.shape[0], 0, dtype=self.dtype, device=w.device)
+            else:
+                sums = abs_sum(by_unit(w, n), 2, self.dtype)
+            self._grids[key] = sums
+        return sums
+
+    def row_sums(self, w: Tensor) -> Tensor:
+        """``(out,)``: the l1 norm of each row of ``rows(w)`` (each output unit's inputs), from
+        a :meth:`grid` of ``w`` when there is one."""
+        key = _key(w)
+        sums = self._rows.get(key)
+        if sums is None:
+            grids = [g for (k, _), g in self._grids.items() if k == key]
+            sums = grids[0].sum(1) if grids else abs_sum(rows(w), 1, self.dtype)
+            self._rows[key] = sums
+        return sums
+
+    def nonzero(self, w: Tensor) -> int | Tensor:
+        """:func:`count_nonzero` of ``w``, counted once."""
+        key = _key(w)
+        if key not in self._nonzero:
+            self._nonzero[key] = count_nonzero(w)
+        return self._nonzero[key]
+
+    def alive(self, w_in: Tensor, w_out: Tensor) -> Tensor:
+        """Per hidden unit between ``w_in`` and ``w_out``: whether its incoming weights and its
+        outgoing weights both have a nonzero (or NaN) entry (an l1 norm is 0 only there)."""
+        n = w_in.shape[0]
+        return (self.row_sums(w_in) != 0) & (self.grid(w_out, n).sum(0) != 0)
+
+    def path_norm(self, chain: Sequence[Tensor], reuse: int = 1) -> Tensor:
+        """``reuse * 1^T |W_L| ... |W_1| 1``: see :func:`path_norm_bound`."""
+        v = self.row_sums(chain[0])  # per unit: ||y_i||_1
+        for previous, w in itertools.pairwise(chain):
+            v = self.grid(w, previous.shape[0]) @ v
+        return v.sum() * reuse
+
+    def product(self, chain: Sequence[Tensor], reuse: int = 1) -> Tensor:
+        """``reuse * (sum |W_L|) * prod_{l<L} ||W_l||_inf``: see :func:`product_bound`."""
+        last = chain[-1]
+        total = self.grid(last, chain[-2].shape[0]) if len(chain) > 1 else self.row_sums(last)
+        value = total.sum() * reuse
+        for w in chain[:-1]:
+            sums = self.row_sums(w)
+            # a layer without units passes nothing on: its norm (the max over no rows) is 0
+            value = value * (sums.amax() if sums.numel() else sums.new_zeros(()))
+        return value
+
+
+def _key(w: Tensor) -> tuple[object, ...]:
+    """What identifies a weight's values within one :class:`ChainSums` (its memory as read)."""
+    return w.data_ptr(), w.shape, w.stride(), w.dtype, w.device
+
+
+def alive_units(w_in: Tensor, w_out: Tensor) -> Tensor:
+    """Per hidden unit between ``w_in`` and ``w_out``: whether its incoming weights and its
+    outgoing weights both have a nonzero (or NaN) entry."""
+    return ChainSums(acc_dtype(w_in)).alive(w_in, w_out)
+
+
+def counts(
+    chain: Sequence[Tensor], sums: ChainSums | None = None
+) -> tuple[Tensor, int, Tensor, int]:
     """``(zeros, entries, alive units, hidden units)`` of a checked chain; the zeros and alive
-    units are 0-d long tensors on the weights' device (no host sync)."""
-    zeros = torch.zeros((), dtype=torch.long, device=chain[0].device)
-    alive = torch.zeros_like(zeros)
-    for w in chain:
-        # count_nonzero and amax: several times faster on CPU than reducing a bool mask
-        zeros += w.numel() - torch.count_nonzero(w)
+    units are 0-d long tensors on the weights' device (no host sync off the CPU). With
+    ``sums``, the weights read there are not read again."""
+    sums = ChainSums(acc_dtype(chain[0])) if sums is None else sums
+    entries = sum(w.numel() for w in chain)
+    nonzero = sum((sums.nonzero(w) for w in chain), start=0)
+    zeros = torch.as_tensor(entries - nonzero, dtype=torch.long, device=chain[0].device)
+    alive = torch.zeros((), dtype=torch.long, device=chain[0].device)
     for w_in, w_out in itertools.pairwise(chain):
-        alive += alive_units(w_in, w_out).sum()
-    return zeros, sum(w.numel() for w in chain), alive, sum(w.shape[0] for w in chain[:-1])
+        alive = alive + sums.alive(w_in, w_out).sum()
+    return zeros, entries, alive, sum(w.shape[0] for w in chain[:-1])
 
 
 def path_norm_bound(chain: Sequence[Tensor], dtype: torch.dtype, reuse: int = 1) -> Tensor:
@@ -111,19 +193,40 @@ def path_norm_bound(chain: Sequence[Tensor], dtype: torch.dtype, reuse: int = 1)
     convolution or a Linear layer after a Flatten acts on per-unit values: ``|W_l|`` summed
     over each unit's positions or taps (an upper bound of the unrolled network's path norm at
     every position, see docs/conv_units.md); ``reuse``: the factor ``s`` of the last layer."""
-    v = abs_sum(rows(chain[0]), 1, dtype)  # per unit: ||y_i||_1
-    for w in chain[1:]:
-        n = v.shape[0]
-        v = abs_sum(by_unit(w, n), 2, dtype) @ v if n else v.new_zeros(w.shape[0])
-    return v.sum() * reuse
+    return ChainSums(dtype).path_norm(chain, reuse)
 
 
 def product_bound(chain: Sequence[Tensor], dtype: torch.dtype, reuse: int = 1) -> Tensor:
     """``reuse * (sum |W_L|) * prod_{l<L} ||W_l||_inf`` of a checked chain, accumulated in
     ``dtype`` (``||W||_inf``: the largest row l1 norm of the seam's ``in_view``)."""
-    value = abs_sum(chain[-1], None, dtype) * reuse
-    for w in chain[:-1]:
-        sums = abs_sum(rows(w), 1, dtype)
-        # a layer without units passes nothing on: its norm (the max over no rows) is 0
-        value = value * (sums.amax() if sums.numel() else sums.new_zeros(()))
-    return value
+    return ChainSums(dtype).product(chain, reuse)
+
+
+def metric_values(
+    sparsity_chains: Sequence[Sequence[Tensor]], network: Sequence[Tensor] | None, reuse: int
+) -> dict[str, float]:
+    """The metrics of a network now, as Python floats, each weight read once and one host sync
+    for all: ``sparsity`` (zeros over entries) and ``alive_units`` (when there are hidden
+    units) of the ``sparsity_chains``, ``path_norm_bound`` and ``product_bound`` of the
+    ``network`` chain (when given) with its last layer's factor ``reuse``."""
+    chains = [check_chain(chain, "metrics") for chain in sparsity_chains]
+    net = None if network is None else check_chain(network, "metrics")
+    first = next((c[0] for c in (*chains, net or []) if c), None)
+    if first is None:
+        return {"sparsity": 0.0}
+    sums = ChainSums(acc_dtype(first))
+    bounds = [] if net is None else [sums.path_norm(net, reuse), sums.product(net, reuse)]
+    zeros = torch.zeros((), dtype=torch.long, device=first.device)
+    alive, entries, units = torch.zeros_like(zeros), 0, 0
+    for chain in chains:
+        z, n, a, u = counts(chain, sums)
+        zeros, entries, alive, units = zeros + z, entries + n, alive + a, units + u
+    # float64 holds counts exactly below 2**53 (float32, MPS only: below 2**24)
+    packed = torch.stack([zeros, alive]).to(sums.dtype)
+    values = torch.cat([packed, *(b.reshape(1) for b in bounds)]).tolist()  # the one sync
+    out = {"sparsity": values[0] / max(entries, 1)}
+    if units:
+        out["alive_units"] = values[1] / units
+    if net is not None:
+        out["path_norm_bound"], out["product_bound"] = values[2], values[3]
+    return out

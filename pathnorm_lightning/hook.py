@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,17 +33,18 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from pathnorm_lightning import layers as seam
-from pathnorm_lightning._chain import acc_dtype, alive_units, check_chain, counts
-from pathnorm_lightning._chain import path_norm_bound as _path_norm_bound
-from pathnorm_lightning._chain import product_bound as _product_bound
-from pathnorm_lightning._common import (
-    NonFiniteWeightsError,
-    check_scalar,
-    finite_flag,
-    rank_zero_warn,
-    shares_memory,
+from pathnorm_lightning._chain import alive_units, metric_values
+from pathnorm_lightning._checks import (
+    DeferredCheck,
+    FiniteCheck,
+    StepError,
+    SyncCheck,
+    non_finite,
 )
-from pathnorm_lightning.functional import planned_prox, prox_path_norm_
+from pathnorm_lightning._common import NonFiniteWeightsError, check_scalar, rank_zero_warn
+from pathnorm_lightning._plan import Guard, Plan, Planned, no_grad, overlap
+from pathnorm_lightning._target import StepTarget, UnitViews, pair_target
+from pathnorm_lightning.functional import prox_path_norm_
 from pathnorm_lightning.pairing import (
     ForwardCheck,
     LayerPair,
@@ -63,207 +62,13 @@ __all__ = [
     "SyncCheck",
     "UnitViews",
     "attach",
+    "forward_check",
+    "pair_target",
+    "prox_pair",
 ]
-
-
-@dataclass(frozen=True)
-class UnitViews:
-    """A target's weights as the layer seam's unit matrices (:mod:`pathnorm_lightning.layers`),
-    built when the hook plans, not at every step.
-
-    For a pair, ``(in_view, out_view)``: ``(n, m')``, row ``i`` unit ``i``'s incoming weights,
-    and ``(p', n)``, column ``i`` its outgoing weights; for one layer, ``(in_view,)``. Where a
-    matrix is a view of the weight (a Linear weight, a contiguous convolution's incoming
-    weights) it is kept in :attr:`cached` and the prox writes through it; where the layout
-    needs a copy (a convolution's outgoing weights, a Linear layer after a Flatten, a
-    channels-last weight) :attr:`cached` holds None, and :meth:`matrices` copies the weight at
-    each step and :meth:`write_back` writes the result into it.
-    """
-
-    entries: tuple[seam.LayerEntry, ...]
-    n_units: int
-    flatten: int | None
-    cached: tuple[Tensor | None, ...] = dataclasses.field(repr=False)
-    #: For a pair whose matrices are both views: the planned in-place prox of them
-    #: (:func:`pathnorm_lightning.functional.planned_prox`), checked once, here.
-    prox: Callable[[float, bool], bool] | None = dataclasses.field(
-        default=None, repr=False, compare=False
-    )
-
-    @classmethod
-    def plan(cls, modules: Sequence[nn.Module], weights: Sequence[Tensor]) -> UnitViews:
-        """The views of one layer (``modules`` of one) or of a pair, from their weights now."""
-        entries = tuple(seam.entry_of(m) for m in modules)
-        n_units = entries[0].units_out(modules[0])
-        flatten = seam.flatten_positions(*modules) if len(modules) == 2 else None
-        views = cls(entries, n_units, flatten, (None,) * len(modules))
-        fresh = views.matrices(weights)
-        cached = tuple(m if _is_view(m, w) else None for m, w in zip(fresh, weights, strict=True))
-        prox = None
-        if len(cached) == 2 and cached[0] is not None and cached[1] is not None:
-            prox = planned_prox(cached[0], cached[1])
-        return cls(entries, n_units, flatten, cached, prox)
-
-    def matrices(self, weights: Sequence[Tensor]) -> tuple[Tensor, ...]:
-        """The unit matrices of ``weights``: the cached views, or copies made now."""
-        made = []
-        for index, (cached, weight) in enumerate(zip(self.cached, weights, strict=True)):
-            if cached is not None:
-                made.append(cached)
-            elif index == 0:
-                made.append(self.entries[0].in_view(weight.detach()))
-            else:
-                made.append(self.entries[1].out_view(weight.detach(), self.n_units, self.flatten))
-        return tuple(made)
-
-    def write_back(self, weights: Sequence[Tensor], matrices: Sequence[Tensor]) -> None:
-        """Write the matrices that are copies into their weights, in place."""
-        for index, (cached, weight, matrix) in enumerate(
-            zip(self.cached, weights, matrices, strict=True)
-        ):
-            if cached is not None:
-                continue  # written through the view
-            if index == 0:
-                self.entries[0].write_in(weight, matrix)
-            else:
-                self.entries[1].write_out(weight, matrix, self.flatten)
-
-
-def _is_view(matrix: Tensor, weight: Tensor) -> bool:
-    """Whether ``matrix`` is ``weight``'s memory (writes to it are writes to the weight)."""
-    return matrix.untyped_storage().data_ptr() == weight.untyped_storage().data_ptr()
-
-
-@dataclass
-class StepTarget:
-    """What one update acts on: a layer or a pair (its weights, in forward order) and a display
-    name used in error messages.
-
-    ``layers`` names the modules the weights belong to, as ``(name, module)``: the hook then
-    follows them, reading each module's ``weight`` parameter at every step (a weight replaced
-    or parametrized during training is seen at the next step); without ``layers`` the
-    ``weights`` are taken as given. With ``unit_views`` (and ``layers``) the hook also plans
-    the seam's :class:`UnitViews` of the layers into ``views``, whenever it re-plans.
-    """
-
-    name: str
-    weights: tuple[Tensor, ...]
-    layers: tuple[tuple[str, nn.Module], ...] = ()
-    unit_views: bool = False
-    views: UnitViews | None = None
-
-
-class FiniteCheck:
-    """How an update checks that its weights are finite; this base class checks nothing.
-
-    An update calls the check on its target (:meth:`__call__`) unless it checks by itself
-    when :attr:`synchronous` is set (the prox's own ``check_finite``, free in the CPU kernel).
-    """
-
-    #: Whether a check at this step, waiting for the device, is wanted.
-    synchronous = False
-
-    def __call__(self, target: StepTarget) -> None:
-        """Check ``target``'s weights (or queue a check of them)."""
-
-    def collect(self, keep: int | None = None) -> None:
-        """Raise on a failed check that has completed (deferred checks only)."""
-
-
-class SyncCheck(FiniteCheck):
-    """Checks at this step, with one host sync (CPU, where that costs nothing)."""
-
-    synchronous = True
-
-    def __call__(self, target: StepTarget) -> None:
-        flag = finite_flag(target.weights)
-        if flag is not None and not bool(flag):
-            raise NonFiniteWeightsError(target.name)
-
-
-#: What to do when a deferred flag turns out False: ``(step, target name) -> None``.
-OnFalse = Callable[[int, str], None]
-
-
-class DeferredCheck(FiniteCheck):
-    """Checks without stalling the GPU: an on-device flag per step is copied asynchronously
-    into a pinned host slot and read when it has arrived (a few steps later at most; every
-    pending flag is read by :meth:`collect` with ``keep=0``). The same queue carries other
-    on-device flags (:meth:`push`), e.g. whether a pair has a hidden unit left.
-
-    Args:
-        owner: the name errors start with.
-        step: returns the number of the step being checked.
-    """
-
-    def __init__(self, owner: str, step: Callable[[], int]) -> None:
-        self.owner = owner
-        self.step = step
-        self.pending: deque[tuple[int, str, int, OnFalse]] = deque()  # (step, name, slot, ...)
-        self.flags: Tensor | None = None
-        self.events: list[torch.cuda.Event] = []
-        self.next_slot = 0
-
-    def __call__(self, target: StepTarget) -> None:
-        flag = finite_flag(target.weights)
-        if flag is not None:
-            self.push(flag, target.name, self._non_finite)
-
-    def push(self, flag: Tensor, name: str, on_false: OnFalse) -> None:
-        """Queue the on-device 0-d bool ``flag``; ``on_false(step, name)`` runs if it is False."""
-        if self.flags is None:  # allocated once: pinned slots, and an event per slot
-            self.flags = torch.ones(_MAX_PENDING, dtype=torch.bool, pin_memory=True)
-            self.events = [torch.cuda.Event() for _ in range(_MAX_PENDING)]
-        self.collect(keep=_MAX_PENDING - 1)  # the slot must be free (rarely waits)
-        slot = self.next_slot
-        self.next_slot = (slot + 1) % _MAX_PENDING
-        self.flags[slot].copy_(flag, non_blocking=True)
-        self.events[slot].record(torch.cuda.current_stream(flag.device))
-        self.pending.append((self.step(), name, slot, on_false))
-
-    def collect(self, keep: int | None = None) -> None:
-        """Read the flags that have arrived; with ``keep``, wait until at most ``keep`` remain."""
-        while self.pending:
-            step, name, slot, on_false = self.pending[0]
-            if keep is None or len(self.pending) <= keep:
-                if not self.events[slot].query():
-                    return
-            else:
-                self.events[slot].synchronize()
-            self.pending.popleft()
-            assert self.flags is not None
-            if not bool(self.flags[slot]):
-                on_false(step, name)
-
-    def _non_finite(self, step: int, name: str) -> None:
-        self.pending.clear()
-        raise _non_finite(self.owner, name, step)
-
-
-_MAX_PENDING = 64  # CUDA flags in flight before a step waits for the oldest
 
 #: An update: ``(target, lr, check) -> None``, in place on ``target.weights``.
 Update = Callable[[StepTarget, float, FiniteCheck], None]
-
-
-@dataclass
-class _Planned:
-    target: StepTarget
-    groups: tuple[int, ...]  # param-group index of every weight, in the owning optimizer
-    lr_group: int | None = None  # the one group of all the weights (None: several)
-    check: FiniteCheck | None = None  # the finiteness check, chosen at plan time
-
-
-#: What the plan's validity is checked against at every step, in O(groups + targets): per
-#: optimizer its ``param_groups`` list, its length and each group's ``params`` list and length
-#: (held, so that their ids are never reused), the position of every planned weight in its
-#: group's list, and every target's weights (identity, storage, trainability).
-_Guard = tuple[
-    tuple[tuple[list[Any], int, tuple[tuple[list[Any], int], ...]], ...],
-    tuple[tuple[list[Any], int, Tensor], ...],
-    tuple[tuple[Any, ...], ...],
-]
-
 
 #: Every hook registered on an optimizer (for the check that no weight is regularized twice
 #: per step by two hooks).
@@ -350,13 +155,13 @@ class StepHook:
             "sync": SyncCheck(),
             "deferred": DeferredCheck(owner, lambda: self.num_steps + 1),
         }
-        self._guard: _Guard | None = None
+        self._guard: Guard | None = None
         self._check_finite = check_finite
         self.watch_units = watch_units
         self._steps_here = 0  # steps acted on by this hook (the unit-watch schedule)
         self._warned: set[tuple[str, str]] = set()  # (what, target name): warned once
         self._forward_check = forward_check
-        self._plan: dict[int, list[_Planned]] = {}
+        self._plan: Plan = {}
         try:
             self._replan()  # every refusal comes before a hook is registered
         except BaseException:
@@ -400,21 +205,12 @@ class StepHook:
         """The current metric values as Python floats: ``sparsity`` and ``alive_units`` of the
         regularized weights, ``path_norm_bound`` and ``product_bound`` of the network (when its
         layers form a chain; a network ending in a convolution, once a forward pass showed the
-        positions that convolution reads). Read from the weights now (a host sync on CUDA)."""
-        zeros = entries = alive = units = 0
-        for chain in self.sparsity_chains:
-            z, n, a, u = counts(check_chain([_weight_of(w) for w in chain], "metrics"))
-            zeros, entries, alive, units = zeros + int(z), entries + n, alive + int(a), units + u
-        values = {"sparsity": zeros / max(entries, 1)}
-        if units:
-            values["alive_units"] = alive / units
+        positions that convolution reads). Read from the weights now, each once (one host sync on
+        CUDA)."""
         reuse = self.reuse()
-        if self.chain is not None and reuse is not None:
-            weights = check_chain([_weight_of(layer) for layer in self.chain], "metrics")
-            dtype = acc_dtype(weights[0])
-            values["path_norm_bound"] = float(_path_norm_bound(weights, dtype, reuse))
-            values["product_bound"] = float(_product_bound(weights, dtype, reuse))
-        return values
+        network = None if reuse is None else [_weight_of(layer) for layer in self.chain or ()]
+        chains = [[_weight_of(w) for w in chain] for chain in self.sparsity_chains]
+        return metric_values(chains, network, reuse or 1)
 
     def reuse(self) -> int | None:
         """The factor ``s`` of the chain's last layer (docs/conv_units.md): 1 for a Linear
@@ -449,7 +245,7 @@ class StepHook:
         acted = False
         for item in planned:
             target = item.target
-            if _no_grad(target.weights):
+            if no_grad(target.weights):
                 continue  # no gradient reached these weights: this step did not change them
             lr = (
                 _as_float(optimizer.param_groups[item.lr_group]["lr"])
@@ -459,10 +255,10 @@ class StepHook:
             finite = item.check if item.check is not None else self._check_for(target)
             try:
                 self.update(target, lr, finite)
-            except _StepError:  # already names its step (a deferred check that came back)
+            except StepError:  # already names its step (a deferred check that came back)
                 raise
             except NonFiniteWeightsError:  # the update's own check: name the target
-                raise _non_finite(self.owner, target.name) from None
+                raise non_finite(self.owner, target.name) from None
             acted = True
             if watch and len(target.weights) == 2:
                 self._watch_units(target, deferred)  # type: ignore[arg-type]
@@ -476,7 +272,7 @@ class StepHook:
         cuda = target.weights[0].device.type == "cuda"
         return self._checks["deferred" if cuda else "sync"]
 
-    def _step_size(self, optimizer: torch.optim.Optimizer, item: _Planned) -> float:
+    def _step_size(self, optimizer: torch.optim.Optimizer, item: Planned) -> float:
         lrs = [_as_float(optimizer.param_groups[g]["lr"]) for g in item.groups]
         if any(lr != lrs[0] for lr in lrs[1:]):
             raise ValueError(
@@ -520,44 +316,11 @@ class StepHook:
     def _replan(self) -> None:
         """Rebuild the plan when the optimizers' parameter groups or the targets' weights
         changed (identity, storage, requires_grad); a cached plan otherwise. The test costs
-        O(groups + targets), whatever the number of parameters (see :data:`_Guard`)."""
-        if self._guard is None or not self._guard_holds(self._guard):
+        O(groups + targets), whatever the number of parameters (see :class:`~pathnorm_lightning._plan.Guard`)."""
+        if self._guard is None or not self._guard.holds(self.optimizers, self.targets):
             self._guard = None
             self._plan = self._build_plan()
-            self._guard = self._make_guard()
-
-    def _make_guard(self) -> _Guard:
-        groups = tuple(
-            (
-                o.param_groups,
-                len(o.param_groups),
-                tuple((g["params"], len(g["params"])) for g in o.param_groups),
-            )
-            for o in self.optimizers
-        )
-        placed = []
-        for optimizer in self.optimizers:
-            for item in self._plan.get(id(optimizer), []):
-                for weight, g in zip(item.target.weights, item.groups, strict=True):
-                    params = optimizer.param_groups[g]["params"]
-                    index = next(i for i, p in enumerate(params) if p is weight)
-                    placed.append((params, index, weight))
-        return groups, tuple(placed), tuple(_weight_state(t) for t in self.targets)
-
-    def _guard_holds(self, guard: _Guard) -> bool:
-        groups, placed, states = guard
-        for optimizer, (param_groups, n_groups, lists) in zip(self.optimizers, groups, strict=True):
-            now = optimizer.param_groups
-            if now is not param_groups or len(now) != n_groups:
-                return False
-            for group, (params, n_params) in zip(now, lists, strict=True):
-                found = group["params"]
-                if found is not params or len(found) != n_params:
-                    return False
-        for params, index, weight in placed:
-            if params[index] is not weight:
-                return False
-        return all(_weight_state(t) == state for t, state in zip(self.targets, states, strict=True))
+            self._guard = Guard.of(self.optimizers, self._plan, self.targets)
 
     def _current(self, target: StepTarget) -> StepTarget:
         """``target`` with the weights its modules hold now (a clear error for a computed one)."""
@@ -575,13 +338,13 @@ class StepHook:
                 raise ValueError(f"{self.owner}: {target.name}: {err}") from None
         return dataclasses.replace(target, weights=weights, views=views)
 
-    def _build_plan(self) -> dict[int, list[_Planned]]:
+    def _build_plan(self) -> Plan:
         owner_of: dict[int, tuple[int, int]] = {}  # id(param) -> (optimizer index, group index)
         for opt_index, optimizer in enumerate(self.optimizers):
             for group_index, group in enumerate(optimizer.param_groups):
                 for param in group["params"]:
                     owner_of.setdefault(id(param), (opt_index, group_index))
-        plan: dict[int, list[_Planned]] = {}
+        plan: Plan = {}
         for target in map(self._current, self.targets):
             owners = [owner_of.get(id(w)) for w in target.weights]
             if any(
@@ -615,18 +378,18 @@ class StepHook:
             groups = tuple(g for _, g in owners)  # type: ignore[misc]
             optimizer = self.optimizers[opt_indices[0]]
             lr_group = groups[0] if all(g == groups[0] for g in groups) else None
-            planned = _Planned(target, groups, lr_group, self._check_for(target))
+            planned = Planned(target, groups, lr_group, self._check_for(target))
             plan.setdefault(id(optimizer), []).append(planned)
         self._check_once_per_step(plan)
         return plan
 
-    def _check_once_per_step(self, plan: dict[int, list[_Planned]]) -> None:
+    def _check_once_per_step(self, plan: Plan) -> None:
         """Refuse a weight that two targets share (tied, by storage) or that another live hook
         with the same penalty regularizes after the same optimizer's steps."""
         mine = [item.target for items in plan.values() for item in items]
         for index, a in enumerate(mine):
             for b in mine[index + 1 :]:
-                if _overlap(a, b):
+                if overlap(a, b):
                     raise ValueError(
                         f"{self.owner}: {a.name} and {b.name} share a weight (tied weights: one "
                         "tensor or storage in both), so its prox would run twice per step. "
@@ -641,7 +404,7 @@ class StepHook:
                     continue
                 for a in (i.target for i in plan.get(id(optimizer), [])):
                     for b in theirs:
-                        if _overlap(a, b):
+                        if overlap(a, b):
                             raise ValueError(
                                 f"{self.owner}: {a.name} is already regularized after every "
                                 f"step of this optimizer by another hook ({other.owner}, "
@@ -649,30 +412,6 @@ class StepHook:
                                 "other hook first (its .remove() for attach), or give the two "
                                 "hooks disjoint pairs."
                             )
-
-
-def _weight_state(target: StepTarget) -> tuple[Any, ...]:
-    """What a plan depends on in ``target``: its weights' identity, storage and trainability
-    (for a followed target, read from its modules now)."""
-    weights: list[Tensor | None] = (
-        [module._parameters.get("weight") for _, module in target.layers]
-        if target.layers
-        else list(target.weights)
-    )
-    return tuple(
-        (id(w), w.data_ptr(), w.requires_grad) if isinstance(w, Tensor) else None for w in weights
-    )
-
-
-def _no_grad(weights: tuple[Tensor, ...]) -> bool:
-    """Whether no gradient reached any of ``weights`` (a layer's one or a pair's two)."""
-    if len(weights) == 2:
-        return weights[0].grad is None and weights[1].grad is None
-    return all(w.grad is None for w in weights)
-
-
-def _overlap(a: StepTarget, b: StepTarget) -> bool:
-    return any(shares_memory(x, y) for x in a.weights for y in b.weights)
 
 
 def _watch_due(step: int) -> bool:
@@ -747,54 +486,27 @@ def forward_check(pairs: Sequence[LayerPair]) -> ForwardCheck | None:
     return ForwardCheck(pairs) if any(not p.verified for p in pairs) else None
 
 
-def pair_target(
-    first_name: str, second_name: str, first: nn.Module, second: nn.Module
-) -> StepTarget:
-    """The :class:`StepTarget` of a layer pair (followed: its modules' weights at each step,
-    seen through the seam's :class:`UnitViews`)."""
-    return StepTarget(
-        f"pair ({first_name!r}, {second_name!r})",
-        (weight_parameter(first_name, first), weight_parameter(second_name, second)),
-        ((first_name, first), (second_name, second)),
-        unit_views=True,
-    )
-
-
 def prox_pair(target: StepTarget, step: float, check: FiniteCheck) -> None:
     """The path-norm prox of a pair target in place, with the finiteness ``check``: the prox's
-    own (free in the CPU kernel) when a synchronous check is wanted, else ``check``. Runs on
-    the target's planned unit views (writing back those that are copies), or on its weights
-    as given (2-D matrices) when it has none."""
+    own (free in the CPU kernel, before anything is written) when a synchronous check is
+    wanted, else ``check``. Runs on the target's planned unit views (copying the weights into
+    the planned buffers first and writing those back after), or on its weights as given (2-D
+    matrices) when it has none."""
     if not check.synchronous:
         check(target)
     views = target.views
-    if views is not None and views.prox is not None and views.prox(step, check.synchronous):
-        return  # the planned prox (checked when planned) on the views of the weights
     if views is None:
         w_in, w_out = target.weights
         prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)
         return
-    w_in, w_out = views.matrices(target.weights)
-    prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)
+    if not views.copies and views.prox is not None and views.prox(step, check.synchronous):
+        return  # the planned prox (checked when planned) wrote through the views
+    w_in, w_out = views.matrices(target.weights)  # the weights copied into the buffers
+    # the planned prox on the buffers (a non-finite weight raises before any write-back)
+    planned = views.copies and views.prox is not None and views.prox(step, check.synchronous)
+    if not planned:
+        prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)
     views.write_back(target.weights, (w_in, w_out))
-
-
-class _StepError(NonFiniteWeightsError):
-    """Non-finite weights, reported by the hook with the target and the step."""
-
-
-def _non_finite(owner: str, name: str, step: int | None = None) -> NonFiniteWeightsError:
-    when = "the optimizer step" if step is None else f"optimizer step {step}"
-    late = (
-        ""
-        if step is None
-        else " (on CUDA the check reads its flag when it has reached the host, without "
-        "stalling the GPU, so training may have gone on for a few steps)"
-    )
-    return _StepError(
-        f"{owner}: the weights of {name} contain NaN or inf after {when}{late}; check the "
-        "learning rate and the loss for divergence. The prox of non-finite weights is undefined."
-    )
 
 
 def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:

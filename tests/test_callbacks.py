@@ -29,6 +29,7 @@ from pathnorm_lightning import (
     L1Prox,
     LayerwiseLinfProjection,
     PathNormProx,
+    StepHook,
     attach,
     path_norm,
     product_bound,
@@ -539,14 +540,20 @@ def test_layerwise_linf_projection_bounds_every_row() -> None:
 
 
 @pytest.mark.parametrize("prog_bar", [True, False])
-def test_logged_metrics_equal_direct_computation(tmp_path: Path, prog_bar: bool) -> None:
+def test_logged_metrics_equal_direct_computation(
+    tmp_path: Path, prog_bar: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch.manual_seed(0)
     model = MLP()
     cb = PathNormProx(lam=0.3, prog_bar=prog_bar)
     tr = trainer(
         max_epochs=1, callbacks=[cb], logger=CSVLogger(tmp_path, name="run"), log_every_n_steps=2
     )
+    computed = []
+    metrics = StepHook.metrics
+    monkeypatch.setattr(StepHook, "metrics", lambda self: computed.append(1) or metrics(self))
     tr.fit(model, loader(make_data()))
+    assert len(computed) == 3  # only at the steps logged, never between them
     w_in, w_out = model.net[0].weight.detach(), model.net[2].weight.detach()
     expected = {
         "pathnorm/sparsity": float(

@@ -13,8 +13,12 @@ from torch import nn
 
 import pathnorm_lightning
 from pathnorm_lightning import (
+    PathNormBound,
     PathNormProx,
+    ProductBound,
+    Sparsity,
     StepHook,
+    _chain,
     attach,
     path_norm,
     product_bound,
@@ -277,3 +281,95 @@ def test_the_planned_prox_equals_the_facade_and_refuses_non_finite_weights() -> 
     with pytest.raises(pathnorm_lightning.NonFiniteWeightsError, match="w_out"):
         views.prox(0.03, True)
     assert torch.equal(w_in.detach(), before[0]) and torch.equal(w_out.detach(), before[1])
+
+
+def _conv_pair(seed: int) -> nn.Sequential:
+    """Conv1d(3, 4, 3) -> ReLU -> Conv1d(4, 2, 2): its outgoing view (4 x 2 taps, 4 units) is
+    a copy, shorter than the incoming side (3 x 3 taps), so the planned prox applies."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv1d(3, 4, 3), nn.ReLU(), nn.Conv1d(4, 2, 2)).double()
+
+
+def _conv_step(model: nn.Sequential, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    optimizer.zero_grad()
+    x = torch.randn(5, 3, 9, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    model(x).sum().backward()
+    optimizer.step()
+
+
+def test_a_conv_pair_with_a_copied_view_takes_the_planned_prox_bit_for_bit() -> None:
+    model, twin = _conv_pair(6), _conv_pair(6)
+    handles = []
+    for net in (model, twin):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.05)
+        handles.append((attach(optimizer, net, lam=1.0), optimizer))
+    views = handles[0][0]._plan[id(handles[0][1])][0].target.views
+    assert views is not None and views.copies and views.prox is not None  # planned, on a copy
+    assert views.cached[1] is None and views.buffers[1] is not None
+    twin_views = handles[1][0]._plan[id(handles[1][1])][0].target.views
+    assert twin_views is not None
+    object.__setattr__(twin_views, "prox", None)  # the twin: the per-call facade
+    planned, calls = views.prox, []
+
+    def counted(step: float, check: bool) -> bool:
+        calls.append(step)
+        return planned(step, check)
+
+    object.__setattr__(views, "prox", counted)
+    for step in range(4):
+        for net, (_, optimizer) in zip((model, twin), handles, strict=True):
+            _conv_step(net, optimizer, step)
+    for p, q in zip(model.parameters(), twin.parameters(), strict=True):
+        assert torch.equal(p, q)  # the same prox, to the bit
+    assert (model[0].weight == 0).any() and handles[0][0].num_steps == 4
+    assert calls == [0.05] * 4  # every step on the planned path (lam * lr)
+    assert 0 < handles[0][0].metrics()["alive_units"] < 1  # units died, some live
+    handle, optimizer = handles[0]
+    with torch.no_grad():
+        model[2].weight[1, 0, 1] = math.nan  # the outgoing side, read through the buffer
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # an SGD step that leaves the weights as they are
+    before = [p.detach().clone() for p in (model[0].weight, model[2].weight)]
+    with pytest.raises(pathnorm_lightning.NonFiniteWeightsError, match=r"pair \('0', '2'\)"):
+        optimizer.step()
+    for w, old in zip((model[0].weight, model[2].weight), before, strict=True):
+        assert torch.equal(w.detach().nan_to_num(7.0), old.nan_to_num(7.0))  # nothing written
+    assert handle.num_steps == 4
+    for handle, _ in handles:
+        handle.remove()
+
+
+def test_metrics_read_each_weight_once_and_equal_the_metric_classes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    torch.manual_seed(7)
+    model = MLP(sizes=(20, 16, 12, 8, 4))  # pairs (0, 1) and (2, 3) of a 4-layer chain
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.05)
+    _plain_loop(model, optimizer)
+    sums, nonzero = [], []
+    abs_sum, count_nonzero = _chain.abs_sum, _chain.count_nonzero
+    monkeypatch.setattr(
+        _chain, "abs_sum", lambda w, dim, dtype: sums.append(w.data_ptr()) or abs_sum(w, dim, dtype)
+    )
+    monkeypatch.setattr(
+        _chain, "count_nonzero", lambda w: nonzero.append(w.data_ptr()) or count_nonzero(w)
+    )
+    values = handle.metrics()
+    weights = [layer.weight.detach() for layer in linears(model)]
+    pointers = sorted(w.data_ptr() for w in weights)
+    assert sorted(sums) == pointers and sorted(nonzero) == pointers  # each weight read once
+    monkeypatch.undo()
+    sparsity, bound, product = Sparsity(), PathNormBound(), ProductBound()
+    for metric in (bound, product):
+        metric.update(weights)
+    sparsity.update(weights[:2])  # the hook counts the alive units within its pairs
+    sparsity.update(weights[2:])
+    expected = {
+        "sparsity": float(sparsity.compute()["sparsity"]),
+        "alive_units": float(sparsity.compute()["alive_units"]),
+        "path_norm_bound": float(bound.compute()),
+        "product_bound": float(product.compute()),
+    }
+    assert values == pytest.approx(expected, rel=1e-6)  # float32 weights, summed in order
+    assert 0 < values["sparsity"] < 1 and values["path_norm_bound"] < values["product_bound"]
