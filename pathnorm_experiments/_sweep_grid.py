@@ -19,16 +19,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pathnorm_experiments.data import Dataset
-from pathnorm_experiments.runs import (
-    COLUMNS,
-    EPS,
-    OPTIMIZERS,
-    PROTOCOL_COLUMNS,
-    REGULARIZERS,
-    join_key,
-)
-from pathnorm_experiments.settings import float_key
+from pathnorm_experiments.data import FULL_TRAIN, Dataset
+from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS, TABLE
+from pathnorm_experiments.runs import COLUMNS, PROTOCOL_COLUMNS, join_key
+from pathnorm_experiments.settings import SWEEP_EPS, float_key
 
 __all__ = [
     "Group",
@@ -47,24 +41,10 @@ __all__ = [
     "stratified_indices",
 ]
 
-# lam grids: from "no effect" (1e-5) to where clean error collapses (MNIST, 3 epochs at lr 0.2:
-# path 3e-3 30%, 4e-3 72%; l1 7e-3 15%, 1e-2 89%; linf 1 (radius 1) 38%), densest where clean
-# error climbs; linf lam = 1 / radius
-# fmt: off
-LAMS: dict[str, tuple[float, ...]] = {
-    "none": (0.0,),
-    "l1": (1e-5, 3e-5, 6e-5, 8e-5, 1e-4, 1.5e-4, 2e-4, 3e-4, 6e-4, 1e-3, 1.5e-3, 2e-3, 3e-3,
-           5e-3, 7e-3, 1e-2),
-    "path": (1e-5, 3e-5, 4e-5, 6e-5, 1e-4, 1.2e-4, 1.35e-4, 1.5e-4, 2e-4, 3e-4, 6e-4, 8e-4,
-             1e-3, 1.5e-3, 2e-3, 2.5e-3, 3e-3, 4e-3),
-    "linf": (0.02, 0.03, 0.04, 0.045, 0.0475, 0.05, 0.07, 0.1, 0.12, 0.15, 0.18, 0.2, 0.3, 0.5,
-             0.7, 1.0),
-}
-# fmt: on
+LAMS = {name: r.lams for name, r in TABLE.items()}  # the table's grids
 LRS = (0.05, 0.1, 0.2, 0.5)
 SEEDS = (0, 1, 2)
-FULL_TRAIN = 60000  # the published training-set size the validation share refers to
-VAL_SIZE = 5000
+VAL_SIZE = 5000  # validation images per FULL_TRAIN (a published training set) images
 VAL_SEED = 20190  # the validation split and the evaluation sample: one fixed draw each
 EVAL_SEED = 20191
 
@@ -89,7 +69,7 @@ class SweepConfig:
     epochs: int = 20
     batch_size: int = 100
     hidden: int = 200
-    eps: tuple[float, ...] = EPS
+    eps: tuple[float, ...] = SWEEP_EPS
     pgd_steps: int = 40
     strong_restarts: int = 2
     eval_samples: int | None = 2000
@@ -125,9 +105,9 @@ class SweepConfig:
             raise ValueError(f"strong_restarts must be >= 0, got {self.strong_restarts}")
         if self.eval_samples is not None and self.eval_samples < 1:
             raise ValueError(f"eval_samples must be >= 1 or None, got {self.eval_samples}")
-        if tuple(self.eps) != EPS:
+        if tuple(self.eps) != SWEEP_EPS:
             # the CSV's columns are fixed; other radii belong in another file format
-            raise ValueError(f"eps must be the CSV's radii {EPS}, got {self.eps}")
+            raise ValueError(f"eps must be the CSV's radii {SWEEP_EPS}, got {self.eps}")
 
 
 @dataclass(frozen=True)
@@ -146,28 +126,19 @@ class RunSpec:
     @property
     def key(self) -> str:
         """The run key: the CSV's key columns, as written there."""
-        return join_key(
-            self.dataset,
-            self.regularizer,
-            self.optimizer,
-            float_key(self.lam),
-            float_key(self.lr),
-            str(self.seed),
-            str(self.epochs),
-            str(self.n_train),
-        )
+        head, tail = self._parts()
+        return join_key(*head, float_key(self.lr), str(self.seed), *tail)
 
     @property
     def group_key(self) -> str:
         """The key of the lr-selection group (the run key without lr and seed)."""
-        return join_key(
-            self.dataset,
-            self.regularizer,
-            self.optimizer,
-            float_key(self.lam),
-            str(self.epochs),
-            str(self.n_train),
-        )
+        head, tail = self._parts()
+        return join_key(*head, *tail)
+
+    def _parts(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The key's columns before lr and after seed."""
+        head = (self.dataset, self.regularizer, self.optimizer, float_key(self.lam))
+        return head, (str(self.epochs), str(self.n_train))
 
 
 @dataclass(frozen=True)
@@ -186,16 +157,8 @@ class Group:
 
     def run(self, lr: float, seed: int) -> RunSpec:
         """The run of this group at ``lr`` and ``seed``."""
-        return RunSpec(
-            self.dataset,
-            self.regularizer,
-            self.optimizer,
-            self.lam,
-            lr,
-            seed,
-            self.epochs,
-            self.n_train,
-        )
+        g = self
+        return RunSpec(g.dataset, g.regularizer, g.optimizer, g.lam, lr, seed, g.epochs, g.n_train)
 
     @property
     def key(self) -> str:
@@ -252,17 +215,8 @@ def build_groups(cfg: SweepConfig, n_train: Mapping[str, int]) -> list[Group]:
             continue
 
         def group(reg: str, opt: str, lam: float, ds: str = ds) -> Group:
-            return Group(
-                ds,
-                reg,
-                opt,
-                float(lam),
-                cfg.epochs,
-                n_train[ds],
-                tuple(cfg.lrs),
-                tuple(cfg.seeds),
-                tuple(cfg.select_seeds),
-            )
+            grid = (tuple(cfg.lrs), tuple(cfg.seeds), tuple(cfg.select_seeds))
+            return Group(ds, reg, opt, float(lam), cfg.epochs, n_train[ds], *grid)
 
         if "none" in cfg.regularizers:
             groups += [group("none", "prox", lam) for lam in cfg.lams["none"]]

@@ -42,9 +42,13 @@ from pathnorm_experiments._data_files import (
 
 __all__ = [
     "DATASETS",
+    "DATASET_LABELS",
+    "DATASET_NAMES",
+    "FULL_TRAIN",
     "IMAGE_MAGIC",
     "LABEL_MAGIC",
     "N_CLASSES",
+    "PAPER_DATASETS",
     "DataError",
     "Dataset",
     "default_data_dir",
@@ -83,151 +87,90 @@ class DatasetSpec:
     partial_train_images: FileSpec | None = None
 
 
-def _f(name: str, count: int, sha: str | None, kind: str) -> FileSpec:
-    return FileSpec(name, count, sha, kind)
+FULL_TRAIN = 60000  # training images of MNIST, Fashion-MNIST and KMNIST as published
+_SPLITS = (("train_images", FULL_TRAIN), ("train_labels", FULL_TRAIN), ("test_images", 10000),
+           ("test_labels", 10000))  # fmt: skip
+_IDX = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz")  # fmt: skip
+_NPZ = ("kmnist-train-imgs.npz", "kmnist-train-labels.npz", "kmnist-test-imgs.npz",
+        "kmnist-test-labels.npz")  # fmt: skip
+
+
+def _spec(
+    name: str,
+    url: str,
+    license: str,
+    *files: tuple[tuple[str, ...], tuple[str | None, ...]],
+    partial: FileSpec | None = None,
+) -> DatasetSpec:
+    """A dataset's spec from its files: (names, SHA-256s) of the four splits, one pair per
+    alternative format, the first found wins."""
+    tr_img, tr_lab, te_img, te_lab = (
+        tuple(FileSpec(names[k], count, shas[k], split.split("_")[1]) for names, shas in files)
+        for k, (split, count) in enumerate(_SPLITS)
+    )
+    return DatasetSpec(name, name, url, license, tr_img, tr_lab, te_img, te_lab, partial)
 
 
 # SHA-256 of the files the datasets' authors publish (each checked against their published md5s).
 DATASETS: dict[str, DatasetSpec] = {
-    "mnist": DatasetSpec(
-        name="mnist",
-        subdir="mnist",
-        url="https://ossci-datasets.s3.amazonaws.com/mnist/ (mirror of http://yann.lecun.com/exdb/mnist/)",
-        license="CC BY-SA 3.0, Yann LeCun and Corinna Cortes",
-        train_images=(
-            _f(
-                "train-images-idx3-ubyte.gz",
-                60000,
-                "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
-                "images",
-            ),
-        ),
-        train_labels=(
-            _f(
-                "train-labels-idx1-ubyte.gz",
-                60000,
-                "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
-                "labels",
-            ),
-        ),
-        test_images=(
-            _f(
-                "t10k-images-idx3-ubyte.gz",
-                10000,
-                "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
-                "images",
-            ),
-        ),
-        test_labels=(
-            _f(
-                "t10k-labels-idx1-ubyte.gz",
-                10000,
-                "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
-                "labels",
-            ),
-        ),
+    "mnist": _spec(
+        "mnist",
+        "https://ossci-datasets.s3.amazonaws.com/mnist/ (mirror of http://yann.lecun.com/exdb/mnist/)",
+        "CC BY-SA 3.0, Yann LeCun and Corinna Cortes",
+        (_IDX, (
+            "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609",
+            "3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c",
+            "8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6",
+            "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
+        )),
     ),
-    "fashion-mnist": DatasetSpec(
-        name="fashion-mnist",
-        subdir="fashion-mnist",
-        url="http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ "
+    "fashion-mnist": _spec(
+        "fashion-mnist",
+        "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/ "
         "(see https://github.com/zalandoresearch/fashion-mnist)",
-        license="MIT, Copyright (c) 2017 Zalando SE",
-        train_images=(
-            _f(
-                "train-images-idx3-ubyte.gz",
-                60000,
-                "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
-                "images",
-            ),
-        ),
-        train_labels=(
-            _f(
-                "train-labels-idx1-ubyte.gz",
-                60000,
-                "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
-                "labels",
-            ),
-        ),
-        test_images=(
-            _f(
-                "t10k-images-idx3-ubyte.gz",
-                10000,
-                "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
-                "images",
-            ),
-        ),
-        test_labels=(
-            _f(
-                "t10k-labels-idx1-ubyte.gz",
-                10000,
-                "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
-                "labels",
-            ),
-        ),
+        "MIT, Copyright (c) 2017 Zalando SE",
+        (_IDX, (
+            "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
+            "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
+            "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
+            "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5",
+        )),
     ),
-    "kmnist": DatasetSpec(
-        name="kmnist",
-        subdir="kmnist",
-        url="http://codh.rois.ac.jp/kmnist/dataset/kmnist/ (see https://github.com/rois-codh/kmnist)",
-        license="CC BY-SA 4.0, ROIS-DS Center for Open Data in the Humanities",
-        # CODH publishes no SHA-256 for the training images; the md5s are bdb82020... (.gz)
-        # and a183fbc0... (.npz), so these two are checked by format and count only.
-        train_images=(
-            _f("train-images-idx3-ubyte.gz", 60000, None, "images"),
-            _f("kmnist-train-imgs.npz", 60000, None, "images"),
-        ),
-        train_labels=(
-            _f(
-                "train-labels-idx1-ubyte.gz",
-                60000,
-                "e38f9ebcd0f3ebcdec7fc8eabdcdaef93bb0df8ea12bee65224341c8183d8e17",
-                "labels",
-            ),
-            _f(
-                "kmnist-train-labels.npz",
-                60000,
-                "a325c877035602cb9b9ba54f4194a2a1b5f718026a463db5b5e0cdc124c03720",
-                "labels",
-            ),
-        ),
-        test_images=(
-            _f(
-                "t10k-images-idx3-ubyte.gz",
-                10000,
-                "edd7a857845ad6bb1d0ba43fe7e794d164fe2dce499a1694695a792adfac43c5",
-                "images",
-            ),
-            _f(
-                "kmnist-test-imgs.npz",
-                10000,
-                "692d824896bec8f3c357ebf7a0fe904ed67ac632ce953d0b58f7fbef7bb27d87",
-                "images",
-            ),
-        ),
-        test_labels=(
-            _f(
-                "t10k-labels-idx1-ubyte.gz",
-                10000,
-                "20bb9a0ef54c7db3efc55a92eef5582c109615df22683c380526788f98e42a1c",
-                "labels",
-            ),
-            _f(
-                "kmnist-test-labels.npz",
-                10000,
-                "660f13a4705431ea2a6391c41ecbe384cd0d932c595a101ec4f3b8989e785046",
-                "labels",
-            ),
-        ),
-        partial_train_images=_f(
+    # CODH publishes no SHA-256 for KMNIST's training images; the md5s are bdb82020... (.gz)
+    # and a183fbc0... (.npz), so these two are checked by format and count only.
+    "kmnist": _spec(
+        "kmnist",
+        "http://codh.rois.ac.jp/kmnist/dataset/kmnist/ (see https://github.com/rois-codh/kmnist)",
+        "CC BY-SA 4.0, ROIS-DS Center for Open Data in the Humanities",
+        (_IDX, (
+            None,
+            "e38f9ebcd0f3ebcdec7fc8eabdcdaef93bb0df8ea12bee65224341c8183d8e17",
+            "edd7a857845ad6bb1d0ba43fe7e794d164fe2dce499a1694695a792adfac43c5",
+            "20bb9a0ef54c7db3efc55a92eef5582c109615df22683c380526788f98e42a1c",
+        )),
+        (_NPZ, (
+            None,
+            "a325c877035602cb9b9ba54f4194a2a1b5f718026a463db5b5e0cdc124c03720",
+            "692d824896bec8f3c357ebf7a0fe904ed67ac632ce953d0b58f7fbef7bb27d87",
+            "660f13a4705431ea2a6391c41ecbe384cd0d932c595a101ec4f3b8989e785046",
+        )),
+        partial=FileSpec(
             "partial/train-images-idx3-ubyte.gz.truncated",
-            60000,
+            FULL_TRAIN,
             "4f8c6e5967b96c4b1f2d8cad3ca2a9c8b3cfb98a3c24ce45361cd7f4aaf8d0c5",
             "images",
         ),
     ),
-}
+}  # fmt: skip
 DATASET_NAMES = ("embedded", *DATASETS)
+PAPER_DATASETS = tuple(DATASETS)  # the paper's, in its order (the report's, the sweep's default)
+DATASET_LABELS = {
+    "mnist": "MNIST",
+    "fashion-mnist": "Fashion-MNIST",
+    "kmnist": "KMNIST",
+    "embedded": "embedded MNIST subset",
+}
 
 
 @dataclass(frozen=True)

@@ -13,24 +13,27 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from pathnorm_experiments.data import DATASET_LABELS, PAPER_DATASETS
+from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS
 from pathnorm_experiments.report_claims import ZERO_SHARE, Claim, claims, ordering_violations
 from pathnorm_experiments.report_data import (
     BUDGETS,
-    DATASET_LABELS,
-    DATASET_ORDER,
+    COMPARED,
     KIND_LABELS,
     KINDS,
+    REG_LABELS,
     ReportError,
     Setting,
+    baseline,
     col,
     compacted_sizes,
     dataset_label,
     datasets_of,
-    load_runs,
     settings_from_rows,
     settings_of,
     short_name,
 )
+from pathnorm_experiments.runs import ResultsError, read_rows
 
 __all__ = ["render", "write_report"]
 
@@ -113,16 +116,16 @@ def coverage(rows: Sequence[Mapping[str, str]], settings: Mapping[tuple, Setting
     lines.append("")
     for ds in datasets_of(settings):
         parts = []
-        for reg in ("none", "l1", "path", "linf"):
-            for opt in ("prox", "penalty"):
+        for reg in REGULARIZERS:
+            for opt in OPTIMIZERS:
                 ss = settings_of(settings, ds, reg, opt)
                 if ss:
                     lams = ", ".join(f"{s.lam:g}" for s in ss)
                     parts.append(ss[0].method() + ("" if reg == "none" else f" λ {lams}"))
         lines.append(f"- {short_name(settings, ds)}: " + "; ".join(parts) + ".")
     present = set(datasets_of(settings))
-    if present & set(DATASET_ORDER[:3]):
-        gone = [DATASET_LABELS[d] for d in DATASET_ORDER[:3] if d not in present]
+    if present & set(PAPER_DATASETS):
+        gone = [DATASET_LABELS[d] for d in PAPER_DATASETS if d not in present]
         if gone:
             lines.append(f"- No rows yet: {', '.join(gone)}.")
     lines += ["", *density(settings)]
@@ -142,19 +145,21 @@ def density(settings: Mapping[tuple, Setting], within: float = 1.0) -> list[str]
     or under the budget should lie within ``within`` points of it."""
     gaps, cells = [], 0
     for ds in datasets_of(settings):
-        base = settings.get((ds, "none", "prox", 0.0))
-        if base is None or "clean_error" not in base.stats:
+        base = baseline(settings, ds)
+        if base is None:
             continue
         for budget in BUDGETS:
             limit = base.stats["clean_error"].mean + budget
-            for reg in ("path", "l1", "linf"):
+            for reg in COMPARED:
                 errs = [s.stats["clean_error"].mean for s in settings_of(settings, ds, reg)
                         if "clean_error" in s.stats]  # fmt: skip
                 near = max((e for e in errs if e <= limit), default=None)
                 cells += 1
                 if near is None or limit - near > within:
                     have = "none" if near is None else f"{near:.2f}"
-                    gaps.append(f"{short_name(settings, ds)} {limit:.2f} {REG_NAMES[reg]} ({have})")
+                    gaps.append(
+                        f"{short_name(settings, ds)} {limit:.2f} {REG_LABELS[reg]} ({have})"
+                    )
     if not cells:
         return []
     line = (
@@ -163,9 +168,6 @@ def density(settings: Mapping[tuple, Setting], within: float = 1.0) -> list[str]
         "budget, at or under it"
     )
     return [line + (": all of them." if not gaps else "; not in: " + "; ".join(gaps) + ".")]
-
-
-REG_NAMES = {"path": "1-path-norm", "l1": "L1", "linf": "layer-wise linf"}
 
 
 _TABLE_COLUMNS = (
@@ -200,8 +202,8 @@ def dataset_table(
     """
     head = ["method", "λ", "lr", "seeds", *(t for _, t, _ in columns)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for reg in ("none", "l1", "path", "linf"):
-        for opt in ("prox", "penalty"):
+    for reg in REGULARIZERS:
+        for opt in OPTIMIZERS:
             for s in settings_of(settings, ds, reg, opt):
                 cells = [s.method(), f"{s.lam:g}", f"{s.lr:g}", str(len(s.seeds))]
                 cells += [s.stats[c].fmt(d) if c in s.stats else "" for c, _, d in columns]
@@ -367,7 +369,17 @@ def write_report(results: Path, out: Path, img_subdir: str = "img/results") -> l
     """
     from pathnorm_experiments import report_plots
 
-    rows = load_runs(results)
+    if not results.is_file():
+        raise ReportError(
+            f"{results}: no such results file: run the sweep first (pathnorm-reproduce), or give "
+            "--results"
+        )
+    try:
+        rows = read_rows(results)
+    except ResultsError as e:
+        raise ReportError(str(e)) from None
+    if not rows:
+        raise ReportError(f"{results}: no rows yet: the sweep has not finished a group")
     settings = settings_from_rows(rows)
     if not settings:
         raise ReportError(f"{results}: no selected run yet")

@@ -15,10 +15,10 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from pathnorm_experiments.regularizers import TABLE
 from pathnorm_experiments.report_data import (
     BUDGETS,
-    EPS,
-    KEY_COLUMNS,
+    COMPARED,
     KIND_LABELS,
     KINDS,
     MEASURE_LABELS,
@@ -40,6 +40,8 @@ from pathnorm_experiments.report_data import (
     stat_of,
     verdict,
 )
+from pathnorm_experiments.runs import row_key
+from pathnorm_experiments.settings import SWEEP_EPS
 
 __all__ = [
     "SGD_ZERO_TITLE",
@@ -83,10 +85,8 @@ class Claim:
 def _describe(s: Setting | None, column: str) -> str:
     if s is None:
         return "–"
-    return (
-        f"{s.stats[column].fmt()} ({OPT_LABELS[s.optimizer] if s.regularizer != 'linf' else 'proj.'}"
-        f" λ {s.lam:g}, clean {s.stats['clean_error'].mean:.2f})"
-    )
+    how = "proj." if TABLE[s.regularizer].constraint else OPT_LABELS[s.optimizer]
+    return f"{s.stats[column].fmt()} ({how} λ {s.lam:g}, clean {s.stats['clean_error'].mean:.2f})"
 
 
 _OUTCOME = {"a": "path better", "b": "{other} better", "tie": "within noise", None: "–"}
@@ -102,10 +102,8 @@ def _budget_row(
 ) -> list[str]:
     """One budget's cells: the best setting per regularizer and path's comparisons (appended
     to ``found[other]``)."""
-    best = {
-        r: best_within(settings_of(settings, ds, r), limit, column) for r in ("path", "l1", "linf")
-    }
-    cells = [_describe(best[r], column) for r in ("path", "l1", "linf")]
+    best = {r: best_within(settings_of(settings, ds, r), limit, column) for r in COMPARED}
+    cells = [_describe(best[r], column) for r in COMPARED]
     for other, _ in _OTHERS:
         p, o = best["path"], best[other]
         d = decide(stat_of(p, column), stat_of(o, column))
@@ -330,14 +328,14 @@ def ordering_violations(rows: Iterable[Mapping[str, str]]) -> tuple[int, list[st
     """Where ``clean <= PGD <= strong <= certified`` (both certificates) fails.
 
     Args:
-        rows: rows of :func:`load_runs`.
+        rows: rows of :func:`~pathnorm_experiments.runs.read_rows`.
 
     Returns:
         The number of (row, eps) pairs checked and a description of each violation.
     """
     checked, bad = 0, []
     for r in rows:
-        for eps in EPS:
+        for eps in SWEEP_EPS:
             names = ("clean_error", *(col(k, eps) for k in KINDS))
             vals = [parse_value(r[c]) for c in names]
             if any(v is None for v in vals):
@@ -346,9 +344,8 @@ def ordering_violations(rows: Iterable[Mapping[str, str]]) -> tuple[int, list[st
             checked += 1
             chain = (clean, pgd, strong, min(lip, ibp))
             if any(a > b + 1e-9 for a, b in itertools.pairwise(chain)):
-                key = "|".join(r[c] for c in KEY_COLUMNS)
                 bad.append(
-                    f"{key} eps {eps:g}: clean {clean:g}, PGD {pgd:g}, strong {strong:g}, "
+                    f"{row_key(r)} eps {eps:g}: clean {clean:g}, PGD {pgd:g}, strong {strong:g}, "
                     f"Lipschitz {lip:g}, interval {ibp:g}"
                 )
     return checked, bad

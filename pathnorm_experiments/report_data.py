@@ -16,14 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-# EPS and KEY_COLUMNS are read from here by the claims
-from pathnorm_experiments.runs import COLUMNS, PROTOCOL_COLUMNS, ResultsError, read_rows
-from pathnorm_experiments.runs import EPS as EPS
-from pathnorm_experiments.runs import KEY_COLUMNS as KEY_COLUMNS
+from pathnorm_experiments.data import DATASET_LABELS, FULL_TRAIN, PAPER_DATASETS
+from pathnorm_experiments.regularizers import TABLE
+from pathnorm_experiments.runs import COLUMNS, PROTOCOL_COLUMNS, ResultsError
 
 __all__ = [
     "BUDGETS",
@@ -37,7 +35,7 @@ __all__ = [
     "dataset_label",
     "datasets_of",
     "decide",
-    "load_runs",
+    "method_label",
     "settings_from_rows",
     "spearman",
     "verdict",
@@ -55,17 +53,16 @@ KIND_LABELS = {
     "certified_lipschitz": "not certified, Lipschitz",
     "certified_interval": "not certified, interval",
 }
-REG_LABELS = {"none": "none", "l1": "L1", "path": "1-path-norm", "linf": "layer-wise linf"}
+REG_LABELS = {name: r.label for name, r in TABLE.items()}
+REGULARIZED = tuple(name for name, r in TABLE.items() if r.regularized)  # the plots' panels
+COMPARED = ("path", "l1", "linf")  # the claims' order: path, then what it is compared with
+OPT_LABELS = {"prox": "Prox-SGD", "penalty": "SGD"}
 MEASURE_LABELS = {"nonzero": "raw nonzero", "nonzero_live": "live-path nonzero"}
 COMPACTED = "hidden_alive"  # the hidden units that compact keeps (empty in older rows)
-DATASET_ORDER = ("mnist", "fashion-mnist", "kmnist", "embedded")
-DATASET_LABELS = {
-    "mnist": "MNIST",
-    "fashion-mnist": "Fashion-MNIST",
-    "kmnist": "KMNIST",
-    "embedded": "embedded MNIST subset",
-}
-FULL_TRAIN = 55000  # MNIST's and Fashion-MNIST's training images after the validation split
+DATASET_ORDER = (*PAPER_DATASETS, "embedded")
+# a full training set after the sweep's validation split (_sweep_grid.VAL_SIZE, 5,000): fewer
+# training images mean a partial set (KMNIST's truncated file)
+SPLIT_TRAIN = FULL_TRAIN - 5000
 REQUIRED = COLUMNS  # a results file has the sweep's columns, checked by runs.read_rows
 _NUMERIC = (*COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("machine")], "hidden_alive")
 PROTOCOL = ("epochs", "n_train", *PROTOCOL_COLUMNS)  # one value per dataset in a report
@@ -145,46 +142,20 @@ class Setting:
 
     def method(self) -> str:
         """``L1 Prox-SGD``, ``layer-wise linf projection``, ``none`` ..."""
-        if self.regularizer == "none":
-            return "none"
-        opt = "projection" if self.regularizer == "linf" else OPT_LABELS[self.optimizer]
-        return f"{REG_LABELS[self.regularizer]} {opt}"
+        return method_label(self.regularizer, self.optimizer)
 
 
-OPT_LABELS = {"prox": "Prox-SGD", "penalty": "SGD"}
-
-
-def load_runs(path: Path) -> list[dict[str, str]]:
-    """The rows of a results file written by the sweep, every cell checked
-    (:func:`~pathnorm_experiments.runs.read_rows`: the one reader of the sweep and the report).
-
-    A torn last line (a write in progress) is left out.
-
-    Args:
-        path: the CSV (``docs/results/runs.csv``).
-
-    Returns:
-        Its rows.
-
-    Raises:
-        ReportError: the file is missing or holds no row, or a header, row or cell is not the
-            sweep's (the file, line and column named).
-    """
-    if not path.is_file():
-        raise ReportError(
-            f"{path}: no such results file: run the sweep first (pathnorm-reproduce), or give "
-            "--results"
-        )
-    try:
-        rows = read_rows(path)
-    except ResultsError as e:
-        raise ReportError(str(e)) from None
-    if not rows:
-        raise ReportError(f"{path}: no rows yet: the sweep has not finished a group")
-    return rows
+def method_label(reg: str, opt: str) -> str:
+    """How a regularizer is trained, in words: ``L1 Prox-SGD``, ``layer-wise linf projection``,
+    ``none``."""
+    r = TABLE[reg]
+    if not r.regularized:
+        return "none"
+    return f"{r.label} {'projection' if r.constraint else OPT_LABELS[opt]}"
 
 
 def parse_value(text: str) -> float | None:
+    """A cell's number; None for an empty cell, ``nan`` or an infinity."""
     if text in ("", "nan"):
         return None
     v = float(text)
@@ -195,7 +166,7 @@ def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting
     """The selected runs of each (dataset, regularizer, optimizer, lam), over their seeds.
 
     Args:
-        rows: rows of :func:`load_runs`.
+        rows: rows of :func:`~pathnorm_experiments.runs.read_rows`.
 
     Returns:
         Settings keyed by ``(dataset, regularizer, optimizer, lam)``.
@@ -307,7 +278,7 @@ def datasets_of(settings: Mapping[tuple, Setting]) -> list[str]:
 def dataset_label(name: str, n_train: int | None = None, short: bool = False) -> str:
     """``KMNIST (partial training set, 6,427 images)``, or short ``KMNIST (partial)``."""
     label = DATASET_LABELS.get(name, name)
-    if name == "kmnist" and n_train is not None and n_train < FULL_TRAIN:
+    if name == "kmnist" and n_train is not None and n_train < SPLIT_TRAIN:
         label += " (partial)" if short else f" (partial training set, {n_train:,} images)"
     return label
 

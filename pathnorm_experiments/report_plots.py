@@ -13,45 +13,38 @@ from typing import Any
 
 import numpy as np
 
+from pathnorm_experiments.regularizers import OPTIMIZERS, TABLE
 from pathnorm_experiments.report_data import (
     COMPACTED,
     KIND_LABELS,
     KINDS,
     MEASURE_LABELS,
+    OPT_LABELS,
     REG_LABELS,
+    REGULARIZED,
     Setting,
     baseline,
     col,
     compacted_sizes,
     dataset_label,
+    method_label,
+    settings_of,
 )
 
 __all__ = ["plot_dataset"]
 
-COLORS = {"none": "black", "l1": "tab:blue", "path": "tab:red", "linf": "tab:green"}
 STYLES = {"prox": ("o", "-"), "penalty": ("s", "--")}
-SERIES = (
-    ("l1", "prox"),
-    ("l1", "penalty"),
-    ("path", "prox"),
-    ("path", "penalty"),
-    ("linf", "prox"),
+# every (regularizer, optimizer) trained: a constraint has only its projection (prox)
+SERIES = tuple(
+    (r, o) for r in REGULARIZED for o in OPTIMIZERS if o == "prox" or not TABLE[r].constraint
 )
-_OPT_SHORT = {"prox": "Prox-SGD / projection", "penalty": "SGD"}
+_OPT_SHORT = {**OPT_LABELS, "prox": f"{OPT_LABELS['prox']} / projection"}
 METRIC_COLORS = {
     "clean_error": "black",
     "robust_error": "tab:red",
     "certified_interval": "tab:blue",
     "certified_lipschitz": "tab:purple",
 }
-
-
-def _series(settings: Mapping[tuple, Setting], ds: str, reg: str, opt: str) -> list[Setting]:
-    return sorted((s for k, s in settings.items() if k[:3] == (ds, reg, opt)), key=lambda s: s.lam)
-
-
-def _label(reg: str, opt: str) -> str:
-    return f"{REG_LABELS[reg]} {'projection' if reg == 'linf' else {'prox': 'Prox-SGD', 'penalty': 'SGD'}[opt]}"
 
 
 def _points(ss: Sequence[Setting], x: str, y: str) -> tuple[np.ndarray, ...] | None:
@@ -79,6 +72,15 @@ def _draw(
         x, y, yerr=ey, xerr=ex if xerr else None, marker=marker, ls=line, color=color,
         ms=4, lw=1, capsize=2, elinewidth=0.8, label=label,
     )  # fmt: skip
+
+
+def _star(ax: Any, base: Setting | None, x: str, y: str) -> None:
+    """The unregularized baseline's (x, y) as a star, where it has both."""
+    if base is not None and x in base.stats and y in base.stats:
+        ax.plot(
+            [base.stats[x].mean], [base.stats[y].mean], "*", color="black", ms=11, ls="none",
+            label="no regularization",
+        )  # fmt: skip
 
 
 def _lam_axis(ax: Any, lams: Sequence[float]) -> None:
@@ -138,13 +140,9 @@ def _tradeoff(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
         for ax, kind in zip(row, KINDS, strict=True):
             y = col(kind, eps)
             for reg, opt in SERIES:
-                pts = _points(_series(settings, ds, reg, opt), "clean_error", y)
-                _draw(ax, pts, COLORS[reg], opt, _label(reg, opt))
-            if base is not None and y in base.stats:
-                ax.plot(
-                    [base.stats["clean_error"].mean], [base.stats[y].mean], "*", color="black",
-                    ms=11, ls="none", label="no regularization",
-                )  # fmt: skip
+                pts = _points(settings_of(settings, ds, reg, opt), "clean_error", y)
+                _draw(ax, pts, TABLE[reg].colour, opt, method_label(reg, opt))
+            _star(ax, base, "clean_error", y)
             ax.set_title(f"{KIND_LABELS[kind]}, eps {eps:g}", fontsize=10)
             ax.set_ylabel("error %")
             ax.grid(alpha=0.3)
@@ -156,7 +154,9 @@ def _tradeoff(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
 
 
 def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), layout="constrained", sharey=True)
+    fig, axes = plt.subplots(
+        1, len(REGULARIZED), figsize=(16, 4.5), layout="constrained", sharey=True
+    )
     base = baseline(settings, ds)
     metrics = (
         ("clean_error", "clean"),
@@ -164,10 +164,10 @@ def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
         (col("certified_interval", 0.1), "not certified (interval), eps 0.1"),
         (col("certified_lipschitz", 0.1), "not certified (Lipschitz), eps 0.1"),
     )
-    for ax, reg in zip(axes, ("l1", "path", "linf"), strict=True):
+    for ax, reg in zip(axes, REGULARIZED, strict=True):
         lams: list[float] = []
-        for opt in ("prox", "penalty"):
-            ss = _series(settings, ds, reg, opt)
+        for opt in OPTIMIZERS:
+            ss = settings_of(settings, ds, reg, opt)
             lams += [s.lam for s in ss]
             for c, name in metrics:
                 lab = f"{name}, {_OPT_SHORT[opt]}"
@@ -189,11 +189,13 @@ def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
 def _sparsity_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
     from matplotlib.ticker import FormatStrFormatter
 
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained", sharey=True)
-    for ax, reg in zip(axes, ("l1", "path", "linf"), strict=True):
+    fig, axes = plt.subplots(
+        1, len(REGULARIZED), figsize=(15, 4.2), layout="constrained", sharey=True
+    )
+    for ax, reg in zip(axes, REGULARIZED, strict=True):
         lams: list[float] = []
-        for opt in ("prox", "penalty"):
-            ss = _series(settings, ds, reg, opt)
+        for opt in OPTIMIZERS:
+            ss = settings_of(settings, ds, reg, opt)
             lams += [s.lam for s in ss]
             for c, color in (("nonzero", "black"), ("nonzero_live", "tab:orange")):
                 lab = f"{MEASURE_LABELS[c]}, {_OPT_SHORT[opt]}"
@@ -214,19 +216,10 @@ def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> A
     base = baseline(settings, ds)
     for row, y in zip(axes, ("clean_error", col("robust_error", 0.1)), strict=True):
         for ax, x in zip(row, ("nonzero", "nonzero_live"), strict=True):
-            for reg in ("l1", "path", "linf"):
-                pts = _points(_series(settings, ds, reg, "prox"), x, y)
-                _draw(ax, pts, COLORS[reg], "prox", _label(reg, "prox"))
-            if base is not None and y in base.stats and x in base.stats:
-                ax.plot(
-                    [base.stats[x].mean],
-                    [base.stats[y].mean],
-                    "*",
-                    color="black",
-                    ms=11,
-                    ls="none",
-                    label="no regularization",
-                )
+            for reg in REGULARIZED:
+                pts = _points(settings_of(settings, ds, reg, "prox"), x, y)
+                _draw(ax, pts, TABLE[reg].colour, "prox", method_label(reg, "prox"))
+            _star(ax, base, x, y)
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
             ax.set_ylabel(("clean" if y == "clean_error" else "PGD, eps 0.1") + " error %")
@@ -247,14 +240,10 @@ def _error_vs_compacted(plt: Any, settings: Mapping[tuple, Setting], ds: str) ->
     base = baseline(settings, ds)
     panels = ("clean_error", col("certified_interval", 0.1), col("certified_lipschitz", 0.1))
     for ax, y in zip(axes, panels, strict=True):
-        for reg in ("l1", "path", "linf"):
-            pts = _points(_series(settings, ds, reg, "prox"), COMPACTED, y)
-            _draw(ax, pts, COLORS[reg], "prox", _label(reg, "prox"))
-        if base is not None and y in base.stats and COMPACTED in base.stats:
-            ax.plot(
-                [base.stats[COMPACTED].mean], [base.stats[y].mean], "*", color="black", ms=11,
-                ls="none", label="no regularization",
-            )  # fmt: skip
+        for reg in REGULARIZED:
+            pts = _points(settings_of(settings, ds, reg, "prox"), COMPACTED, y)
+            _draw(ax, pts, TABLE[reg].colour, "prox", method_label(reg, "prox"))
+        _star(ax, base, COMPACTED, y)
         kind, _, eps = y.partition("@")
         ax.set_title(KIND_LABELS[kind] + (f", eps {eps}" if eps else ""), fontsize=10)
         ax.set_xlabel("hidden units after compaction")

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pathnorm_experiments.data import DataError, Dataset, load_dataset
+from pathnorm_experiments.data import PAPER_DATASETS, DataError, Dataset, load_dataset
 from pathnorm_experiments.deps import MissingDependency, require
 from pathnorm_experiments.report import write_report
 from pathnorm_experiments.report_data import ReportError
@@ -28,7 +28,6 @@ from pathnorm_experiments.runs import protocol_clash, read_rows
 
 __all__ = ["QUICK", "build_parser", "main", "preflight", "run_sweep", "sweep_config"]
 
-PAPER_DATASETS = ("mnist", "fashion-mnist", "kmnist")
 # --quick: every regularizer and optimizer at 3 lams (enough for every claim to be decided),
 # 2 lrs and 2 seeds, on the embedded subset with short training and a short evaluation
 QUICK: dict[str, Any] = {

@@ -1,5 +1,5 @@
 """The sweep's results on disk: the columns of ``runs.csv``, run and group keys, locked
-appends, the one validating reader of result files, summarizing and merging them, the cache
+appends, the one validating reader of result files, merging them, the cache
 of pending runs, and the claims that keep two sweeps of one folder off each other's groups.
 
 One CSV row per training run; a group's rows (one lr selection) are appended together, so a
@@ -29,16 +29,14 @@ from typing import Any
 import numpy as np
 
 from pathnorm_experiments.data import DATASET_NAMES
-from pathnorm_experiments.settings import float_key
+from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS
+from pathnorm_experiments.settings import SWEEP_EPS, float_key
 
 __all__ = [
     "COLUMNS",
-    "EPS",
     "KEY_COLUMNS",
     "LATER_COLUMNS",
-    "OPTIMIZERS",
     "PROTOCOL_COLUMNS",
-    "REGULARIZERS",
     "ResultsError",
     "append_rows",
     "claim_group",
@@ -54,12 +52,8 @@ __all__ = [
     "row_group_key",
     "row_key",
     "save_pending",
-    "summarize",
 ]
 
-EPS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
-REGULARIZERS = ("none", "l1", "path", "linf")  # the grid's order, which merge sorts by
-OPTIMIZERS = ("prox", "penalty")
 KEY_COLUMNS = ("dataset", "regularizer", "optimizer", "lam", "lr", "seed", "epochs", "n_train")
 # the settings that define a run besides its key, one value per dataset in a folder:
 # eval_samples counts the test images of the evaluation sample (all of them if fewer)
@@ -85,7 +79,7 @@ COLUMNS = (
     "val_error",
     "clean_error",
     "clean_error_full",
-    *_eps_columns(EPS),
+    *_eps_columns(SWEEP_EPS),
     "nonzero",
     "nonzero_live",
     "path_norm",
@@ -348,40 +342,6 @@ def protocol_clash(
                 if r[c] != v:
                     return c, r[c]
     return None
-
-
-def summarize(
-    rows: Sequence[Mapping[str, str]],
-) -> dict[tuple[str, str, str, float], dict[str, Any]]:
-    """The selected runs of each (dataset, regularizer, optimizer, lam), over their seeds.
-
-    Args:
-        rows: rows of :func:`read_rows`.
-
-    Returns:
-        Per group: ``lr`` (the selected one), ``seeds``, ``n_train`` and, for every numeric
-        column, ``(mean, min, max)`` over the seeds (the spread a verdict should carry);
-        empty cells (diverged runs) are left out of the statistics.
-    """
-    groups: dict[tuple[str, str, str, float], list[Mapping[str, str]]] = {}
-    for r in rows:
-        if r["selected"] == "1":
-            key = (r["dataset"], r["regularizer"], r["optimizer"], float(r["lam"]))
-            groups.setdefault(key, []).append(r)
-    numeric = [c for c in COLUMNS[COLUMNS.index("val_error") :] if c != "machine"]
-    out: dict[tuple[str, str, str, float], dict[str, Any]] = {}
-    for key, rs in sorted(groups.items()):
-        stats: dict[str, Any] = {
-            "lr": float(rs[0]["lr"]),
-            "seeds": sorted(int(r["seed"]) for r in rs),
-            "n_train": int(rs[0]["n_train"]),
-        }
-        for c in numeric:
-            vals = [float(r[c]) for r in rs if r[c] not in ("", "nan")]
-            if vals:
-                stats[c] = (float(np.mean(vals)), min(vals), max(vals))
-        out[key] = stats
-    return out
 
 
 def merge(inputs: Sequence[Path], output: Path) -> int:

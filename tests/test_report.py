@@ -15,7 +15,8 @@ import pytest
 
 from pathnorm_experiments import report, report_claims, report_data
 from pathnorm_experiments.report_data import Stat, decide, spearman, verdict
-from pathnorm_experiments.sweep import COLUMNS, EPS, summarize
+from pathnorm_experiments.runs import COLUMNS, read_rows
+from pathnorm_experiments.settings import SWEEP_EPS as EPS
 
 matplotlib = pytest.importorskip("matplotlib")
 matplotlib.use("Agg")
@@ -138,19 +139,24 @@ def test_verdict_and_spearman() -> None:
     assert spearman([1, 1, 1], [1, 2, 3]) != spearman([1, 1, 1], [1, 2, 3])  # NaN
 
 
-def test_settings_agree_with_the_sweeps_summary_and_skip_empty_cells(tmp_path: Path) -> None:
+def test_settings_summarize_the_selected_seeds_and_skip_empty_cells(tmp_path: Path) -> None:
     rows = scenario()
     rows[2]["robust_error@0.1"] = ""  # mnist baseline, seed 1 at the selected lr: diverged
     rows[1]["hidden_alive"], rows[3]["hidden_alive"] = 200, 198  # seed 1's: empty (older row)
     path = write_csv(tmp_path / "runs.csv", rows)
-    loaded = report_data.load_runs(path)
-    mine = report_data.settings_from_rows(loaded)
-    theirs = summarize(loaded)
-    assert set(mine) == set(theirs) and len(mine) == 17
+    mine = report_data.settings_from_rows(read_rows(path))
+    # the reference: every selected row's numbers, grouped by hand
+    selected = [r for r in rows if r["selected"] == 1]
+    keys = {(r["dataset"], r["regularizer"], r["optimizer"], float(r["lam"])) for r in selected}
+    assert set(mine) == keys and len(mine) == 17
     for key, s in mine.items():
-        assert s.lr == theirs[key]["lr"] == 0.1 and list(s.seeds) == theirs[key]["seeds"]
-        for c, st in s.stats.items():
-            assert (st.mean, st.lo, st.hi) == pytest.approx(theirs[key][c])
+        rs = [r for r in selected if (r["dataset"], r["regularizer"], r["optimizer"]) == key[:3]]
+        rs = [r for r in rs if float(r["lam"]) == key[3]]
+        assert s.lr == 0.1 and s.seeds == (0, 1, 2) and s.n_train == rs[0]["n_train"]
+        for c in ("clean_error", "nonzero_live", "robust_error@0.05", "certified_interval@0.3"):
+            vals = [float(r[c]) for r in rs]
+            st = s.stats[c]
+            assert (st.mean, st.lo, st.hi) == pytest.approx((sum(vals) / 3, min(vals), max(vals)))
     base_key = ("mnist", "none", "prox", 0.0)
     base = mine[base_key]
     assert base.stats["robust_error@0.1"].seeds == (0, 2)
@@ -158,6 +164,16 @@ def test_settings_agree_with_the_sweeps_summary_and_skip_empty_cells(tmp_path: P
     assert base.stats["hidden_alive"].by_seed() == {0: 200.0, 2: 198.0}
     assert not any("hidden_alive" in s.stats for k, s in mine.items() if k != base_key)
     assert report_data.REQUIRED == COLUMNS  # the report reads the sweep's format, torch-free
+
+
+def test_a_partial_training_set_is_one_below_a_full_one_after_the_sweeps_split() -> None:
+    from pathnorm_experiments._sweep_grid import VAL_SIZE, SweepConfig, split_sizes
+    from pathnorm_experiments.data import FULL_TRAIN
+
+    assert report_data.SPLIT_TRAIN == split_sizes(SweepConfig(), FULL_TRAIN, 10000)[1] == 55000
+    assert SweepConfig().val_size == VAL_SIZE
+    assert report_data.dataset_label("kmnist", 55000) == "KMNIST"
+    assert report_data.dataset_label("kmnist", 54999, short=True) == "KMNIST (partial)"
 
 
 def test_report_decides_the_constructed_cases(tmp_path: Path) -> None:
@@ -238,9 +254,7 @@ def test_sgd_is_not_sparse_below_a_share_of_exact_zeros(
 ) -> None:
     rows = runs("mnist", "path", "penalty", 1e-3, 3.5, 45.0, nz=100.0, nz_spread=0)
     rows[2]["nonzero"] = nonzero  # one seed
-    settings = report_data.settings_from_rows(
-        report_data.load_runs(write_csv(tmp_path / "runs.csv", rows))
-    )
+    settings = report_data.settings_from_rows(read_rows(write_csv(tmp_path / "runs.csv", rows)))
     (sgd,) = [c for c in report_claims.sparsity_claims(settings) if "SGD on" in c.title]
     assert sgd.outcomes == [holds]
     assert f"most exact zeros of a seed over 1 SGD settings: {100 - nonzero:.4f}%" in sgd.evidence
@@ -268,7 +282,7 @@ def test_ordering_violations_are_counted(tmp_path: Path) -> None:
     rows[1]["robust_error@0.3"] = 1.0  # below its clean error
     rows[5]["certified_interval@0.02"] = 0.5  # below the strong attack
     path = write_csv(tmp_path / "runs.csv", rows)
-    checked, bad = report_claims.ordering_violations(report_data.load_runs(path))
+    checked, bad = report_claims.ordering_violations(read_rows(path))
     assert checked == 17 * 3 * len(EPS) and len(bad) == 2
     assert bad[0].startswith("mnist|none|prox|0|0.1|0|20|55000 eps 0.3: clean 1.5, PGD 1")
     out = tmp_path / "o"
@@ -375,7 +389,7 @@ def test_a_mean_over_equal_seeds_is_their_value() -> None:
 def test_grid_density_names_every_budget_without_a_near_setting(tmp_path: Path) -> None:
     """Baselines 2, 10, 20 give budgets 3/5/8, 11/13/16, 21/23/26; a setting counts when its
     mean clean error is at most 1 point under the budget (exactly 1 point counts)."""
-    rows = report_data.load_runs(write_csv(tmp_path / "runs.csv", scenario()))
+    rows = read_rows(write_csv(tmp_path / "runs.csv", scenario()))
     (line,) = report.density(report_data.settings_from_rows(rows))
     assert line.startswith("Grid density: in 7 of 27 ")
     for gap in (
