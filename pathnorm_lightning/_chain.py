@@ -76,21 +76,23 @@ def by_unit(w: Tensor, n: int) -> Tensor:
     return w.reshape(w.shape[0], n, math.prod(w.shape[1:]) // n)
 
 
-def abs_sum(w: Tensor, dim: int | tuple[int, ...] | None, dtype: torch.dtype) -> Tensor:
-    """``|w|`` summed over ``dim`` (all when None), in ``dtype``: float32 and float64 weights
-    are summed in their own dtype (no full-size copy), half types in float32 (no overflow)."""
-    if w.dtype not in (torch.float32, torch.float64):
-        w = w.float()
-    a = w.abs()
-    return (a.sum() if dim is None else a.sum(dim)).to(dtype)
+def absolute(w: Tensor) -> Tensor:
+    """``|w|``, float32 or float64 (half types in float32): the one full read of a weight."""
+    return (w if w.dtype in (torch.float32, torch.float64) else w.float()).abs()
 
 
-def count_nonzero(w: Tensor) -> int | Tensor:
-    """The nonzero (and NaN) entries of ``w``: an int on CPU (NumPy counts several times
-    faster than ``torch.count_nonzero`` there), else a 0-d long tensor (no host sync)."""
-    if w.device.type == "cpu" and w.dtype in (torch.float32, torch.float64, torch.float16):
-        return int(np.count_nonzero(w.numpy()))
-    return torch.count_nonzero(w)
+#: The integers of each float's size: ``|w|`` has its sign bits clear, so an entry is nonzero
+#: (or NaN) exactly where its bits are.
+_BITS = {torch.float32: np.int32, torch.float64: np.int64}
+
+
+def count_nonzero(a: Tensor) -> int | Tensor:
+    """The nonzero (and NaN) entries of ``a``, an :func:`absolute`: an int on CPU (NumPy counts
+    the bits as integers, several times faster than ``torch.count_nonzero`` there), else a 0-d
+    long tensor (no host sync)."""
+    if a.device.type == "cpu":
+        return int(np.count_nonzero(a.numpy().view(_BITS[a.dtype])))
+    return torch.count_nonzero(a)
 
 
 class ChainSums:
@@ -101,40 +103,46 @@ class ChainSums:
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        self._grids: dict[tuple[object, ...], Tensor] = {}  # (weight key, n) -> (out, n)
-        self._rows: dict[tuple[object, ...], Tensor] = {}
+        self._grids: dict[tuple[object, ...], Tensor] = {}  # weight key -> (out, n)
+        self._rows: dict[tuple[object, ...], Tensor] = {}  # weight key -> (out,)
         self._nonzero: dict[tuple[object, ...], int | Tensor] = {}
+
+    def _read(self, w: Tensor, n: int | None) -> tuple[object, ...]:
+        """Read ``w`` (once): its nonzero count, and its ``|w|`` summed per unit: as ``(out,
+        n)`` over each input unit's positions or taps (``n`` the units it reads), else per
+        row. Returns its key."""
+        key = _key(w)
+        if key in self._nonzero and (n is None or key in self._grids):
+            return key
+        a = absolute(w)
+        self._nonzero[key] = count_nonzero(a)
+        if n is None:
+            self._rows[key] = rows(a).sum(1).to(self.dtype)
+        elif n == 0:  # reads no unit: every path through it is empty
+            self._grids[key] = torch.zeros(w.shape[0], 0, dtype=self.dtype, device=w.device)
+        else:
+            self._grids[key] = by_unit(a, n).sum(2).to(self.dtype)
+        return key
 
     def grid(self, w: Tensor, n: int) -> Tensor:
         """``|w|`` summed per unit as ``(out, n)``: entry ``[o, i]`` over the positions or taps
         of input unit ``i`` (``n`` the units ``w`` reads)."""
-        key = (_key(w), n)
-        sums = self._grids.get(key)
-        if sums is None:
-            if n == 0:  # reads no unit: every path through it is empty
-                sums = torch.zeros(w.shape[0], 0, dtype=self.dtype, device=w.device)
-            else:
-                sums = abs_sum(by_unit(w, n), 2, self.dtype)
-            self._grids[key] = sums
-        return sums
+        grid = self._grids[self._read(w, n)]
+        if grid.shape[1] != n:
+            raise ValueError(f"a weight read as {grid.shape[1]} units, now as {n}")
+        return grid
 
     def row_sums(self, w: Tensor) -> Tensor:
         """``(out,)``: the l1 norm of each row of ``rows(w)`` (each output unit's inputs), from
-        a :meth:`grid` of ``w`` when there is one."""
-        key = _key(w)
-        sums = self._rows.get(key)
-        if sums is None:
-            grids = [g for (k, _), g in self._grids.items() if k == key]
-            sums = grids[0].sum(1) if grids else abs_sum(rows(w), 1, self.dtype)
-            self._rows[key] = sums
-        return sums
+        its :meth:`grid` when it was read as one."""
+        key = self._read(w, None)
+        if key not in self._rows:
+            self._rows[key] = self._grids[key].sum(1)
+        return self._rows[key]
 
     def nonzero(self, w: Tensor) -> int | Tensor:
-        """:func:`count_nonzero` of ``w``, counted once."""
-        key = _key(w)
-        if key not in self._nonzero:
-            self._nonzero[key] = count_nonzero(w)
-        return self._nonzero[key]
+        """The nonzero (and NaN) entries of ``w``."""
+        return self._nonzero[self._read(w, None)]
 
     def alive(self, w_in: Tensor, w_out: Tensor) -> Tensor:
         """Per hidden unit between ``w_in`` and ``w_out``: whether its incoming weights and its

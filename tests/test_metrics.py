@@ -62,6 +62,24 @@ def test_sparsity_signed_zeros_nan_and_empty_layers(dtype: torch.dtype) -> None:
     assert metric.compute()["sparsity"].item() == 0.0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_sparsity_counts_every_kind_of_entry_in_large_strided_weights(dtype: torch.dtype) -> None:
+    # Enough entries for the vectorised paths, every special value, a transposed weight.
+    g = torch.Generator().manual_seed(0)
+    kinds = torch.tensor([0.0, -0.0, float("nan"), -float("nan"), float("inf"), 1e-40, -2.0])
+    index = torch.randint(len(kinds), (257, 131), generator=g)
+    w_in = kinds.to(dtype)[index].t()  # (131, 257), not contiguous
+    w_out = kinds.to(dtype)[torch.randint(len(kinds), (5, 131), generator=g)]
+    w_in[::3], w_out[:, ::5] = -0.0, 0.0  # dead units: signed zeros in, zeros out
+    metric = Sparsity()
+    metric.update([w_in, w_out])
+    zero = (w_in == 0).sum() + (w_out == 0).sum()
+    assert metric.compute()["sparsity"].item() == float(zero) / (w_in.numel() + w_out.numel())
+    alive = ((w_in != 0).any(1) & (w_out != 0).any(0)).double().mean()  # NaN != 0
+    assert 0.4 < float(alive) < 0.7
+    assert metric.compute()["alive_units"].item() == pytest.approx(float(alive))
+
+
 def test_sparsity_pools_updates_and_single_matrices() -> None:
     metric = Sparsity()
     metric.update([torch.zeros(2, 3)])
