@@ -38,6 +38,13 @@ import torch
 from torch import Tensor
 
 from pathnorm_lightning._common import compute_dtype, non_finite
+from pathnorm_lightning._kernel_rows import (
+    _BIG,
+    _above,
+    _all_finite,
+    _collect_band,
+    _row_stats,
+)
 
 # Relative widening of the band bounds (as the tensor version's 64 eps of float32: the band
 # only needs to contain every entry that can change support, a wider band costs nothing).
@@ -71,78 +78,6 @@ def _sort_desc(a: np.ndarray, count: int) -> None:  # pragma: no cover - compile
 _GAPS = (132, 57, 23, 10, 4, 1)
 
 
-# Reassociation lets LLVM vectorise the row reductions (the sums change in the last bits of a
-# float64, far below the tolerances); no "nnan"/"ninf": the finite check and inf must work.
-_FAST = {"reassoc", "nsz", "contract"}
-
-
-@numba.njit(nogil=True, fastmath=_FAST)
-def _row_stats(
-    row: np.ndarray, tau: float, near: float
-) -> tuple[float, float, int, float, float, float, int, bool]:  # pragma: no cover - compiled
-    """Of ``|row|``: the sum and the sum of squares; the count, sum, sum of squares and sum of
-    squared excess over ``tau`` of the entries above ``tau``; the number of entries in
-    ``(near, tau]``; whether all are finite. One vectorised pass."""
-    big = 1.7976931348623157e308
-    l1 = 0.0
-    sq = 0.0
-    c = 0
-    above_near = 0.0
-    s = 0.0
-    q = 0.0
-    e = 0.0
-    finite = True
-    for j in range(row.shape[0]):
-        v = abs(np.float64(row[j]))
-        finite &= bool(v <= big)
-        v2 = v * v
-        l1 += v
-        sq += v2
-        above = v > tau
-        c += 1 if above else 0
-        s += v if above else 0.0
-        q += v2 if above else 0.0
-        r = v - tau if above else 0.0
-        e += r * r
-        above_near += 1.0 if v > near else 0.0
-    return l1, sq, c, s, q, e, int(above_near) - c, finite
-
-
-@numba.njit(nogil=True, fastmath=_FAST)
-def _hits(
-    row: np.ndarray, start: int, stop: int, lo: float, hi: float
-) -> float:  # pragma: no cover
-    """Number of entries of ``row[start:stop]`` with ``lo < |r| <= hi`` (vectorised)."""
-    hits = 0.0
-    for j in range(start, stop):
-        v = abs(np.float64(row[j]))
-        hits += 1.0 if (v > lo) & (v <= hi) else 0.0
-    return hits
-
-
-@numba.njit(nogil=True)
-def _collect_band(
-    row: np.ndarray, lo: float, hi: float, out: np.ndarray
-) -> int:  # pragma: no cover - compiled
-    """Write the entries with ``lo < |r| <= hi`` to ``out``, return their count. The band is
-    sparse (a handful of entries): blocks are tested vectorised, only blocks with a hit are
-    scanned."""
-    m = row.shape[0]
-    count = 0
-    for start in range(0, m, _BLOCK):
-        stop = min(start + _BLOCK, m)
-        if _hits(row, start, stop, lo, hi) > 0:
-            for j in range(start, stop):
-                v = abs(np.float64(row[j]))
-                if (v > lo) & (v <= hi):
-                    out[count] = v
-                    count += 1
-    return count
-
-
-_BLOCK = 128
-
-
 @numba.njit(nogil=True)
 def _shrink_sum(xs: np.ndarray, t: float) -> float:  # pragma: no cover - compiled
     """``sum_j (xs_j - t)_+`` for ``xs`` sorted descending."""
@@ -152,27 +87,6 @@ def _shrink_sum(xs: np.ndarray, t: float) -> float:  # pragma: no cover - compil
             break
         total += xs[j] - t
     return total
-
-
-@numba.njit(nogil=True, fastmath=_FAST)
-def _above(
-    row: np.ndarray, lo: float, hi: float
-) -> tuple[int, int, float, float]:  # pragma: no cover
-    """Of ``|row|``: the number of entries in ``(lo, hi]``, and the count, sum and sum of
-    squares of those above ``hi`` (one vectorised pass; float counters: LLVM does not
-    vectorise integer counters mixed with float sums)."""
-    n_lo = 0.0
-    c = 0.0
-    s = 0.0
-    q = 0.0
-    for j in range(row.shape[0]):
-        v = abs(np.float64(row[j]))
-        above = 1.0 if v > hi else 0.0
-        n_lo += 1.0 if v > lo else 0.0
-        c += above
-        s += v * above
-        q += v * v * above
-    return int(n_lo - c), int(c), s, q
 
 
 # `_prefix`, `_tau_lo` and `_unit` are inlined into `_thresholds` (in numba IR): as calls they
@@ -191,22 +105,20 @@ def _prefix(xs: np.ndarray, cx: np.ndarray, cx2: np.ndarray) -> None:  # pragma:
 
 
 @numba.njit(nogil=True, inline="always")
-def _tau_lo(
-    xs: np.ndarray, cx2: np.ndarray, lam: float, m: int, ysq: float, r_sq: float
-) -> float:  # pragma: no cover - compiled
+def _tau_lo(xs: np.ndarray, cx2: np.ndarray, lam: float, g_y: float) -> float:  # pragma: no cover
     """``lam a_lo``: a non-trivial minimiser has ``||v||_1 >= a_lo``, from ``G(a) >= C_x(a)``.
 
     ``G(a) = C_x(a) + E_y(lam a)`` is the objective minimised over the points with
     ``||v||_1 = a`` (``C_x``: half the squared distance from ``|x|`` to the simplex of radius
     ``a``, decreasing; ``E_y >= 0``: the Moreau envelope of ``||.||_1`` at ``y``), and
     ``min(G(||x||_1), G(0))`` bounds the minimum from above, so ``C_x(a_lo)`` equals that bound.
-    On the piece where ``k`` entries of ``|x|`` exceed ``theta``, ``C_x = 1/2 (k theta^2 +
-    tail_k)`` and ``a = X_k - k theta``.
+    ``g_y >= G(||x||_1) = 1/2 (|y|^2 - sum_{|y_j| > tau} (|y_j| - tau)^2)``, ``tau = lam
+    ||x||_1``, rounded up by the caller. On the piece where ``k`` entries of ``|x|`` exceed
+    ``theta``, ``C_x = 1/2 (k theta^2 + tail_k)`` and ``a = X_k - k theta``.
     """
     p = xs.shape[0]
     xsq = cx2[p - 1]
-    # (ysq - r_sq cancels for a tiny tau_hi: raised by the rounding of both float64 sums.)
-    g_best = min(0.5 * (ysq - r_sq) + (m + 2) * 2.0**-52 * ysq, 0.5 * xsq)
+    g_best = min(g_y, 0.5 * xsq)
     if g_best >= 0.5 * xsq:
         theta_g = xs[0]
     else:
@@ -247,22 +159,27 @@ def _unit(
     # Pass 1 over the long side: everything above tau_hi is in the support.
     tau_hi = lam * x1 * (1 + _MARGIN)
     near = tau_hi * _NEAR
-    y1, ysq, c_hi, s_hi, q_hi, r_sq, n_near, finite = _row_stats(y, tau_hi, near)
-    if not finite:
+    y1, ysq, c_hi, s_hi, q_hi, n_near = _row_stats(y, tau_hi, near)
+    if not y1 <= _BIG and not _all_finite(y):  # NaN or inf (or a float64 sum overflowed)
         return np.nan, np.nan, y1, False
-    tau_lo = _tau_lo(xs, cx2, lam, m, ysq, r_sq)
     # Fixed-point bounds: a non-trivial minimiser has a* = A(B(lam a*)) with
     # A(b) = sum (|x| - lam b)_+ and B(t) = sum (|y| - t)_+, both decreasing; from
     # B(0) = ||y||_1 >= B(t*) >= B(tau_hi): lam A(||y||_1) <= t* <= lam A(B(tau_hi)).
     # Widened by far more than their float64 rounding.
     err = _MARGIN * (x1 + p * lam * y1)
-    tau_lo = max(tau_lo, lam * (_shrink_sum(xs, lam * y1) - err))
+    tau_lo = lam * (_shrink_sum(xs, lam * y1) - err)
     hi = lam * (_shrink_sum(xs, lam * (s_hi - c_hi * tau_hi)) + err)
     # Pass 2: the band tau_lo < |y| <= tau_hi (usually empty), and what lies above. Not
     # needed when no entry lies in (near, tau_hi] and both bounds are above `near`: the
     # entries at or below tau_hi are then at or below tau_lo (out of the support, no band)
     # and below hi (the same entries lie above a lowered tau_hi): the usual case in training.
-    if n_near == 0 and tau_lo >= near and hi >= near:
+    skip = n_near == 0 and hi >= near
+    if not (skip and tau_lo >= near):  # the tighter lower bound only matters then
+        # |y|^2 - sum_{|y| > tau_hi} (|y| - tau_hi)^2, raised by its rounding: ysq - q_hi
+        # cancels (each sum within (m + 1) ulps of ysq), tau_hi s_hi <= q_hi <= ysq.
+        g_y = 0.5 * ((ysq - q_hi) + tau_hi * (2 * s_hi - c_hi * tau_hi))
+        tau_lo = max(tau_lo, _tau_lo(xs, cx2, lam, g_y + (m + 8) * 2.0**-52 * ysq))
+    if skip and tau_lo >= near:
         n_band = 0
         tau_hi = min(hi, tau_hi)
     elif hi < tau_hi:

@@ -360,3 +360,39 @@ def test_a_tiny_lam_is_exact_in_every_dtype(method: str, dtype: torch.dtype) -> 
                 np.testing.assert_array_less(np.abs(g - want), eps * np.abs(want) + 1e-300)
                 if lam <= 2.0**-126 or (dtype == torch.float16 and lam <= 2.0**-24):
                     assert torch.equal(got, orig), lam
+
+
+def test_kernel_exact_on_rows_mixing_huge_and_tiny_magnitudes() -> None:
+    # The kernel's one pass over a long row sums |y| and |y|^2; its lower bound on the support
+    # threshold takes |y|^2 - sum_{|y| > tau} (|y| - tau)^2 from their difference. Rows mixing
+    # magnitudes 1e-6..1e3 with many entries at or next to tau = lam ||x||_1 make it cancel.
+    rng = np.random.default_rng(20261127)
+    for _ in range(150):
+        n, m, p = 2, int(rng.integers(20, 50)), int(rng.integers(1, 5))
+        x = rng.normal(size=(n, p))
+        lam = float(10 ** rng.uniform(-3, -0.5))
+        tau = lam * np.abs(x).sum(1, keepdims=True)
+        y = np.sign(rng.normal(size=(n, m))) * 10.0 ** rng.uniform(-6, 3, size=(n, m))
+        at = tau * (1 + rng.choice([-1e-7, 0.0, 1e-12, 1e-4], size=(n, m)))
+        y = np.where(rng.random(size=(n, m)) < 0.5, np.sign(y) * at, y)
+        new_in, new_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method="kernel")
+        v_ref, w_ref = reference.prox_path_norm(x, y, lam)
+        h_ref = reference.path_norm_objective(v_ref, w_ref, x, y, lam)
+        h = _objective(new_in, new_out, x, y, lam)
+        assert h <= h_ref + 1e-9 * max(1.0, abs(h_ref)), (x.tolist(), y.tolist(), lam, h, h_ref)
+
+
+def test_kernel_row_whose_sum_overflows_is_finite_and_solved_scaled() -> None:
+    # Finite float64 entries whose l1 norm overflows: the kernel's finite test on the row's sum
+    # falls back to testing each entry (no error), and the unit is solved scaled by a power of
+    # two, so the result is the unscaled layer's, scaled (prox_lam(s x, s y) = s prox_lam(x, y)).
+    rng = np.random.default_rng(20261128)
+    x, y = rng.normal(size=(2, 3)), rng.normal(size=(2, 40))
+    y[0] = np.sign(y[0]) * (1 + rng.random(40))  # its sum, ~60 * 2^1019, overflows
+    scale = 2.0**1019
+    for lam in (1e-3, 0.05):
+        w_in, w_out = torch.tensor(y * scale), torch.tensor(x.T * scale)
+        assert math.isinf(float(w_in[0].abs().sum())) and bool(torch.isfinite(w_in).all())
+        got_in, got_out = prox_path_norm(w_in, w_out, lam, method="kernel", check_finite=True)
+        ref_in, ref_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method="kernel")
+        assert torch.equal(got_in, ref_in * scale) and torch.equal(got_out, ref_out * scale)
