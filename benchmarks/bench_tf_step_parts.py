@@ -6,9 +6,13 @@ replaced, for the measurement only, by parts of it:
 
 * ``identity``: the kernels unchanged (what the optimizer's machinery around the prox costs);
 * ``write``: the final soft-threshold of both kernels only (thresholds from ``kernel_out``);
-* ``sums``: ``--sums`` sums per unit over ``kernel_in`` (the long side), each one reduced as the
-  prox reduces its statistics (:func:`pathnorm_tf._xla.reduce_units`), then the write;
-  the band prox needs five such statistics (the band entries counted among them);
+* ``sums``: ``--sums`` sums per unit over ``kernel_in`` (the long side), each one reduced by
+  itself (:func:`pathnorm_tf._xla.reduce_units`: a loop over the long side each), then the
+  write;
+* ``pairs``: the same sums reduced two at a time, as the prox reduces its statistics
+  (:func:`pathnorm_tf._xla.unit_sums`: one loop per pair), then the write; the band prox
+  reduces two such pairs (four sums and the packed counts), plus one loop per band entry when
+  a unit's band is not empty;
 * ``prox``: the real prox.
 
 The models train in turn, ``--steps`` steps each per round, so that all see the same machine
@@ -18,7 +22,7 @@ in a train step that loop reads the kernel from a cache level below the one it s
 prox runs alone (the batch, activations and gradients share the caches).
 
     python benchmarks/bench_tf_step_parts.py [--rounds 25] [--steps 100] [--threads 1]
-        [--sums 5] [--lam 1e-4] [--lr 0.1]
+        [--sums 4] [--lam 1e-4] [--lr 0.1] [--data-dir DIR]
 """
 
 from __future__ import annotations
@@ -52,19 +56,26 @@ def _write(k_in: tf.Tensor, k_out: tf.Tensor, t_in: tf.Tensor) -> Kernels:
     return new_in, F._soft_threshold_exact(k_out, t_out)
 
 
-def _sums_then_write(k_in: tf.Tensor, k_out: tf.Tensor, lam: Any, sums: int) -> Kernels:
-    """``sums`` per-unit reductions over ``|k_in|`` of the prox's kinds, then the write; the
-    thresholds depend on every sum, so none is optimized away (they are ~1e-12 of a weight)."""
+def _sums_then_write(
+    k_in: tf.Tensor, k_out: tf.Tensor, lam: Any, sums: int, pairs: bool
+) -> Kernels:
+    """``sums`` per-unit reductions over ``|k_in|`` of the prox's kinds (two at a time if
+    ``pairs``), then the write; the thresholds depend on every sum, so none is optimized away
+    (they are ~1e-12 of a weight)."""
     x1 = tf.reduce_sum(tf.abs(tf.cast(k_out, tf.float64)), 1)  # (n,)
     (tau,) = _xla.materialized(tf.cast(tf.cast(lam, tf.float64) * x1, k_in.dtype)[tf.newaxis, :])
     ay = tf.abs(k_in)
     r = tf.maximum(ay - tau, 0.0)
     kinds = [ay * ay, r * r, r, tf.cast(ay > tau, ay.dtype), tf.where(ay > 0.5 * tau, ay, 0.0)]
-    total = tf.zeros([1, int(k_in.shape[1])], tf.float64)
-    for i in range(sums):
-        part = _xla.reduce_units(tf.reduce_sum, kinds[i % len(kinds)] * (1.0 + i), 1)
-        total += tf.cast(tf.reshape(part, [1, -1]), tf.float64)
-    return _write(k_in, k_out, tf.reshape(total, [-1]) * 1e-12)
+    terms = [kinds[i % len(kinds)] * (1.0 + i) for i in range(sums)]
+    parts: list[tf.Tensor] = []
+    while terms:
+        if pairs and len(terms) > 1:
+            parts += _xla.unit_sums(terms.pop(0), terms.pop(0), 1)
+        else:
+            parts.append(_xla.reduce_units(tf.reduce_sum, terms.pop(0), 1))
+    total = tf.add_n([tf.cast(tf.reshape(part, [-1]), tf.float64) for part in parts])
+    return _write(k_in, k_out, total * 1e-12)
 
 
 def variants(sums: int) -> dict[str, Callable[..., Kernels]]:
@@ -76,7 +87,10 @@ def variants(sums: int) -> dict[str, Callable[..., Kernels]]:
             k_in, k_out, zero * tf.reduce_sum(tf.cast(k_out, tf.float64), 1)
         ),
         f"sums ({sums})": lambda k_in, k_out, lam, method="auto": _sums_then_write(
-            k_in, k_out, lam, sums
+            k_in, k_out, lam, sums, False
+        ),
+        f"pairs ({sums})": lambda k_in, k_out, lam, method="auto": _sums_then_write(
+            k_in, k_out, lam, sums, True
         ),
         "prox": real,
     }
@@ -87,7 +101,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--steps", type=int, default=100, help="steps per model per round")
     parser.add_argument("--threads", type=int, default=1, help="TF threads (0: default)")
-    parser.add_argument("--sums", type=int, default=5, help="reductions in the 'sums' part")
+    parser.add_argument("--sums", type=int, default=4, help="sums in the 'sums' parts")
     parser.add_argument("--lam", type=float, default=1e-4)
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument(
@@ -119,6 +133,7 @@ def main() -> None:
     for model in models.values():  # one epoch each: weights as in training
         for xb, yb in batches:
             model.train_on_batch(xb, yb)
+    load_before = os.getloadavg()[0]
     per_step: dict[str, list[float]] = {name: [] for name in models}
     for r in range(args.rounds):
         start = (r * args.steps) % len(batches)
@@ -135,6 +150,7 @@ def main() -> None:
         f"PathNormSGD lam {args.lam}, lr {args.lr}; median of {args.rounds} rounds of "
         f"{args.steps} train_on_batch steps"
     )
+    print(f"1-minute load average: {load_before:.2f} before, {os.getloadavg()[0]:.2f} after")
     print(f"SGD step: {base:.0f} us")
     for name in list(models)[1:]:
         extra = med[name] - base

@@ -213,13 +213,18 @@ def reduce_units(fn: Any, t: tf.Tensor, unit_axis: int) -> tf.Tensor:
 
 
 def unit_sums(a: tf.Tensor, b: tf.Tensor, unit_axis: int) -> tuple[tf.Tensor, tf.Tensor]:
-    """Per-unit sums (n, 1) of two long-side tensors: the real and imaginary parts of one
-    folded complex tensor (each part adds exactly as a real sum would). XLA splits the fold
-    into two fused loops again, but the pair costs less than two real folds."""
+    """Per-unit sums (n, 1) of two long-side tensors in one pass over the long side: the real
+    and imaginary parts of one folded, reduced complex tensor.
+
+    A complex addition adds each part exactly as a real one would, so each part is a real sum
+    of its terms, in the order :func:`reduce_units` takes (within the rounding bound of any
+    order, ``(m - 1) eps`` relative to the sum of magnitudes). Under XLA on CPU, where a fusion
+    has one output and is one loop, the fold is one loop that computes and writes both parts;
+    the reduction stays complex because taking the parts before it would let XLA split the
+    fold into two loops, one per part (each a full pass over the long side).
+    """
     axis = 1 - unit_axis
     pieces = _fold(tf.complex(a, b), unit_axis, tf.add)
-    re, im = (
-        tf.reshape(tf.add_n([tf.reduce_sum(part(c), axis=axis) for c in pieces]), [-1, 1])
-        for part in (tf.math.real, tf.math.imag)
-    )
+    total = tf.add_n([tf.reduce_sum(c, axis=axis) for c in pieces])
+    re, im = (tf.reshape(part(total), [-1, 1]) for part in (tf.math.real, tf.math.imag))
     return re, im
