@@ -11,6 +11,7 @@ sorts: rank sort, bitonic network).
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -225,6 +226,35 @@ def test_sliced_reductions(unit_axis: int, size: int, jit: bool) -> None:
     pair = tf.function(lambda u: _xla.unit_sums(u, u * u, unit_axis), jit_compile=jit)(t_in)
     np.testing.assert_allclose(pair[0].numpy(), total, rtol=1e-13, atol=1e-13)
     np.testing.assert_allclose(pair[1].numpy(), (t * t).sum(1, keepdims=True), rtol=1e-13)
+
+
+@pytest.mark.parametrize("unit_axis", [0, 1])
+def test_unit_sums_is_one_pass_over_the_long_side_under_xla(unit_axis: int) -> None:
+    # Both sums of a pair come from one loop over the long side (a fusion of XLA's CPU
+    # backend has one output): the fold stays complex through the reduction. Taking the real
+    # and imaginary parts before it let XLA split the fold into one loop per part, once
+    # their consumers differ (as in the prox), which this test's consumers reproduce.
+    rng = np.random.default_rng(unit_axis)
+    t = rng.standard_normal((6, 40))
+    t_in = tf.constant(t if unit_axis == 0 else t.T)
+
+    def sums(u: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        total, squares = _xla.unit_sums(tf.abs(u), u * u, unit_axis)
+        return tf.sqrt(total) + 1.0, tf.reduce_max(squares)
+
+    fn = tf.function(sums, jit_compile=True)
+    hlo = fn.experimental_get_compiler_ir(t_in)(stage="optimized_hlo")
+    entry = hlo[hlo.index("ENTRY") :]
+    (param,) = re.findall(r"(%\S+) = f64\[\d+,\d+\]\{[\d,]+\} parameter\(0\)", entry)
+    loops = [
+        line
+        for line in entry.splitlines()
+        if " fusion(" in line and re.search(param + r"[,)]", line)
+    ]
+    assert len(loops) == 1, loops
+    got_total, got_max = (v.numpy() for v in fn(t_in))
+    np.testing.assert_allclose(got_total[:, 0], np.sqrt(np.abs(t).sum(1)) + 1.0, rtol=1e-14)
+    np.testing.assert_allclose(got_max, (t * t).sum(1).max(), rtol=1e-14)
 
 
 @pytest.mark.parametrize("p", [2, 3, 10, 16, 17, 64, 100, 513])
