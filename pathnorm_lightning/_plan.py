@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from pathnorm_lightning._checks import FiniteCheck
 from pathnorm_lightning._common import shares_memory
@@ -35,11 +35,12 @@ class Guard:
     """What a plan's validity is checked against at every step, in O(groups + targets): per
     optimizer its ``param_groups`` list, its length and each group's ``params`` list and length
     (held, so that their ids are never reused), the position of every planned weight in its
-    group's list, and every target's weights (identity, storage, trainability)."""
+    group's list, and every target's weights (identity, storage, trainability; see
+    :func:`followed`)."""
 
     groups: tuple[tuple[list[Any], int, tuple[tuple[list[Any], int], ...]], ...]
     placed: tuple[tuple[list[Any], int, Tensor], ...]
-    states: tuple[tuple[Any, ...], ...]
+    weights: tuple[tuple[nn.Module | None, Tensor | None, int, bool], ...]
 
     @classmethod
     def of(
@@ -64,7 +65,7 @@ class Guard:
                     params = optimizer.param_groups[g]["params"]
                     index = next(i for i, p in enumerate(params) if p is weight)
                     placed.append((params, index, weight))
-        return cls(groups, tuple(placed), tuple(weight_state(t) for t in targets))
+        return cls(groups, tuple(placed), followed(targets))
 
     def holds(
         self, optimizers: Sequence[torch.optim.Optimizer], targets: Sequence[StepTarget]
@@ -81,20 +82,34 @@ class Guard:
         for params, index, weight in self.placed:
             if params[index] is not weight:
                 return False
-        return all(weight_state(t) == s for t, s in zip(targets, self.states, strict=True))
+        for module, planned, pointer, trainable in self.weights:
+            w = planned if module is None else module._parameters.get("weight")
+            if w is not planned:
+                return False
+            if w is not None and (w.data_ptr() != pointer or w.requires_grad != trainable):
+                return False
+        return True
 
 
-def weight_state(target: StepTarget) -> tuple[Any, ...]:
-    """What a plan depends on in ``target``: its weights' identity, storage and trainability
-    (for a followed target, read from its modules now)."""
-    weights: list[Tensor | None] = (
-        [module._parameters.get("weight") for _, module in target.layers]
-        if target.layers
-        else list(target.weights)
-    )
-    return tuple(
-        (id(w), w.data_ptr(), w.requires_grad) if isinstance(w, Tensor) else None for w in weights
-    )
+def followed(
+    targets: Sequence[StepTarget],
+) -> tuple[tuple[nn.Module | None, Tensor | None, int, bool], ...]:
+    """What a plan depends on in the targets, per weight: ``(module, weight, storage,
+    trainability)``, the weight read from its module now for a followed target (``module``
+    None for a weight taken as given)."""
+    found: list[tuple[nn.Module | None, Tensor | None, int, bool]] = []
+    for target in targets:
+        pairs: list[tuple[nn.Module | None, Tensor | None]] = (
+            [(module, module._parameters.get("weight")) for _, module in target.layers]
+            if target.layers
+            else [(None, w) for w in target.weights]
+        )
+        for module, w in pairs:
+            if isinstance(w, Tensor):
+                found.append((module, w, w.data_ptr(), w.requires_grad))
+            else:
+                found.append((module, None, 0, False))
+    return tuple(found)
 
 
 def no_grad(weights: tuple[Tensor, ...]) -> bool:

@@ -161,7 +161,8 @@ ENTRIES: tuple[PrivateName, ...] = (
         'module._parameters.get("weight")',
         (
             "pathnorm_lightning/compact.py:_ops",
-            "pathnorm_lightning/_plan.py:weight_state",
+            "pathnorm_lightning/_plan.py:Guard.holds",
+            "pathnorm_lightning/_plan.py:followed",
             "pathnorm_lightning/pairing.py:weight_parameter",
         ),
         "the registered weight Parameter itself, not what module.weight computes under a "
