@@ -353,8 +353,11 @@ def _compiled_model(cfg: TrainConfig) -> RegularizedMLP:
     # the float64 run's lr and loss.
     keras.config.set_floatx(cfg.dtype)
     try:
+        optimizer = make_optimizer(cfg)
+        if isinstance(optimizer, (PathNormSGD, ProxOptimizer)):
+            optimizer.verify_pairs(model)  # shows it the model (the conv network needs it)
         model.compile(
-            optimizer=make_optimizer(cfg),
+            optimizer=optimizer,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
     finally:

@@ -6,7 +6,8 @@ the public facade :mod:`pathnorm_tf.functional`.
 Errors follow one rule on both backends: a strength that is not a real number (``str``,
 ``None``, ``bool``, ``complex``, a non-numeric tensor) raises ``TypeError``; a real that is
 NaN, inf or negative, and a shape or dtype that does not fit, raise ``ValueError``; weights
-holding NaN/inf raise :class:`NonFiniteWeightsError` (a ``ValueError``).
+holding NaN/inf raise :class:`NonFiniteWeightsError` (a ``ValueError``, and in TensorFlow also
+an ``InvalidArgumentError``, the type the graph runtime raises for a failed check).
 """
 
 from __future__ import annotations
@@ -29,8 +30,30 @@ except ImportError:  # pragma: no cover
 Scalar = Any  # a Python number or a 0-d tensor (tf.Tensor, tf.Variable)
 
 
-class NonFiniteWeightsError(ValueError):
-    """A weight given to the prox holds NaN or inf (the prox is undefined there)."""
+class NonFiniteWeightsError(tf.errors.InvalidArgumentError, ValueError):
+    """A weight given to the prox holds NaN or inf (the prox is undefined there).
+
+    A ``ValueError``, as torch's ``pathnorm_lightning.NonFiniteWeightsError``, with the same
+    message shape. Inside a compiled TensorFlow graph (``tf.function`` without XLA) the check
+    is a graph assertion, and the runtime raises it as ``tf.errors.InvalidArgumentError`` with
+    this message: Python code cannot run there to raise another type, and Keras' ``fit``
+    re-raises what the runtime raised. Hence this class is also an ``InvalidArgumentError``:
+    ``except tf.errors.InvalidArgumentError`` catches every case, eager, graph and the deferred
+    XLA one (see :mod:`pathnorm_tf.optimizers`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, None, message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.message,)
+
+
+def non_finite_message(name: str) -> str:
+    """The message for NaN/inf in ``name`` (the torch side's ``non_finite``)."""
+    return (
+        f"{name} contains NaN or inf; the prox of non-finite weights is undefined "
+        "(check the learning rate and the loss for divergence)"
+    )
 
 
 def tracing_for_xla() -> bool:
@@ -116,10 +139,7 @@ def as_matrix(w: Any, name: str, check_finite: bool) -> tf.Tensor:
 def check_finite_tensor(t: tf.Tensor, name: str) -> tf.Tensor:
     """``t``, checked for NaN/inf: eagerly :class:`NonFiniteWeightsError` now; in a graph a
     run-time assertion (``tf.errors.InvalidArgumentError``; dropped under XLA, with a warning)."""
-    message = (
-        f"{name} contains NaN or inf; the prox of non-finite weights is undefined "
-        "(check the learning rate and the loss for divergence)"
-    )
+    message = non_finite_message(name)
     if is_symbolic(t):
         warn_if_xla(f"that {name} is finite (check_finite=True)", stacklevel=6)
         return tf.debugging.assert_all_finite(t, message)

@@ -11,7 +11,6 @@ it and scans the sources so that a new private name cannot go unlisted (the rule
 from __future__ import annotations
 
 import functools
-import inspect
 from typing import Any
 
 from shared_spec.private_api import PrivateName
@@ -113,34 +112,6 @@ def _backend_update_step() -> bool:
     return calls == [1] and weight.numpy().tolist() == [0.5, 1.5]
 
 
-class _Built(Exception):
-    pass
-
-
-def _build_from_model() -> bool:
-    import keras
-    import numpy as np
-
-    seen: list[bool] = []
-
-    class Probe(keras.optimizers.SGD):
-        def build(self, variables: Any) -> None:
-            frame, owners = inspect.currentframe(), []
-            for _ in range(8):  # as pathnorm_tf.optimizers._model_of walks
-                frame = frame.f_back if frame is not None else None
-                owners.append(frame.f_locals.get("self") if frame is not None else None)
-            seen.append(any(owner is model for owner in owners))
-            raise _Built  # stop fit before it traces a step
-
-    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-    model.compile(optimizer=Probe(0.1), loss="mse")
-    try:
-        model.fit(np.zeros((2, 3)), np.zeros((2, 2)), verbose=0)
-    except _Built:
-        pass
-    return seen == [True]
-
-
 def _merge_call() -> bool:
     import tensorflow as tf
 
@@ -166,6 +137,7 @@ def _xla_context() -> bool:
 
 _OPT = "pathnorm_tf/optimizers.py"
 _REG = f"{_OPT}:_KernelRegularizer"
+_UPD = "pathnorm_tf/_update.py:StepUpdate"
 ENTRIES: tuple[PrivateName, ...] = (
     PrivateName(
         "keras",
@@ -230,9 +202,9 @@ ENTRIES: tuple[PrivateName, ...] = (
             f"{_REG}.regularized_kernels",
             f"{_REG}.verify_pairs",
             f"{_REG}.regularized_chains",
-            f"{_REG}._apply_regularizer",
-            f"{_REG}._warn_half_frozen",
-            f"{_REG}._distributed_regularize",
+            f"{_UPD}._apply_regularizer",
+            f"{_UPD}._warn_half_frozen",
+            f"{_UPD}._distributed_regularize",
             f"{_OPT}:PathNormSGD.build",
             f"{_OPT}:ProxOptimizer.build",
             f"{_OPT}:ProxOptimizer.apply",
@@ -245,7 +217,7 @@ ENTRIES: tuple[PrivateName, ...] = (
         "keras",
         "_var_key",
         "Optimizer._var_key(variable)",
-        (f"{_REG}._apply_regularizer",),
+        (f"{_UPD}._apply_regularizer",),
         "Keras's identity of a variable, to tell which kernels this step updated",
         _optimizer_state,
     ),
@@ -276,19 +248,10 @@ ENTRIES: tuple[PrivateName, ...] = (
         _backend_update_step,
     ),
     PrivateName(
-        "keras",
-        "f_locals",
-        "the calling frames' self (Keras calls optimizer.build from the model's fit/compile)",
-        (f"{_OPT}:_model_of",),
-        "a variable keeps no link to its layer: the model that builds the optimizer is found "
-        "on the stack, to check auto pairs against its layers",
-        _build_from_model,
-    ),
-    PrivateName(
         "tensorflow",
         "__internal__",
         "tf.__internal__.distribute.interim.maybe_merge_call",
-        (f"{_REG}._apply_regularizer",),
+        (f"{_UPD}._apply_regularizer",),
         "the prox runs once per update under a distribution strategy (in the cross-replica "
         "context), as Keras's own optimizers apply their updates",
         _merge_call,

@@ -43,13 +43,8 @@ import tensorflow as tf
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
 from pathnorm_tf._graph import path_between
-from pathnorm_tf.optimizers import (
-    PathNormSGD,
-    ProxOptimizer,
-    _links,
-    alive_units,
-    warn_dead_pairs,
-)
+from pathnorm_tf._units import alive_units, links, warn_dead_pairs
+from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer
 
 __all__ = ["PathNormMetrics", "metric_values"]
 
@@ -184,7 +179,7 @@ def _metric_values(
             t = tf.convert_to_tensor(k)
             zeros += int(tf.reduce_sum(tf.cast(tf.equal(t, 0), tf.int64)))
             total += int(tf.size(t))
-        for k_in, k_out, layout in _links(chain):
+        for k_in, k_out, layout in links(chain):
             live = int(tf.reduce_sum(tf.cast(alive_units(k_in, k_out, layout), tf.int64)))
             alive += live
             units += int(k_in.shape[-1])

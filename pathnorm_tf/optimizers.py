@@ -9,7 +9,7 @@ Two ways to get it:
   follows its step with the path-norm prox, the L1 prox (``regularizer="l1"``) or the
   layer-wise l_inf projection (``regularizer="linf"``, ``||K||_{inf->inf} <= radius``).
 
-The invariant, held in one place (:meth:`_KernelRegularizer._apply_regularizer`): **the prox
+The invariant, held in one place (:meth:`pathnorm_tf._update.StepUpdate._apply_regularizer`): **the prox
 runs exactly once per real update, on exactly the variables that update changed.** "Real
 update" means what the optimizer means by it: under ``gradient_accumulation_steps=s`` the prox
 runs once per ``s`` batches, right after the weights move, with the learning rate that step
@@ -17,7 +17,9 @@ used (schedules are honoured). "The variables it changed" are the ones handed to
 (``apply``/``apply_gradients``, less those without a gradient), matched by identity: a layer
 frozen after the optimizer was built (``trainable = False``, then ``compile`` again) is left
 alone, and a pair with one side frozen is skipped with a warning. Which kernels *can* be
-regularized is resolved from the variables' paths when the optimizer is built (see
+regularized is resolved from the variables' paths (and from the model, given by ``model=`` or
+:meth:`~PathNormSGD.verify_pairs`: Keras shows an optimizer its variables only) when the
+optimizer is built (see
 :mod:`pathnorm_tf.pairing`): ``Dense``, ``Conv1D`` and ``Conv2D`` kernels, whose hidden units
 (features or channels) the layer seam (:mod:`pathnorm_tf.layers`) lays out as the matrices the
 prox takes; the optimizer stores indices and those layouts, so model variables never become
@@ -29,28 +31,31 @@ Requires the TensorFlow backend of Keras.
 
 from __future__ import annotations
 
-import contextvars
 import copy
-import functools
-import inspect
-import itertools
 import warnings
-from collections.abc import Sequence
+import weakref
 from typing import Any
 
 import keras
 import tensorflow as tf
 
-from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf._baselines import soft_threshold
-from pathnorm_tf._common import check_scalar, warn_if_xla
+from pathnorm_tf._common import (
+    NonFiniteWeightsError,
+    check_scalar,
+    non_finite_message,
+    tracing_for_xla,
+)
+from pathnorm_tf._regularizers import REGULARIZERS as _RULES
+from pathnorm_tf._regularizers import Regularizer
+from pathnorm_tf._units import dead_pairs, warn_dead_pairs
+from pathnorm_tf._update import StepUpdate, _Flag, _when
 from pathnorm_tf.functional import _prox_kernels
-from pathnorm_tf.functional import project_linf_operator_norm as _project_linf
 
 __all__ = ["PathNormSGD", "ProxOptimizer"]
 
-REGULARIZERS = ("path", "l1", "linf")
+#: The public names of the regularizers (:data:`pathnorm_tf._regularizers.REGULARIZERS`).
+REGULARIZERS = tuple(_RULES)
 
 
 def _check_backend(cls_name: str) -> None:
@@ -72,100 +77,17 @@ def _check_strength(value: Any, name: str, owner: str) -> float:
     return float(check_scalar(value, name))
 
 
-# The model that ``verify_pairs`` builds an optimizer for (a custom loop's way to show it).
-_MODEL_HINT: contextvars.ContextVar[Any] = contextvars.ContextVar("model_hint", default=None)
+def _check_model(model: Any, owner: str) -> Any:
+    if model is not None and not isinstance(model, keras.Model):
+        raise TypeError(f"{owner}: model must be the keras.Model being trained, got {model!r}")
+    return model
 
 
-def _model_of(variables: list[Any]) -> keras.Model | None:
-    """The model whose ``fit``/``compile`` is building this optimizer, if any: Keras calls
-    ``optimizer.build(self.trainable_variables)`` from the model's own method (through a
-    ``LossScaleOptimizer``'s build at most), and a variable keeps no link to its layer. None in
-    a custom loop (``optimizer.apply`` or ``build`` called directly) unless it goes through
-    ``verify_pairs(model)``."""
-    ids = [id(v) for v in variables]
-    hint = _MODEL_HINT.get()
-    if hint is not None and [id(v) for v in hint.trainable_variables] == ids:
-        return hint
-    frame = inspect.currentframe()
-    for _ in range(8):
-        frame = frame.f_back if frame is not None else None
-        owner = frame.f_locals.get("self") if frame is not None else None
-        if isinstance(owner, keras.Model) and [id(v) for v in owner.trainable_variables] == ids:
-            return owner
-    return None
-
-
-def _tf_variable(v: Any) -> Any:
-    return v.value if isinstance(v, keras.Variable) else v
-
-
-def _when(is_real: tf.Tensor | None, fn: Any) -> None:
-    if is_real is None:
-        fn()
-        return
-
-    def run() -> tf.Tensor:
-        fn()
-        return tf.constant(True)
-
-    tf.cond(is_real, run, lambda: tf.constant(False))
-
-
-def alive_units(k_in: Any, k_out: Any, layout: seam.PairLayout | None = None) -> tf.Tensor:
-    """Per hidden unit, (n,) bool: its incoming weights (column ``j`` of the seam's in-view,
-    ``k_in[:, j]`` for Dense kernels) and its outgoing ones (row ``j`` of the out-view,
-    ``k_out[j, :]``) both hold a nonzero weight. ``layout``: the pair's, None for Dense."""
-    if layout is not None:
-        k_in, k_out = layout.views(k_in, k_out)
-    return tf.reduce_any(tf.not_equal(k_in, 0), 0) & tf.reduce_any(tf.not_equal(k_out, 0), 1)
-
-
-def _links(chain: Sequence[Any]) -> list[tuple[Any, Any, seam.PairLayout | None]]:
-    """The consecutive kernels of ``chain`` with their layout (a :class:`pairing.Chain`'s;
-    None for a plain list of Dense kernels)."""
-    layouts = getattr(chain, "layouts", [None] * max(len(chain) - 1, 0))
-    return [(a, b, lay) for (a, b), lay in zip(itertools.pairwise(chain), layouts, strict=True)]
-
-
-def dead_pairs(chains: Sequence[Sequence[Any]]) -> list[tuple[str, str]]:
-    """The layer paths of the consecutive kernels in ``chains`` with hidden units, none alive."""
-    return [
-        (pairing.layer_path(k_in), pairing.layer_path(k_out))
-        for chain in chains
-        for k_in, k_out, layout in _links(chain)
-        if int(k_in.shape[-1]) > 0 and not bool(tf.reduce_any(alive_units(k_in, k_out, layout)))
-    ]
-
-
-def warn_dead_pairs(
-    dead: list[tuple[str, str]], optimizer: Any, warned: set[tuple[str, str]]
-) -> None:
-    """Warn once (per ``warned``) for each pair in ``dead`` that lost every hidden unit, with
-    what to change on ``optimizer`` (a path-norm optimizer or any other)."""
-    if getattr(optimizer, "_radius", None) is not None:
-        strength = f"radius={optimizer._radius} is too small for these layers; try a larger one"
-    elif getattr(optimizer, "_lam", None) is not None:
-        strength = f"lam={optimizer._lam} is too large for these layers; try one 3-10x smaller"
-    else:
-        strength = "the regularization is too strong for these layers; try a smaller lam"
-    for names in dead:
-        if names in warned:
-            continue
-        warned.add(names)
-        warnings.warn(
-            f"pathnorm_tf: pair {names} has no alive hidden unit left (each unit's incoming or "
-            "outgoing weights are all zero): it maps every input to the same output. "
-            f"{strength}. The pull on each weight grows with the layers' widths: see "
-            "'Choosing lam' in the Keras docs (docs/keras.md).",
-            UserWarning,
-            stacklevel=2,
-        )
-
-
-class _KernelRegularizer:
+class _KernelRegularizer(StepUpdate):
     """Mixin: configuration, resolution at build time and the post-step update."""
 
     _regularizer: str
+    _rule: Regularizer
     _lam: float | None
     _radius: float | None
     _pairs_spec: pairing.PairsSpec
@@ -173,7 +95,12 @@ class _KernelRegularizer:
     _check_finite: bool
     _pairs: tuple[pairing.Pair, ...]
     _layers: tuple[pairing.Single, ...]
+    _labels: list[str]
     _record: pairing.Record | None
+    _model_ref: Any
+    _unseen: ValueError | None
+    _restored: bool
+    _flag: _Flag | None
     _warned_half_frozen: set[tuple[int, int]]
     _warned_dead: set[tuple[str, str]]
     _trainable_variables: list[Any]
@@ -190,12 +117,16 @@ class _KernelRegularizer:
         pairs: Any,
         layers: Any,
         check_finite: bool,
+        model: Any,
     ) -> None:
-        if regularizer not in REGULARIZERS:
+        if regularizer not in _RULES:
             raise ValueError(f"regularizer must be one of {REGULARIZERS}, got {regularizer!r}")
-        if regularizer == "linf":
+        rule = _RULES[regularizer]
+        if rule.strength == "radius":
             if lam is not None:
-                raise ValueError('regularizer="linf" is a projection: pass radius=..., not lam')
+                raise ValueError(
+                    f'regularizer="{regularizer}" is a projection: pass radius=..., not lam'
+                )
             radius_v: float | None = _check_strength(radius, "radius", owner)
             lam_v: float | None = None
         else:
@@ -204,13 +135,15 @@ class _KernelRegularizer:
             lam_v, radius_v = _check_strength(lam, "lam", owner), None
         pairs_spec = pairing.normalize_pairs(pairs)
         layers_spec = pairing.normalize_layers(layers)
-        if regularizer == "path" and layers_spec != "auto":
+        if rule.targets == "pairs" and layers_spec != "auto":
             raise ValueError('layers applies to regularizer="l1"/"linf"; for "path" use pairs')
-        if regularizer != "path" and pairs_spec != "auto":
+        if rule.targets == "layers" and pairs_spec != "auto":
             raise ValueError(f'pairs applies to regularizer="path"; for {regularizer!r} use layers')
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
+        _check_model(model, owner)
         self._regularizer = regularizer
+        self._rule = rule(radius_v if radius_v is not None else lam_v)  # type: ignore[arg-type]
         self._lam = lam_v
         self._radius = radius_v
         self._pairs_spec = pairs_spec
@@ -218,7 +151,12 @@ class _KernelRegularizer:
         self._check_finite = check_finite
         self._pairs = ()
         self._layers = ()
+        self._labels = []
         self._record = None
+        self._model_ref = None if model is None else weakref.ref(model)
+        self._unseen = None
+        self._restored = False
+        self._flag = None
         self._warned_half_frozen = set()
         self._warned_dead = set()
 
@@ -238,52 +176,85 @@ class _KernelRegularizer:
         """Paths of the kernels the baseline acts on (after ``build``)."""
         return [self._trainable_variables[s.kernel].path for s in self._layers]
 
+    def _model(self, variables: list[Any]) -> keras.Model | None:
+        """The model given by ``model=`` or :meth:`verify_pairs`, if alive; checked to own
+        ``variables``. A variable keeps no link to its layer and Keras shows an optimizer only
+        the variables, so the model is never guessed."""
+        model = None if self._model_ref is None else self._model_ref()
+        if model is None:
+            return None
+        own = {id(w) for w in model.weights}
+        foreign = [v.path for v in variables if id(v) not in own]
+        if foreign:
+            raise ValueError(
+                f"{type(self).__name__} was given model {model.name!r}, but trains variables "
+                f"it does not hold ({foreign[:3]}); pass the model being trained (model=...) "
+                "or none"
+            )
+        return model
+
     def _resolve(
         self, variables: list[Any], model: keras.Model | None
     ) -> tuple[tuple[pairing.Pair, ...], tuple[pairing.Single, ...]]:
         """The pairs and (baselines) layers in ``variables``, using the record if it applies;
         ``model``: the model that trains them, if known (convolutions need it)."""
-        if self._regularizer == "path":
+        if self._rule.targets == "pairs":
             pairs = pairing.resolve_pairs(variables, self._pairs_spec, self._record, model)
             return pairs, ()
         return (), pairing.resolve_layers(variables, self._layers_spec, self._record, model)
 
     def _resolve_targets(self, variables: list[Any]) -> None:
-        model = _model_of(variables)
-        self._pairs, self._layers = self._resolve(variables, model)
-        if self._regularizer == "path" and self._pairs_spec == "auto":
+        model = self._model(variables)
+        self._unseen = None
+        try:
+            self._pairs, self._layers = self._resolve(variables, model)
+        except pairing.ModelNeeded as err:
+            if not self._restored:
+                raise
+            # Keras builds a restored optimizer inside load_model, before the model can be
+            # shown: the refusal waits for the first step (verify_pairs(model) resolves it).
+            self._unseen, self._pairs, self._layers = err, (), ()
+            return
+        tv = variables
+        self._labels = [
+            f"pair {tuple(pairing.layer_path(tv[k]) for k in (p.first, p.second))}"
+            for p in self._pairs
+        ] + [f"kernel {tv[s.kernel].path!r}" for s in self._layers]
+        if self._rule.targets == "pairs" and self._pairs_spec == "auto":
             if model is not None:
                 pairing.check_auto_pairs_in_model(model, variables, self._pairs)
             else:
                 warnings.warn(
-                    f'pairs="auto" paired {self.regularized_pairs} without seeing the model (the '
-                    "optimizer was built outside model.fit): a frozen layer between two paired "
-                    "layers is invisible in the trained variables. Call "
+                    f'pairs="auto" paired {self.regularized_pairs} without seeing the model: a '
+                    "frozen or shared layer between two paired layers, and the order call() "
+                    "runs them in, show in the model only. Pass it, PathNormSGD(..., "
+                    "model=model) or ProxOptimizer(..., model=model), or call "
                     "optimizer.verify_pairs(model) before the first step, or pass pairs=[...].",
                     stacklevel=4,
                 )
-        path = self._regularizer == "path"
-        spec = self._pairs_spec if path else self._layers_spec
+        paired = self._rule.targets == "pairs"
+        spec = self._pairs_spec if paired else self._layers_spec
         if not isinstance(spec, str):  # names: record where they resolved, for the config
-            found = self._pairs if path else [s.kernel for s in self._layers]
+            found = self._pairs if paired else [s.kernel for s in self._layers]
             self._record = pairing.record_of(variables, spec, found, model)
 
     def verify_pairs(self, model: keras.Model) -> None:
-        """Build the optimizer for ``model`` (custom loops; ``fit`` does this itself), checking
-        ``pairs="auto"`` against the model's layers: a layer with weights between a pair,
-        frozen or not, is refused, and a pair the model's graph does not confirm is warned
-        about. Convolution kernels are only regularized by an optimizer that saw the model
-        (their layers and Flatten order are not in the variables). Call it before the first
-        step; once built, only the check runs."""
+        """Show the optimizer ``model`` (the same as ``model=`` at construction) and build it for
+        the model's trainable variables: needed for convolution kernels (their layers and
+        Flatten order are not in the variables) and to check ``pairs="auto"`` against the
+        model's layers: a layer with weights between a pair, frozen or not, is refused, and a
+        pair the model's graph does not confirm is warned about. Call it before the first step;
+        once built, the check runs (and targets a restored optimizer could not resolve without
+        the model are resolved)."""
         if not isinstance(model, keras.Model):
             raise TypeError(f"verify_pairs takes the keras.Model being trained, got {model!r}")
+        self._model_ref = weakref.ref(model)
         if not self.built:
-            token = _MODEL_HINT.set(model)
-            try:
-                self.build(model.trainable_variables)
-            finally:
-                _MODEL_HINT.reset(token)
-        elif self._regularizer == "path" and self._pairs_spec == "auto":
+            self.build(model.trainable_variables)
+        elif self._unseen is not None:
+            self._resolve_targets(self._trainable_variables)
+        elif self._rule.targets == "pairs" and self._pairs_spec == "auto":
+            self._model(self._trainable_variables)
             pairing.check_auto_pairs_in_model(model, self._trainable_variables, self._pairs)
 
     def regularized_chains(
@@ -300,17 +271,19 @@ class _KernelRegularizer:
         if not getattr(self, "built", False):
             tv = list(variables)
             pairs, layers = self._resolve(tv, model)
-        if self._regularizer == "path":
+        if self._rule.targets == "pairs":
             return [pairing.Chain([tv[p.first], tv[p.second]], [p.layout]) for p in pairs]
         return [
             pairing.Chain([tv[i] for i in chain], chain.layouts)
             for chain in pairing.kernel_chains(tv, layers, model)
         ]
 
-    def _check_alive(self) -> None:
-        """At the end of ``fit`` (host side, once): warn, once per pair, about a pair that has
+    def _at_fit_end(self) -> None:
+        """At the end of ``fit`` (host side, once): raise for weights an XLA step found
+        non-finite (:meth:`check_weights`), then warn, once per pair, about a pair that has
         lost every hidden unit (its prox then keeps it dead; lam is too large)."""
         if self.built:
+            self.check_weights()
             warn_dead_pairs(dead_pairs(self.regularized_chains([])), self, self._warned_dead)
 
     def _regularizer_config(self) -> dict[str, Any]:
@@ -320,137 +293,46 @@ class _KernelRegularizer:
             "lam": self._lam,
             "pairs": pairs if isinstance(pairs, str) else [list(p) for p in pairs],
             "check_finite": self._check_finite,
-            **({"layers": layers} if self._regularizer != "path" else {}),
+            **({"layers": layers} if self._rule.targets == "layers" else {}),
             **({"resolved": copy.deepcopy(self._record)} if self._record is not None else {}),
         }
 
     def _set_record(self, record: Any) -> None:
         self._record = pairing.check_record(record)
+        self._restored = True
 
-    # -- the update: after the step, on each replica's copy ----------------------------------
+    def _update(self, *operands: Any, layout: Any, label: str) -> tf.Tensor:
+        """One target's update on one replica: ``operands`` are its kernels, then the learning
+        rate and ``is_real``. Returns whether the kernels were finite (always True without
+        ``check_finite``). With ``check_finite`` non-finite kernels are left as they are and:
+        eagerly :class:`~pathnorm_tf.NonFiniteWeightsError` is raised; in a graph an assertion
+        fails the step (``InvalidArgumentError``, same message); under XLA, which drops
+        assertions, the optimizer's flag records it (:meth:`check_weights`)."""
+        *kernels, learning_rate, is_real = operands
 
-    def _apply_regularizer(
-        self, learning_rate: Any, updated: list[Any], is_real: tf.Tensor | None = None
-    ) -> None:
-        """The prox (or projection) after a real update, on the targets that update changed.
+        def update() -> tf.Tensor:
+            values = [tf.convert_to_tensor(k) for k in kernels]
 
-        The one place that decides what the regularizer acts on: called once per real update
-        (``is_real``: a tensor condition under gradient accumulation), with ``updated``, the
-        variables this update changed. A target is acted on when all its kernels are in
-        ``updated`` (by identity, ``_var_key``); a pair with one kernel there and one not (a
-        layer frozen after the optimizer was built) is skipped, with one warning. The set is
-        known when the step is traced: Keras traces again after ``compile``.
-        """
-        keys = {self._var_key(v) for v in updated}
-        tv = self._trainable_variables
-        pairs = []
-        for pair in self._pairs:
-            moved = [self._var_key(tv[k]) in keys for k in pair[:2]]
-            if all(moved):
-                pairs.append(pair)
-            elif any(moved):
-                self._warn_half_frozen((pair.first, pair.second))
-        layers = [s for s in self._layers if self._var_key(tv[s.kernel]) in keys]
-        if not pairs and not layers:
-            return
-        tf.__internal__.distribute.interim.maybe_merge_call(
-            functools.partial(self._distributed_regularize, pairs=pairs, layers=layers),
-            tf.distribute.get_strategy(),
-            learning_rate,
-            is_real,
-        )
+            def write() -> tf.Tensor:
+                new = self._rule.update(values, layout, learning_rate, _prox_kernels)
+                for kernel, value in zip(kernels, new, strict=True):
+                    kernel.assign(value)
+                return tf.constant(True)
 
-    def _warn_half_frozen(self, pair: tuple[int, int]) -> None:
-        if pair in self._warned_half_frozen:
-            return
-        self._warned_half_frozen.add(pair)
-        tv = self._trainable_variables
-        names = tuple(pairing.layer_path(tv[k]) for k in pair)
-        warnings.warn(
-            f"{type(self).__name__}: pair {names} is half frozen (one of its layers is not "
-            "trained by this step: trainable=False, or no gradient); the prox couples both "
-            "layers, so it is skipped until both are trainable (compile the model again after "
-            "changing trainable).",
-            UserWarning,
-            stacklevel=2,
-        )
+            if not self._check_finite:
+                return write()
+            # One pass over each kernel; under XLA it fuses with the prox's own reads.
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+            if tf.executing_eagerly():
+                if not bool(finite):
+                    raise NonFiniteWeightsError(non_finite_message(label))
+                return write()
+            done = tf.cond(finite, write, lambda: tf.constant(False))
+            if not tracing_for_xla():
+                tf.debugging.Assert(finite, [non_finite_message(label)])
+            return done
 
-    def _distributed_regularize(
-        self,
-        distribution: Any,
-        learning_rate: Any,
-        is_real: tf.Tensor | None,
-        pairs: list[pairing.Pair],
-        layers: list[pairing.Single],
-    ) -> None:
-        tv = self._trainable_variables
-        for i, j, layout in pairs:
-            distribution.extended.update(
-                _tf_variable(tv[i]),
-                functools.partial(self._path_update, layout=layout),
-                args=(_tf_variable(tv[j]), learning_rate, is_real),
-                group=False,
-            )
-        for i, entry in layers:
-            distribution.extended.update(
-                _tf_variable(tv[i]),
-                functools.partial(self._layer_update, entry=entry),
-                args=(learning_rate, is_real),
-                group=False,
-            )
-
-    def _step(self, learning_rate: Any) -> tf.Tensor:
-        # lam * lr in float64, rounded once (as the torch side's Python float).
-        return tf.constant(self._lam, tf.float64) * tf.cast(learning_rate, tf.float64)
-
-    def _read(self, var: Any, name: str) -> tf.Tensor:
-        value = tf.convert_to_tensor(var)
-        if self._check_finite:
-            warn_if_xla(f"check_finite=True: that {name} is finite")
-            value = tf.debugging.assert_all_finite(
-                value, f"{name} contains NaN or inf before the prox (training diverged?)"
-            )
-        return value
-
-    def _path_update(
-        self,
-        k_in: Any,
-        k_out: Any,
-        learning_rate: Any,
-        is_real: tf.Tensor | None,
-        layout: seam.PairLayout,
-    ) -> None:
-        # The prox on the seam's unit views (the kernels themselves for a Dense pair), written
-        # back in the kernels' layouts: static reshapes and transposes, fine under XLA.
-        def update() -> None:
-            first, second = self._read(k_in, "kernel_in"), self._read(k_out, "kernel_out")
-            view_in, view_out = layout.views(first, second)
-            new_in, new_out = _prox_kernels(view_in, view_out, self._step(learning_rate))
-            new_first, new_second = layout.natives(
-                new_in, new_out, tuple(first.shape), tuple(second.shape)
-            )
-            k_in.assign(new_first)
-            k_out.assign(new_second)
-
-        _when(is_real, update)
-
-    def _layer_update(
-        self,
-        kernel: Any,
-        learning_rate: Any,
-        is_real: tf.Tensor | None,
-        entry: seam.LayerEntry,
-    ) -> None:
-        def update() -> None:
-            value = self._read(kernel, "kernel")
-            if self._regularizer == "l1":
-                kernel.assign(soft_threshold(value, self._step(learning_rate)))
-            else:  # each unit's incoming weights (a column of the in-view) onto the l1 ball
-                assert self._radius is not None
-                rows = _project_linf(entry.in_view(value), self._radius)
-                kernel.assign(entry.in_native(rows, tuple(value.shape)))
-
-        _when(is_real, update)
+        return _when(is_real, update)
 
 
 @keras.saving.register_keras_serializable(package="pathnorm")
@@ -469,7 +351,16 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
         pairs: ``"auto"`` (consecutive Dense/Conv1D/Conv2D layers (1, 2), (3, 4), ...) or a
             list of ``(first_layer, second_layer)`` names or layers; checked when the
             optimizer is built (first ``fit`` batch), see :mod:`pathnorm_tf.pairing`.
-        check_finite: assert the kernels are finite before each prox (a graph assertion).
+        check_finite: check that the kernels are finite before each prox (default, as on the
+            torch side); non-finite ones are left as they are and
+            :class:`~pathnorm_tf.NonFiniteWeightsError` is raised: at once eagerly; in a graph
+            as the ``InvalidArgumentError`` of a failed assertion (the class is one too);
+            under XLA, which drops assertions, when ``fit`` ends (:meth:`check_weights`).
+        model: the ``keras.Model`` being trained (held weakly, not serialized): lets the
+            optimizer regularize convolutions and check ``pairs="auto"`` against the model's
+            layers (Keras shows an optimizer its variables only). Same as
+            :meth:`verify_pairs`; without it, Dense pairs resolve from the variables, with a
+            warning for ``"auto"``.
         **kwargs: every other ``SGD`` argument (``gradient_accumulation_steps``,
             ``weight_decay``, ``clipnorm``, ``use_ema``, ``name``, ...).
     """
@@ -481,7 +372,8 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
         momentum: float = 0.0,
         nesterov: bool = False,
         pairs: Any = "auto",
-        check_finite: bool = False,
+        check_finite: bool = True,
+        model: keras.Model | None = None,
         **kwargs: Any,
     ) -> None:
         _check_backend(type(self).__name__)
@@ -490,7 +382,9 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
         super().__init__(
             learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs
         )
-        self._init_regularizer(type(self).__name__, "path", lam, None, pairs, "auto", check_finite)
+        self._init_regularizer(
+            type(self).__name__, "path", lam, None, pairs, "auto", check_finite, model
+        )
 
     def build(self, variables: list[Any]) -> None:
         if self.built:
@@ -509,7 +403,7 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
     def finalize_variable_values(self, var_list: Any) -> None:
         # model.fit calls it once, after the last epoch
         super().finalize_variable_values(var_list)
-        self._check_alive()
+        self._at_fit_end()
 
     def get_config(self) -> dict[str, Any]:
         config = super().get_config()
@@ -544,6 +438,8 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
     ``iterations`` and ``variables`` to the inner optimizer (like ``LossScaleOptimizer``),
     honours its ``gradient_accumulation_steps`` (one prox per real step) and serializes it.
 
+    ``check_finite`` and ``model``: as for :class:`PathNormSGD`.
+
     Example::
 
         opt = ProxOptimizer(keras.optimizers.Adam(1e-3), lam=1e-4)             # path-norm
@@ -559,7 +455,8 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
         radius: float | None = None,
         pairs: Any = "auto",
         layers: Any = "auto",
-        check_finite: bool = False,
+        check_finite: bool = True,
+        model: keras.Model | None = None,
         name: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -594,7 +491,7 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer
         self._init_regularizer(
-            type(self).__name__, regularizer, lam, radius, pairs, layers, check_finite
+            type(self).__name__, regularizer, lam, radius, pairs, layers, check_finite, model
         )
 
     def build(self, var_list: list[Any]) -> None:
@@ -650,7 +547,7 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
     def finalize_variable_values(self, var_list: Any) -> None:
         # model.fit calls it once, after the last epoch
         self.inner_optimizer.finalize_variable_values(var_list)
-        self._check_alive()
+        self._at_fit_end()
 
     def get_config(self) -> dict[str, Any]:
         return {

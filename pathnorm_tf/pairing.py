@@ -4,8 +4,8 @@ A Keras optimizer only sees variables (``model.fit`` calls ``optimizer.build(mod
 trainable_variables)``, then ``apply_gradients(zip(grads, variables))``), never the model,
 and a Keras 3 variable keeps no reference to the layer that owns it. What it has is a
 ``.path`` such as ``"sequential/dense_1/kernel"``: the layer's path, then the variable name.
-The optimizers also see the model while ``fit`` (or ``verify_pairs(model)``) builds them, and
-then map each variable to its layer.
+An optimizer given the model (``model=``, ``verify_pairs(model)``) also maps each variable
+to its layer (:mod:`pathnorm_tf._graph`); Keras never shows it the model by itself.
 
 The layers are those of the layer seam (:mod:`pathnorm_tf.layers`): ``Dense``, ``Conv1D`` and
 ``Conv2D``; the seam says which weights are a unit's, how many units a layer has and what may
@@ -85,6 +85,7 @@ from pathnorm_tf._record import Record, check_record
 
 __all__ = [
     "Chain",
+    "ModelNeeded",
     "Pair",
     "check_auto_pairs_in_model",
     "check_record",
@@ -330,13 +331,18 @@ def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[
     return None
 
 
+class ModelNeeded(ValueError):
+    """A target that only the model can resolve (a convolution kernel), resolved without it."""
+
+
 def _needs_model(variable: Any, what: str) -> ValueError:
-    return ValueError(
+    return ModelNeeded(
         f"{what}: {_path(variable)!r} {tuple(variable.shape)} is a {len(variable.shape)}-D "
         "kernel, which the trained variables alone cannot tell to be a Conv1D/Conv2D kernel "
         "(Conv2DTranspose and DepthwiseConv2D kernels have the same rank), nor how a Flatten "
         "after it orders the channels; the optimizer was built without seeing the model. "
-        "Call optimizer.verify_pairs(model) before the first step (model.fit does this itself)."
+        "Call optimizer.verify_pairs(model) before the first step, or pass model=model to the "
+        "optimizer."
     )
 
 

@@ -247,13 +247,14 @@ def frozen_first(seed: int = 0) -> keras.Model:
     return model
 
 
-def optimizer_of(kind: str) -> Any:
+def optimizer_of(kind: str, model: keras.Model | None = None) -> Any:
+    """``kind``; ``model``: shown to the path-norm optimizers (``model=``)."""
     if kind == "PathNormSGD":
-        return PathNormSGD(0.5, lam=0.4)
+        return PathNormSGD(0.5, lam=0.4, model=model)
     if kind == "ProxOptimizer":
-        return ProxOptimizer(keras.optimizers.Adam(0.05), lam=4.0)
+        return ProxOptimizer(keras.optimizers.Adam(0.05), lam=4.0, model=model)
     if kind == "LossScale(PathNormSGD)":
-        return keras.optimizers.LossScaleOptimizer(PathNormSGD(0.5, lam=0.4))
+        return keras.optimizers.LossScaleOptimizer(PathNormSGD(0.5, lam=0.4, model=model))
     return keras.optimizers.SGD(0.5)  # no path-norm optimizer: resolved like one would
 
 
@@ -278,7 +279,7 @@ def test_frozen_first_layer_reports_the_optimizers_pair(kind: str) -> None:
     model = frozen_first()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        history = fit_once(model, optimizer_of(kind), [PathNormMetrics()], (6,))
+        history = fit_once(model, optimizer_of(kind, model), [PathNormMetrics()], (6,))
         got = metric_values(model)
     b, c = (model.get_layer(n).kernel.numpy() for n in ("d2", "d3"))
     sparsity, alive = pair_values(b, c)
@@ -327,7 +328,7 @@ def test_recurrent_model_reports_the_dense_pair(kind: str, optimizer: str) -> No
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        fit_once(model, optimizer_of(optimizer), [], (3, 4))
+        fit_once(model, optimizer_of(optimizer, model), [], (3, 4))
         got = metric_values(model)
     if optimizer == "PathNormSGD":
         assert model.optimizer.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]

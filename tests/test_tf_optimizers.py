@@ -22,7 +22,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pathnorm_tf import PathNormSGD, ProxOptimizer, layers, path_norm, prox_path_norm
+from pathnorm_tf import (
+    NonFiniteWeightsError,
+    PathNormSGD,
+    ProxOptimizer,
+    layers,
+    path_norm,
+    prox_path_norm,
+)
 from pathnorm_tf.functional import project_linf_operator_norm, prox_l1
 from shared_spec import reference as ref
 
@@ -423,7 +430,7 @@ def test_auto_does_not_pair_across_a_layer_between(kind: str, match: str) -> Non
     # breaks the chain (as on the torch side). Explicit pairs stay the user's choice.
     x, y = data()
     model = _between_model(kind)
-    model.compile(PathNormSGD(0.1, lam=0.1), loss_fn())
+    model.compile(PathNormSGD(0.1, lam=0.1, model=model), loss_fn())
     with pytest.raises(ValueError, match=match):
         model.fit(x, y, epochs=1, verbose=0)
     model = _between_model(kind)
@@ -467,7 +474,7 @@ def test_auto_warns_where_the_model_graph_does_not_confirm_a_pair(
 ) -> None:
     x, y = data()
     model = make()
-    model.compile(PathNormSGD(0.1, lam=0.1), loss_fn())
+    model.compile(PathNormSGD(0.1, lam=0.1, model=model), loss_fn())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model.fit(x, y, epochs=1, verbose=0)
@@ -514,6 +521,14 @@ def test_custom_loop_warns_unless_verify_pairs_shows_the_model() -> None:
     assert opt.built and opt.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
     with pytest.raises(TypeError, match=r"verify_pairs takes the keras\.Model"):
         opt.verify_pairs(model.trainable_variables)
+    # model= at construction shows the model as verify_pairs does (no stack walk: explicit)
+    frozen = _between_model("frozen dense")
+    with pytest.raises(ValueError, match="the frozen Dense 'd2' lies between them"):
+        PathNormSGD(0.1, lam=0.1, model=frozen).build(frozen.trainable_variables)
+    with pytest.raises(ValueError, match=r"was given model 'net', but trains variables it does"):
+        PathNormSGD(0.1, lam=0.1, model=mlp()).build(model.trainable_variables)
+    with pytest.raises(TypeError, match=r"model must be the keras\.Model being trained"):
+        PathNormSGD(0.1, lam=0.1, model=model.trainable_variables)
 
 
 PAIRING_ERRORS = [
@@ -795,28 +810,38 @@ def test_numpy_and_tensor_scalars_are_accepted_as_floats(lam: Any) -> None:
         assert opt.get_config()["lam"] == float(lam)
 
 
-def test_check_finite_under_xla_warns_that_it_is_not_enforced() -> None:
-    model = mlp()
-    opt = PathNormSGD(0.1, lam=0.1, check_finite=True)
-    opt.build(model.trainable_variables)
-    grads = [tf.zeros_like(v) for v in model.trainable_variables]
-    step = tf.function(lambda g: opt.apply(g, model.trainable_variables), jit_compile=True)
-    with pytest.warns(UserWarning, match=r"check_finite=True: that kernel_in is finite is not"):
-        step(grads)
-    xla_prox = tf.function(lambda a, b, lam: prox_path_norm(a, b, lam), jit_compile=True)
-    with pytest.warns(UserWarning, match=r"a tensor lam \(finite, >= 0\) is not checked under"):
-        xla_prox(tf.ones([3, 2]), tf.ones([2, 1]), tf.constant(0.1))
-
-
-def test_check_finite_raises_in_the_graph() -> None:
-    model = mlp()
+@pytest.mark.parametrize("mode", ["eager", "graph", "xla"])
+def test_check_finite_is_on_by_default_and_writes_nothing(mode: str) -> None:
+    # As on the torch side: on by default, NonFiniteWeightsError, nothing written. In a graph
+    # the runtime raises the assertion's InvalidArgumentError (the class is one too); XLA drops
+    # assertions, so the step records it and check_weights (called when fit ends) raises.
+    model = mlp(names=True)
     model.layers[0].kernel.assign(np.full((X_DIM, 5), np.nan))
-    opt = PathNormSGD(0.1, lam=0.1, check_finite=True)
-    step = tf.function(lambda g: opt.apply(g, model.trainable_variables))
-    grads = [tf.zeros_like(v) for v in model.trainable_variables]
+    before = model.layers[1].kernel.numpy()
+    opt = PathNormSGD(0.1, lam=0.1, model=model)
     opt.build(model.trainable_variables)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="kernel_in contains NaN or inf"):
-        step(grads)
+    grads = [tf.zeros_like(v) for v in model.trainable_variables]
+    # (the graph runtime's message escapes the quotes)
+    label = r"pair \(\\?'net/d1\\?', \\?'net/d2\\?'\) contains NaN or inf; the prox of non-fin"
+    if mode == "eager":
+        with pytest.raises(NonFiniteWeightsError, match=label) as caught:
+            opt.apply(grads, model.trainable_variables)
+        assert isinstance(caught.value, ValueError)
+        assert isinstance(caught.value, tf.errors.InvalidArgumentError)
+    elif mode == "graph":
+        step = tf.function(lambda g: opt.apply(g, model.trainable_variables))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=label):
+            step(grads)
+    else:
+        step = tf.function(lambda g: opt.apply(g, model.trainable_variables), jit_compile=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the check is enforced: nothing to warn about
+            step(grads)
+        with pytest.raises(NonFiniteWeightsError, match=label + ".*compiled by XLA"):
+            opt.check_weights()
+        opt.check_weights()  # read once
+    np.testing.assert_array_equal(model.layers[1].kernel.numpy(), before)
+    assert PathNormSGD(0.1, lam=0.1, check_finite=False).get_config()["check_finite"] is False
 
 
 # --- convolution units: pairing, the prox on channels, the baselines ------------------------
@@ -1043,7 +1068,7 @@ def test_fit_on_a_cnn_in_graph_and_under_xla(
         v.path.split("/")[-2] + "/" + v.name: v.numpy() - lr * g.numpy()
         for v, g in zip(plain.trainable_variables, grads, strict=True)
     }
-    opt = PathNormSGD(lr, lam=lam, pairs=[("c2", "d1")])
+    opt = PathNormSGD(lr, lam=lam, pairs=[("c2", "d1")], model=model)
     model.compile(opt, loss_fn(), jit_compile=jit_compile)
     model.fit(x, y, batch_size=SAMPLES, epochs=1, verbose=0, shuffle=False)
     want = dict(

@@ -1,0 +1,98 @@
+"""The regularizers the Keras optimizers apply after each real step: one class per regularizer,
+the twins of the torch callbacks ``PathNormProx``, ``L1Prox`` and ``LayerwiseLinfProjection``
+(``pathnorm_lightning/callbacks.py``).
+
+Each class says what it is configured by (:attr:`Regularizer.strength`: ``lam``, a prox step
+``lam * lr``, or ``radius``, a projection), what it acts on (:attr:`Regularizer.targets`:
+layer pairs or single layers) and how it updates one target (:meth:`Regularizer.update`: new
+kernel values from the current ones, tf ops over static shapes for eager, graph and XLA use).
+The optimizers (:mod:`pathnorm_tf.optimizers`) pick a class by the public name in
+:data:`REGULARIZERS` (``regularizer="path" | "l1" | "linf"``) and do the rest: resolving the
+targets, the once-per-real-update invariant, the finiteness check and the writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+import tensorflow as tf
+
+from pathnorm_tf._baselines import project_linf_operator_norm, soft_threshold
+
+__all__ = ["REGULARIZERS", "L1Prox", "LinfProjection", "PathProx", "Regularizer"]
+
+#: ``(kernel_in, kernel_out, step) -> (new_in, new_out)``: the exact prox on unit views.
+Prox = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
+
+
+class Regularizer:
+    """One regularizer: its configuration and its update of one target."""
+
+    #: the public name (``regularizer=...``)
+    name: ClassVar[str]
+    #: ``"lam"``: a prox with step ``lam * lr``; ``"radius"``: a projection (no lr)
+    strength: ClassVar[str]
+    #: ``"pairs"`` (two kernels sharing hidden units) or ``"layers"`` (one kernel each)
+    targets: ClassVar[str]
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def step(self, learning_rate: Any) -> tf.Tensor:
+        """``lam * lr`` in float64, rounded once (as the torch side's Python float)."""
+        return tf.constant(self.value, tf.float64) * tf.cast(learning_rate, tf.float64)
+
+    def update(
+        self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
+    ) -> list[tf.Tensor]:
+        """The target's new kernels from ``values`` (its kernels, read once): a pair's
+        ``layout`` is its :class:`~pathnorm_tf.layers.PairLayout`, a layer's its
+        :class:`~pathnorm_tf.layers.LayerEntry`; ``prox`` is the exact path-norm prox."""
+        raise NotImplementedError
+
+
+class PathProx(Regularizer):
+    """The exact 1-path-norm prox with step ``lam * lr`` on the pair's unit views (the kernels
+    themselves for a Dense pair), written back in the kernels' layouts."""
+
+    name, strength, targets = "path", "lam", "pairs"
+
+    def update(
+        self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
+    ) -> list[tf.Tensor]:
+        first, second = values
+        view_in, view_out = layout.views(first, second)
+        new_in, new_out = prox(view_in, view_out, self.step(learning_rate))
+        return list(layout.natives(new_in, new_out, tuple(first.shape), tuple(second.shape)))
+
+
+class L1Prox(Regularizer):
+    """Soft-thresholding of every weight by ``lam * lr``."""
+
+    name, strength, targets = "l1", "lam", "layers"
+
+    def update(
+        self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
+    ) -> list[tf.Tensor]:
+        return [soft_threshold(values[0], self.step(learning_rate))]
+
+
+class LinfProjection(Regularizer):
+    """Each unit's incoming weights (a column of the entry's in-view) onto the l1 ball of
+    ``radius``: ``||K||_{inf->inf} <= radius``, the paper's layer-wise baseline."""
+
+    name, strength, targets = "linf", "radius", "layers"
+
+    def update(
+        self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
+    ) -> list[tf.Tensor]:
+        (value,) = values
+        rows = project_linf_operator_norm(layout.in_view(value), self.value)
+        return [layout.in_native(rows, tuple(value.shape))]
+
+
+#: The regularizers by public name.
+REGULARIZERS: dict[str, type[Regularizer]] = {
+    cls.name: cls for cls in (PathProx, L1Prox, LinfProjection)
+}
