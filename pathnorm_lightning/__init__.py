@@ -13,7 +13,9 @@ Where things live:
 The algorithms behind ``functional.py`` are private topic modules: ``_sort.py`` (the shortest
 exact algorithm, in tensor ops: read it first), ``_kernel.py`` (numba, CPU), ``_cuda_graph.py``,
 ``_triton.py`` (CUDA) and ``_baselines.py``; ``_common.py`` holds the checks they share, and
-``_chain.py`` the counts and bounds of a chain of weights.
+``_chain.py`` the counts and bounds of a chain of weights. The hook's parts: ``_target.py``
+(targets and their unit views), ``_plan.py`` (the plan and its guard), ``_checks.py`` (the
+finiteness checks).
 
 ``attach``, the functional API and the pairing need torch (and numba for the CPU kernel) only;
 the callbacks (Lightning) and the metrics (torchmetrics) are imported on first use.

@@ -176,8 +176,11 @@ def _key(w: Tensor) -> tuple[object, ...]:
 
 def alive_units(w_in: Tensor, w_out: Tensor) -> Tensor:
     """Per hidden unit between ``w_in`` and ``w_out``: whether its incoming weights and its
-    outgoing weights both have a nonzero (or NaN) entry."""
-    return ChainSums(acc_dtype(w_in)).alive(w_in, w_out)
+    outgoing weights both have a nonzero (or NaN) entry (one read of each, no count)."""
+    n = w_in.shape[0]
+    if n == 0:
+        return torch.zeros(0, dtype=torch.bool, device=w_in.device)
+    return (rows(absolute(w_in)).sum(1) != 0) & (by_unit(absolute(w_out), n).sum((0, 2)) != 0)
 
 
 def counts(
