@@ -96,9 +96,10 @@ def band_setup(
 ) -> Band:
     """Bounds ``tau_hi``, ``tau_lo`` and the band statistics.
 
-    XLA on CPU does not fuse an elementwise producer into a reduction, so the number of reduced
-    expressions over the long side is kept small (four, folded; see
-    :func:`pathnorm_tf._xla.fold`).
+    XLA on CPU does not fuse an elementwise producer into a reduction and runs one loop per
+    fusion, so the long side is read in two passes: ``||y||^2`` with the sum of squares above
+    ``tau_hi``, then (given ``tau_lo``) the packed counts with the sum above ``tau_hi``, each
+    pair folded and reduced as one complex sum (:func:`pathnorm_tf._xla.unit_sums`).
 
     Args:
         x: the short side (n, p), float64.
@@ -231,7 +232,9 @@ def _band_counts(
     dt: tf.DType,
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Per unit (n, 1) in ``dt``: how many ``|y|`` lie above ``tau_hi`` and in the band, and
-    the sum of ``r_hi = (|y| - tau_hi)_+``, from two folded reductions over the long side."""
+    the sum of ``r_hi = (|y| - tau_hi)_+``, from one pass over the long side (a pair of sums,
+    see :func:`pathnorm_tf._xla.unit_sums`; two where the counts do not pack: a float32 long
+    side of more than 4095 entries)."""
     ld = ay.dtype
     m = int(ay.shape[1 - unit_axis])
     # Counts above tau_hi (c_hi) and in the band (count; tau_lo <= tau_hi) from one reduction
