@@ -275,17 +275,19 @@ class AfterOptimizerStep(Callback):
             return
         if trainer.log_every_n_steps == 0:  # type: ignore[attr-defined]
             return
-        if pl_module.automatic_optimization and trainer.fit_loop._should_accumulate():
-            return  # no step on this batch (as Lightning's own step logging)
-        step = trainer.global_step
-        if step == self._last_logged_step:
-            return
+        # Runs after every batch: the cheapest test first (all must hold).
         if self.log_every_n_steps is None:
             # The trainer's own flush condition, as Lightning's LearningRateMonitor uses it.
-            due = trainer._logger_connector.should_update_logs
+            if not trainer._logger_connector.should_update_logs:
+                return
+            step = trainer.global_step
         else:
-            due = step % self.log_every_n_steps == 0
-        if due:
+            step = trainer.global_step
+            if step % self.log_every_n_steps:
+                return
+        if pl_module.automatic_optimization and trainer.fit_loop._should_accumulate():
+            return  # no step on this batch (as Lightning's own step logging)
+        if step != self._last_logged_step:
             self._last_logged_step = step
             self.log_metric_values(trainer, pl_module)
 

@@ -499,6 +499,8 @@ def prox_pair(target: StepTarget, step: float, check: FiniteCheck) -> None:
         w_in, w_out = target.weights
         prox_path_norm_(w_in, w_out, step, check_finite=check.synchronous)
         return
+    if step == 0.0 and not check.synchronous:
+        return  # the identity (lam or lr 0) on views checked when planned: nothing to do
     if not views.copies and views.prox is not None and views.prox(step, check.synchronous):
         return  # the planned prox (checked when planned) wrote through the views
     w_in, w_out = views.matrices(target.weights)  # the weights copied into the buffers

@@ -367,3 +367,26 @@ def test_metrics_read_each_weight_once_and_equal_the_metric_classes(
     }
     assert values == pytest.approx(expected, rel=1e-6)  # float32 weights, summed in order
     assert 0 < values["sparsity"] < 1 and values["path_norm_bound"] < values["product_bound"]
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+def test_lam_zero_is_plain_sgd_and_still_checks_when_asked(check_finite: bool) -> None:
+    torch.manual_seed(8)
+    model = MLP()
+    plain = copy.deepcopy(model)
+    optimizer = model.configure_optimizers()
+    handle = attach(optimizer, model, lam=0.0, check_finite=check_finite)
+    for net, opt in ((model, optimizer), (plain, plain.configure_optimizers())):
+        for _ in range(2):
+            _one_step(net, opt)
+    assert handle.num_steps == 2
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p, q)
+    with torch.no_grad():
+        linears(model)[0].weight[0, 0] = math.nan
+    if check_finite:
+        with pytest.raises(pathnorm_lightning.NonFiniteWeightsError, match="pair"):
+            _one_step(model, optimizer)
+    else:
+        _one_step(model, optimizer)  # unchecked, as asked: the NaN propagates
+        assert handle.num_steps == 3 and linears(model)[0].weight.isnan().any()
