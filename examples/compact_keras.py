@@ -36,7 +36,7 @@ def main(epochs: int = 5, lam: float = 2e-3) -> dict[str, float]:
         ]
     )
     model.compile(
-        optimizer=pathnorm_tf.PathNormSGD(learning_rate=0.1, lam=lam),
+        optimizer=pathnorm_tf.PathNormSGD(learning_rate=0.1, lam=lam, model=model),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
     )
     model.fit(d.x_train, d.y_train, batch_size=100, epochs=epochs, verbose=0)

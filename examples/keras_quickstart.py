@@ -47,10 +47,11 @@ def make_model(dim: int = 64, hidden: int = 100, classes: int = 10) -> keras.Mod
     )
 
 
-def train(name: str, optimizer: keras.optimizers.Optimizer, x, y) -> keras.Model:
+def train(name: str, make_optimizer, x, y) -> keras.Model:
+    """Train a fresh model with ``make_optimizer(model)`` (the prox optimizers are shown it)."""
     model = make_model()
     model.compile(
-        optimizer=optimizer,
+        optimizer=make_optimizer(model),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
@@ -69,12 +70,19 @@ def train(name: str, optimizer: keras.optimizers.Optimizer, x, y) -> keras.Model
 
 def main() -> None:
     x, y = make_data()
-    train("SGD", keras.optimizers.SGD(0.1), x, y)
-    model = train("PathNormSGD(lam=2e-3)", PathNormSGD(learning_rate=0.1, lam=2e-3), x, y)
-    train("Adam + path-norm prox", ProxOptimizer(keras.optimizers.Adam(1e-2), lam=2e-2), x, y)
+    train("SGD", lambda m: keras.optimizers.SGD(0.1), x, y)
+    model = train(
+        "PathNormSGD(lam=2e-3)", lambda m: PathNormSGD(learning_rate=0.1, lam=2e-3, model=m), x, y
+    )
+    train(
+        "Adam + path-norm prox",
+        lambda m: ProxOptimizer(keras.optimizers.Adam(1e-2), lam=2e-2, model=m),
+        x,
+        y,
+    )
     train(
         "SGD + layer-wise l_inf",
-        ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="linf", radius=2.0),
+        lambda m: ProxOptimizer(keras.optimizers.SGD(0.1), regularizer="linf", radius=2.0, model=m),
         x,
         y,
     )
@@ -84,6 +92,7 @@ def main() -> None:
         path = Path(tmp) / "model.keras"
         model.save(path)
         restored = keras.models.load_model(path)
+    restored.optimizer.verify_pairs(restored)  # show the reloaded optimizer its model
     assert isinstance(restored.optimizer, PathNormSGD)
     print(
         f"reloaded: {type(restored.optimizer).__name__}(lam={restored.optimizer.lam}), "

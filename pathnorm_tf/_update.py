@@ -45,6 +45,8 @@ class StepUpdate:
     _layers: tuple[pairing.Single, ...]
     _labels: list[str]
     _unseen: ValueError | None
+    _unverified: bool  # auto pairs resolved without the model: warn at the first step
+    regularized_pairs: Any
     _check_finite: bool
     _flag: _Flag | None
     _warned_half_frozen: set[tuple[int, int]]
@@ -79,6 +81,16 @@ class StepUpdate:
         """
         if self._unseen is not None:
             raise self._unseen
+        if self._unverified:
+            self._unverified = False
+            warnings.warn(
+                f'pairs="auto" paired {self.regularized_pairs} without seeing the model: a '
+                "frozen or shared layer between two paired layers, and the order call() runs "
+                "them in, show in the model only. Pass it, PathNormSGD(..., model=model) or "
+                "ProxOptimizer(..., model=model), or call optimizer.verify_pairs(model) before "
+                "the first step (after keras.models.load_model too), or pass pairs=[...].",
+                stacklevel=2,
+            )
         keys = {self._var_key(v) for v in updated}
         tv = self._trainable_variables
         targets: list[tuple[int, tuple[int, ...], Any]] = []  # (label index, kernels, layout)

@@ -32,7 +32,6 @@ Requires the TensorFlow backend of Keras.
 from __future__ import annotations
 
 import copy
-import warnings
 import weakref
 from typing import Any
 
@@ -100,6 +99,7 @@ class _KernelRegularizer(StepUpdate):
     _model_ref: Any
     _unseen: ValueError | None
     _restored: bool
+    _unverified: bool
     _flag: _Flag | None
     _warned_half_frozen: set[tuple[int, int]]
     _warned_dead: set[tuple[str, str]]
@@ -155,6 +155,7 @@ class _KernelRegularizer(StepUpdate):
         self._record = None
         self._model_ref = None if model is None else weakref.ref(model)
         self._unseen = None
+        self._unverified = False
         self._restored = False
         self._flag = None
         self._warned_half_frozen = set()
@@ -223,15 +224,8 @@ class _KernelRegularizer(StepUpdate):
         if self._rule.targets == "pairs" and self._pairs_spec == "auto":
             if model is not None:
                 pairing.check_auto_pairs_in_model(model, variables, self._pairs)
-            else:
-                warnings.warn(
-                    f'pairs="auto" paired {self.regularized_pairs} without seeing the model: a '
-                    "frozen or shared layer between two paired layers, and the order call() "
-                    "runs them in, show in the model only. Pass it, PathNormSGD(..., "
-                    "model=model) or ProxOptimizer(..., model=model), or call "
-                    "optimizer.verify_pairs(model) before the first step, or pass pairs=[...].",
-                    stacklevel=4,
-                )
+            else:  # warned at the first step, unless verify_pairs(model) shows the model first
+                self._unverified = True  # (load_model builds a restored optimizer unseen)
         paired = self._rule.targets == "pairs"
         spec = self._pairs_spec if paired else self._layers_spec
         if not isinstance(spec, str):  # names: record where they resolved, for the config
@@ -249,6 +243,7 @@ class _KernelRegularizer(StepUpdate):
         if not isinstance(model, keras.Model):
             raise TypeError(f"verify_pairs takes the keras.Model being trained, got {model!r}")
         self._model_ref = weakref.ref(model)
+        self._unverified = False
         if not self.built:
             self.build(model.trainable_variables)
         elif self._unseen is not None:

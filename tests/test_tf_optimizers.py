@@ -509,8 +509,23 @@ def test_custom_loop_warns_unless_verify_pairs_shows_the_model() -> None:
     # The optimizer alone sees trained variables only: a frozen d2 between d1 and d3 is
     # invisible to it, so "auto" would pair d1 with d3. verify_pairs(model) shows the model.
     model = _between_model("frozen dense")
+    unseen = PathNormSGD(0.1, lam=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # built unseen (as load_model builds): no warning yet
+        unseen.build(model.trainable_variables)
+    zeros = [tf.zeros_like(v) for v in model.trainable_variables]
     with pytest.warns(UserWarning, match=r"without seeing the model.*verify_pairs\(model\)"):
-        PathNormSGD(0.1, lam=0.1).build(model.trainable_variables)
+        unseen.apply(zeros, model.trainable_variables)  # the first step warns
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        unseen.apply(zeros, model.trainable_variables)  # once
+    shown = mlp((4, CLASSES), names=True)
+    late = PathNormSGD(0.1, lam=0.1)
+    late.build(shown.trainable_variables)
+    late.verify_pairs(shown)  # shown after the build (a reloaded optimizer): no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        late.apply([tf.zeros_like(v) for v in shown.trainable_variables], shown.trainable_variables)
     with pytest.raises(ValueError, match="the frozen Dense 'd2' lies between them"):
         PathNormSGD(0.1, lam=0.1).verify_pairs(model)
     model = mlp((4, CLASSES), names=True)
