@@ -77,7 +77,7 @@ from typing import Any, ClassVar
 import keras
 import tensorflow as tf
 
-from pathnorm_tf._between import BETWEEN, Between, Role, check_between, role_of
+from pathnorm_tf._between import BETWEEN, Between, Role, check_between, max_slope, role_of
 from pathnorm_tf._common import Scalar
 from pathnorm_tf.functional import prox_path_norm
 
@@ -95,6 +95,7 @@ __all__ = [
     "entry_of",
     "flat_of",
     "layout_of",
+    "max_slope",
     "prox_kernels",
     "prox_pair",
     "register",

@@ -8,6 +8,7 @@ Everything runs eagerly on small float64 layers (one XLA compilation in all).
 from __future__ import annotations
 
 import os
+import warnings
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -23,7 +24,7 @@ keras = pytest.importorskip("keras")
 from torch import nn  # noqa: E402
 
 from pathnorm_lightning import layers as torch_layers  # noqa: E402
-from pathnorm_tf import layers  # noqa: E402
+from pathnorm_tf import _between, layers  # noqa: E402
 from shared_spec import Case, iter_cases, layouts, reference  # noqa: E402
 
 F64 = "float64"
@@ -509,6 +510,37 @@ def test_check_between_reports_pools_and_the_flattening() -> None:
     assert layers.check_between(_CONV, _DENSE, [glob]) == layers.Between((glob,), glob)
     assert layers.role_of(K.Activation("relu")) is layers.Role.POINTWISE
     assert layers.role_of(K.Softmax()) is None
+
+
+@pytest.mark.parametrize("name", [*_between.STEEP, "elu", "relu", "tanh", "softplus", "sigmoid"])
+def test_max_slope_is_the_sup_of_the_derivative(name: str) -> None:
+    x = tf.constant(np.linspace(-12.0, 12.0, 480_001))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = tf.reduce_sum(keras.activations.get(name)(x))
+    sup = float(tf.reduce_max(tf.abs(tape.gradient(y, x))))
+    slope = layers.max_slope(K.Activation(name))
+    assert sup <= slope + 1e-9  # never below: the warning must fire whenever it exceeds 1
+    if np.isfinite(slope):
+        assert slope - max(sup, 1.0) < 1e-3
+
+
+@pytest.mark.parametrize(
+    ("first", "between", "warns"),
+    [(K.Dense(3, activation="gelu"), [], True), (K.Dense(3), [K.Activation("swish")], True),
+     (K.Dense(3), [K.ELU(alpha=2.0)], True), (K.Dense(3), [K.LeakyReLU(negative_slope=1.5)], True),
+     (K.Dense(3, activation="elu"), [K.Dropout(0.1)], False), (K.Dense(3), [K.ReLU()], False),
+     (K.Dense(3, activation="tanh"), [K.LeakyReLU(0.2)], False)],
+    ids=lambda v: repr(v)[:40],
+)  # fmt: skip
+def test_an_activation_steeper_than_one_warns_that_the_bounds_do_not_hold(
+    first: Any, between: list[Any], warns: bool
+) -> None:
+    first = _unbuilt(first, (4,))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        layers.check_between(first, _unbuilt(K.Dense(1), (3,)), between)
+    assert len([w for w in seen if "path_norm_bound" in str(w.message)]) == int(warns)
 
 
 def test_register_adds_a_layer_type() -> None:
