@@ -11,7 +11,7 @@ Where things live:
     compact.py      compact(): remove the dead hidden units (features or channels) of every pair
 
 The algorithms behind ``functional.py`` are private topic modules: ``_sort.py`` (the shortest
-exact algorithm, in tensor ops: read it first), ``_kernel.py`` (numba, CPU), ``_cuda_graph.py``,
+exact algorithm, in tensor ops: read it first), ``_kernel.py`` / ``_kernel_jit.py`` (numba, CPU), ``_cuda_graph.py``,
 ``_triton.py`` (CUDA) and ``_baselines.py``; ``_common.py`` holds the checks they share, and
 ``_chain.py`` the counts and bounds of a chain of weights. The hook's parts: ``_target.py``
 (targets and their unit views), ``_plan.py`` (the plan and its guard), ``_checks.py`` (the

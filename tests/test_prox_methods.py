@@ -307,6 +307,7 @@ def test_kernel_first_calls_from_several_threads_at_once(monkeypatch: pytest.Mon
     import threading
 
     kernel = pytest.importorskip("pathnorm_lightning._kernel")
+    importlib.reload(importlib.import_module("pathnorm_lightning._kernel_jit"))  # new dispatchers
     importlib.reload(kernel)
     barrier = threading.Barrier(4)
     errors: list[BaseException] = []
