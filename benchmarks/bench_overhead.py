@@ -22,10 +22,10 @@ per-``fit`` cost counted. Wall and process CPU time are read for every window.
   step without tf.data's thread hand-offs. The window callback's ``on_train_batch_end`` makes
   Keras dispatch callbacks synchronously, in both runs alike.
 
-Between pairs, with both runs paused, the prox alone is timed on the prox run's current
-weights moved by the last gradient (a weight as the prox sees it after an SGD step):
-``prox_path_norm_`` (in place, ``check_finite=True`` as the callback calls it; each call right
-after a forward and backward pass of a copy of the network, as in training) for torch,
+The prox's own time: for torch, every call of the planned prox the hook makes (the numba
+kernel with its finiteness check, as ``functional.planned_prox`` gives it) is timed inside the
+prox run's steps, its mean per window; for Keras, between pairs, with both runs paused, the
+prox alone on the prox run's current weights moved by the last gradient:
 ``_prox_kernels`` (what ``PathNormSGD`` runs) per call inside one XLA loop for Keras (the
 loop's fixed cost removed by timing two loop lengths). Per pair: the extra per step
 ``(with - without) / window`` and the ratio ``with / without`` (an epoch's ratio: an epoch is
@@ -47,7 +47,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import argparse
-import copy
 import logging
 import platform
 import statistics
@@ -282,8 +281,7 @@ def run_lightning(args: argparse.Namespace) -> tuple[list[Result], list[str]]:
     from torch.utils.data import BatchSampler, DataLoader, RandomSampler, TensorDataset
     from typing_extensions import override
 
-    from pathnorm_lightning import PathNormProx, prox_path_norm
-    from pathnorm_lightning.functional import prox_path_norm_
+    from pathnorm_lightning import PathNormProx, _kernel, prox_path_norm
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -343,32 +341,35 @@ def run_lightning(args: argparse.Namespace) -> tuple[list[Result], list[str]]:
     kernel_load = time.perf_counter() - t0
     on = Lane("PathNormProx", args.window, train(True))
     off = Lane("plain", args.window, train(False))
-    step = args.lam * args.lr
 
-    # The prox alone runs right after a forward and backward pass of a copy of the network,
-    # as in training, where the step's kernels have just run (back to back it runs ~10% faster).
-    scratch: list[torch.nn.Module] = []
-    xb, yb = dataset[torch.arange(BATCH)]
+    # The prox's own time is read inside the prox run's steps: every call of the planned prox
+    # (the kernel as the hook runs it, its finiteness check included) is timed where it runs,
+    # so the in-training kernel (slower than back to back: its data left the caches during
+    # the forward and backward pass) is not charged to the hook.
+    in_step: list[float] = []
+    planned_call = _kernel.PlannedProx.__call__
+
+    def timed(self: Any, lam: float, check_finite: bool) -> bool:
+        t = time.perf_counter()
+        done = planned_call(self, lam, check_finite)
+        in_step.append(time.perf_counter() - t)
+        return bool(done)
 
     def prox_time() -> float:
-        net = models["on"].net
-        if not scratch:
-            scratch.append(copy.deepcopy(net))
-        w_in, w_out = (
-            (w.detach() - args.lr * w.grad if w.grad is not None else w.detach())
-            for w in (net[0].weight, net[2].weight)
-        )
-        times = []
-        for _ in range(args.prox_reps):
-            scratch[0].zero_grad()
-            torch.nn.functional.cross_entropy(scratch[0](xb), yb).backward()
-            a, b = w_in.clone(), w_out.clone()
-            t = time.perf_counter()
-            prox_path_norm_(a, b, step, check_finite=True)
-            times.append(time.perf_counter() - t)
-        return statistics.median(times)
+        calls = in_step[-args.window :]
+        if len(in_step) % args.window or not calls:
+            raise RuntimeError(
+                f"the prox run's windows made {len(in_step)} planned prox calls, not "
+                f"{args.window} per window: the hook no longer runs the planned prox"
+            )
+        in_step.clear()
+        return statistics.mean(calls)
 
-    result = interleave("Lightning, Trainer.fit", on, off, args.pairs, args.warmup, prox_time)
+    _kernel.PlannedProx.__call__ = timed  # type: ignore[method-assign]
+    try:
+        result = interleave("Lightning, Trainer.fit", on, off, args.pairs, args.warmup, prox_time)
+    finally:
+        _kernel.PlannedProx.__call__ = planned_call  # type: ignore[method-assign]
     setup = [
         f"data: {source}; 784-200-10 ELU, SGD lr={args.lr}, batch {BATCH}; lam {args.lam}",
         f"torch {torch.__version__}, lightning {pl.__version__}, numba {numba.__version__}, "
@@ -521,7 +522,7 @@ def main() -> None:
         "--prox-reps",
         type=int,
         default=5,
-        help="prox timings per pair (torch: calls; Keras: 8 loop iterations each)",
+        help="Keras: prox timings per pair, 8 loop iterations each (torch: every call in step)",
     )
     parser.add_argument("--bootstrap", type=int, default=2000, help="bootstrap resamples")
     parser.add_argument("--threads", type=int, default=0, help="thread pools (0: default)")
