@@ -103,7 +103,7 @@ class ChainSums:
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
-        self._grids: dict[tuple[object, ...], Tensor] = {}  # weight key -> (out, n)
+        self._grids: dict[tuple[object, ...], Tensor] = {}  # (weight key, n) -> (out, n)
         self._rows: dict[tuple[object, ...], Tensor] = {}  # weight key -> (out,)
         self._nonzero: dict[tuple[object, ...], int | Tensor] = {}
 
@@ -112,32 +112,29 @@ class ChainSums:
         n)`` over each input unit's positions or taps (``n`` the units it reads), else per
         row. Returns its key."""
         key = _key(w)
-        if key in self._nonzero and (n is None or key in self._grids):
+        if key in self._nonzero and (n is None or (key, n) in self._grids):
             return key
         a = absolute(w)
         self._nonzero[key] = count_nonzero(a)
         if n is None:
             self._rows[key] = rows(a).sum(1).to(self.dtype)
         elif n == 0:  # reads no unit: every path through it is empty
-            self._grids[key] = torch.zeros(w.shape[0], 0, dtype=self.dtype, device=w.device)
+            self._grids[key, n] = torch.zeros(w.shape[0], 0, dtype=self.dtype, device=w.device)
         else:
-            self._grids[key] = by_unit(a, n).sum(2).to(self.dtype)
+            self._grids[key, n] = by_unit(a, n).sum(2).to(self.dtype)
         return key
 
     def grid(self, w: Tensor, n: int) -> Tensor:
         """``|w|`` summed per unit as ``(out, n)``: entry ``[o, i]`` over the positions or taps
         of input unit ``i`` (``n`` the units ``w`` reads)."""
-        grid = self._grids[self._read(w, n)]
-        if grid.shape[1] != n:
-            raise ValueError(f"a weight read as {grid.shape[1]} units, now as {n}")
-        return grid
+        return self._grids[self._read(w, n), n]
 
     def row_sums(self, w: Tensor) -> Tensor:
         """``(out,)``: the l1 norm of each row of ``rows(w)`` (each output unit's inputs), from
         its :meth:`grid` when it was read as one."""
         key = self._read(w, None)
-        if key not in self._rows:
-            self._rows[key] = self._grids[key].sum(1)
+        if key not in self._rows:  # read as a grid: its rows summed
+            self._rows[key] = next(g for (k, _), g in self._grids.items() if k == key).sum(1)
         return self._rows[key]
 
     def nonzero(self, w: Tensor) -> int | Tensor:
