@@ -287,7 +287,7 @@ def run_lightning(args: argparse.Namespace) -> tuple[list[Result], list[str]]:
         torch.set_num_threads(args.threads)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # no banners per Trainer
     data = load_mnist_train(args.data_dir)
-    source = f"MNIST train ({args.data_dir})"
+    source = f"MNIST train ({len(data[0]):,} images)" if data is not None else ""
     if data is None:  # random data of MNIST's shape, said so in the output
         source = "SYNTHETIC random data of MNIST's shape (60,000; the MNIST files were not found)"
         gen = torch.Generator().manual_seed(0)
