@@ -22,8 +22,9 @@ from pathnorm_tf._baselines import project_linf_operator_norm, soft_threshold
 
 __all__ = ["REGULARIZERS", "L1Prox", "LinfProjection", "PathProx", "Regularizer"]
 
-#: ``(kernel_in, kernel_out, step) -> (new_in, new_out)``: the exact prox on unit views.
-Prox = Callable[[tf.Tensor, tf.Tensor, tf.Tensor], tuple[tf.Tensor, tf.Tensor]]
+#: ``(kernel_in, kernel_out, step) -> (new_in, new_out)``: the exact prox on unit views; with
+#: ``verdict=True`` also whether every entry was finite (``functional._prox_kernels``).
+Prox = Callable[..., tuple[tf.Tensor, ...]]
 
 
 class Regularizer:
@@ -51,6 +52,14 @@ class Regularizer:
         :class:`~pathnorm_tf.layers.LayerEntry`; ``prox`` is the exact path-norm prox."""
         raise NotImplementedError
 
+    def checked_update(
+        self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
+    ) -> tuple[list[tf.Tensor], tf.Tensor] | None:
+        """:meth:`update` and whether ``values`` are all finite (0-d bool), read off the
+        update's own pass (the new kernels are undefined where it is False); None where the
+        update has no such pass (the caller checks the kernels first)."""
+        return None
+
 
 class PathProx(Regularizer):
     """The exact 1-path-norm prox with step ``lam * lr`` on the pair's unit views (the kernels
@@ -65,6 +74,17 @@ class PathProx(Regularizer):
         view_in, view_out = layout.views(first, second)
         new_in, new_out = prox(view_in, view_out, self.step(learning_rate))
         return list(layout.natives(new_in, new_out, tuple(first.shape), tuple(second.shape)))
+
+    def checked_update(
+        self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
+    ) -> tuple[list[tf.Tensor], tf.Tensor] | None:
+        """The views hold every entry of both kernels, so the prox's per-unit sums judge them
+        (``functional._all_finite``)."""
+        first, second = values
+        view_in, view_out = layout.views(first, second)
+        new_in, new_out, finite = prox(view_in, view_out, self.step(learning_rate), verdict=True)
+        shapes = tuple(first.shape), tuple(second.shape)
+        return list(layout.natives(new_in, new_out, *shapes)), finite
 
 
 class L1Prox(Regularizer):

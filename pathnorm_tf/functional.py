@@ -33,7 +33,7 @@ in ``pathnorm_lightning/_baselines.py``) and are public here.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypeAlias, overload
 
 import tensorflow as tf
 
@@ -146,11 +146,32 @@ def _unit_scales(k_in: tf.Tensor, k_out: tf.Tensor) -> tf.Tensor:
     return _scales(tf.maximum(big_in, tf.reduce_max(tf.abs(k_out), 1, keepdims=True)), False)
 
 
+_T: TypeAlias = tf.Tensor  # (the overloads below, on one line each)
+
+
+@overload
+def _prox_kernels(
+    k_in: _T, k_out: _T, lam: float | _T, method: str = ..., *, verdict: Literal[False] = ...
+) -> tuple[_T, _T]: ...
+@overload
+def _prox_kernels(
+    k_in: _T, k_out: _T, lam: float | _T, method: str = ..., *, verdict: Literal[True]
+) -> tuple[_T, _T, _T]: ...
+
+
 @tf.autograph.experimental.do_not_convert
 def _prox_kernels(
-    k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor, method: str = "auto"
-) -> tuple[tf.Tensor, tf.Tensor]:
-    """:func:`prox_path_norm` without input checks (Dense layout, static shapes).
+    k_in: tf.Tensor,
+    k_out: tf.Tensor,
+    lam: float | tf.Tensor,
+    method: str = "auto",
+    *,
+    verdict: bool = False,
+) -> tuple[tf.Tensor, ...]:
+    """:func:`prox_path_norm` without input checks (Dense layout, static shapes); with
+    ``verdict``, also whether every entry of both kernels is finite (0-d bool, see
+    :func:`_all_finite`): the new kernels are then those of today's prox where it is True and
+    undefined where it is False.
 
     The per-unit work (the short side, the candidates) runs in float64, and the thresholds are
     applied to the kernels by :func:`_soft_threshold_exact`, so that the result is the exact
@@ -168,14 +189,19 @@ def _prox_kernels(
     k_out_c = tf.cast(tf.stop_gradient(k_out), ld)  # (n, p): hidden unit i is row i
     m, n = int(k_in_c.shape[0]), int(k_in_c.shape[1])
     p = int(k_out_c.shape[1])
+    finite = None
     if method == "sort":
         t_out, t_in = _sort_thresholds(k_in_c, k_out_c, lam, lam2)
+        if verdict:
+            finite = _all_finite(k_in_c, k_out_c, None)
     else:
         short = tf.reduce_max(tf.abs(k_in_c), 0)[:, None] if p > m else k_out_c
         big = tf.reduce_max(tf.abs(short), 1, keepdims=True)
         s = _scales(big, True)
         problem = _band_problem(k_in_c, k_out_c, lam, lam2, s)
         t_out, t_in = _band_thresholds(problem)
+        if verdict:
+            finite = _all_finite(k_in_c, k_out_c, problem)
         # a zero short side: the long side stays (the minimiser is (x, 0) or (0, y))
         s64 = tf.cast(s, tf.float64)
         t_out, t_in = (tf.where(big > 0, t / s64, tf.zeros_like(t)) for t in (t_out, t_in))
@@ -189,7 +215,29 @@ def _prox_kernels(
         t_out, t_in = tf.cond(tf.reduce_all(valid), lambda: (t_out, t_in), band_then_sort)
     new_in = _soft_threshold_exact(k_in_c, tf.reshape(t_in, [1, n]))
     new_out = _soft_threshold_exact(k_out_c, t_out)
-    return tf.cast(new_in, k_in.dtype), tf.cast(new_out, k_out.dtype)
+    new = tf.cast(new_in, k_in.dtype), tf.cast(new_out, k_out.dtype)
+    return new if finite is None else (*new, finite)
+
+
+def _all_finite(k_in: tf.Tensor, k_out: tf.Tensor, problem: Band | None) -> tf.Tensor:
+    """Whether every entry of ``k_in`` and ``k_out`` is finite (0-d bool), read off the band
+    ``problem``'s own sums where it can (``None``: one pass over both kernels).
+
+    The short side (``problem.x``, n per-unit rows of p or m entries) is checked entry by entry;
+    the long side by its per-unit sums of squares ``ysq``, which the band computes anyway: a
+    NaN or inf entry makes its unit's sum non-finite, so finite sums clear every entry (the
+    short side is scaled by a power of two, which keeps finite entries finite and non-finite
+    ones non-finite). Only where a sum is not finite, which finite entries can also cause
+    (the sum of squares overflows), a pass over both kernels decides, in a branch of its own."""
+
+    def exact() -> tf.Tensor:
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(k)) for k in (k_in, k_out)])
+
+    if problem is None:
+        return exact()
+    sums = tf.reduce_all(tf.math.is_finite(problem.ysq))
+    fast = sums & tf.reduce_all(tf.math.is_finite(problem.x))
+    return tf.cond(fast, lambda: tf.constant(True), exact)
 
 
 def _sort_thresholds(

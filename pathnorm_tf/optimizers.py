@@ -316,13 +316,24 @@ class _KernelRegularizer(StepUpdate):
 
             if not self._check_finite:
                 return write()
-            # One pass over each kernel; under XLA it fuses with the prox's own reads.
-            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
-            if tf.executing_eagerly():
-                if not bool(finite):
-                    raise NonFiniteWeightsError(non_finite_message(label))
-                return write()
-            done = tf.cond(finite, write, lambda: tf.constant(False))
+            checked = None
+            if not tf.executing_eagerly():
+                checked = self._rule.checked_update(values, layout, learning_rate, _prox_kernels)
+            if checked is not None:
+                # The verdict comes from the prox's own sums; non-finite kernels keep their
+                # values (a select that fuses with the write), no cond around the prox.
+                new, finite = checked
+                for kernel, value, old in zip(kernels, new, values, strict=True):
+                    kernel.assign(tf.where(finite, value, old))
+                done = finite
+            else:
+                # One pass over each kernel (eagerly: before anything is written).
+                finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+                if tf.executing_eagerly():
+                    if not bool(finite):
+                        raise NonFiniteWeightsError(non_finite_message(label))
+                    return write()
+                done = tf.cond(finite, write, lambda: tf.constant(False))
             if not tracing_for_xla():
                 tf.debugging.Assert(finite, [non_finite_message(label)])
             return done

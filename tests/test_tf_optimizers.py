@@ -859,6 +859,50 @@ def test_check_finite_is_on_by_default_and_writes_nothing(mode: str) -> None:
     assert PathNormSGD(0.1, lam=0.1, check_finite=False).get_config()["check_finite"] is False
 
 
+def test_xla_finiteness_verdict_from_the_prox_sums_proxes_overflow_and_refuses_nan_inf() -> None:
+    # Under XLA the verdict is read off the prox's own per-unit sums; a sum that is not finite
+    # is decided exactly: finite float32 entries whose sums of |.| (and squares) overflow are
+    # proxed as usual, a NaN (long side, k_in) or an inf (short side, k_out) is refused.
+    keras.utils.set_random_seed(5)
+    model = keras.Sequential(
+        [keras.Input((X_DIM,))]
+        + [keras.layers.Dense(u, name=f"d{i}", dtype="float32") for i, u in ((1, 5), (2, 3))],
+        name="net",
+    )
+    lr, lam = 0.5, 0.2
+    opt = PathNormSGD(lr, lam=lam, model=model)
+    opt.build(model.trainable_variables)
+    grads = [tf.zeros_like(v) for v in model.trainable_variables]  # the step is the prox alone
+    step = tf.function(lambda g: opt.apply(g, model.trainable_variables), jit_compile=True)
+    k_in, k_out = model.layers[0].kernel, model.layers[1].kernel
+    base_in, base_out = k_in.numpy(), k_out.numpy()
+    big = base_in.copy()
+    big[:, 0] = np.where(np.arange(X_DIM) % 2 == 0, 3e38, -1e38)  # sum of |.|: 1.2e39
+    assert np.abs(big[:, 0]).astype(np.float64).sum() > np.finfo(np.float32).max
+    k_in.assign(big)
+    step(grads)
+    opt.check_weights()  # not flagged
+    want_in, want_out = reference_prox(
+        big.astype(np.float64), base_out.astype(np.float64), lam * lr
+    )
+    for got, want in ((k_in.numpy(), want_in), (k_out.numpy(), want_out)):
+        np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-6, atol=1e-7)
+        assert np.array_equal(got == 0, want == 0)
+    assert not np.array_equal(k_out.numpy(), base_out) and (want_out == 0).any()
+    label = r"pair \('net/d1', 'net/d2'\) contains NaN or inf"
+    for kernel, index, value in ((k_in, (2, 1), np.nan), (k_out, (1, 2), -np.inf)):
+        k_in.assign(base_in)
+        k_out.assign(base_out)
+        bad = kernel.numpy()
+        bad[index] = value
+        kernel.assign(bad)
+        step(grads)
+        with pytest.raises(NonFiniteWeightsError, match=label + ".*compiled by XLA"):
+            opt.check_weights()
+        for var, want in ((k_in, base_in), (k_out, base_out)):
+            np.testing.assert_array_equal(var.numpy(), bad if var is kernel else want)
+
+
 # --- convolution units: pairing, the prox on channels, the baselines ------------------------
 
 CNN_SHAPE = (8, 9, 2)
