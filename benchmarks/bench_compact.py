@@ -30,9 +30,9 @@ from torch import nn
 from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
 from pathnorm_experiments.compaction import time_calls
 from pathnorm_experiments.data import DataError, Dataset, load_dataset, load_embedded
+from pathnorm_experiments.engine import train_loop
 from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.sweep import default_machine
-from pathnorm_experiments.engine import train_loop
 from pathnorm_lightning import compact
 
 

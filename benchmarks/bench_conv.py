@@ -30,8 +30,8 @@ from torch.nn import functional as F
 
 from pathnorm_experiments.compaction import time_calls
 from pathnorm_experiments.data import load_embedded
-from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.engine import train_loop
+from pathnorm_experiments.settings import TrainConfig
 from pathnorm_experiments.torch_backend import build_network, weight_layers
 from pathnorm_lightning.functional import Method
 from pathnorm_lightning.layers import prox_pair_
