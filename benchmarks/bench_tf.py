@@ -42,7 +42,7 @@ import tensorflow as tf
 
 import pathnorm_tf
 from pathnorm_experiments.data import DataError, load_dataset
-from pathnorm_tf import PathNormSGD, prox_path_norm
+from pathnorm_tf import PathNormSGD, ProxOptimizer, prox_path_norm
 
 SHAPES = [(784, 200, 10), (784, 200, 1), (784, 1000, 10), (512, 512, 512)]
 ENV_DATA = os.environ.get("PATHNORM_DATA_DIR")
@@ -146,6 +146,8 @@ def paper_mlp(optimizer: keras.optimizers.Optimizer, jit: bool) -> keras.Model:
     model = keras.Sequential(
         [keras.Input((784,)), keras.layers.Dense(200, activation="elu"), keras.layers.Dense(10)]
     )
+    if isinstance(optimizer, PathNormSGD | ProxOptimizer):
+        optimizer.verify_pairs(model)  # show it the model (pairs="auto" checked against it)
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
