@@ -5,7 +5,7 @@ long as the process lives (9 GB over the whole suite in one process), and it can
 forget them. So each file that loads TensorFlow runs in a process of its own, and the other
 files share ``2 --jobs`` processes (a process start costs a few seconds of imports). Processes
 start only while the sum of their measured peaks (``PEAK``) stays within ``MEMORY_BUDGET``.
-Largest groups start first, so the cores stay busy to the end. Each process's time and peak
+The longest processes start first (``SECONDS``), so the cores stay busy to the end. Each process's time and peak
 memory (resident) are printed.
 
     python .ci/pytest_files.py [--jobs 2] [--slowest 10] [TEST_FILE ...]
@@ -34,14 +34,37 @@ SHARDS = {"test_tf_optimizers.py": 3, "test_tf_edge_cases.py": 2}
 #: other TensorFlow files count as TF_PEAK, the groups of other files as OTHER_PEAK.
 PEAK = {
     "test_tf_edge_cases.py": 2.05,
-    "test_cross_backend.py": 2.3,
+    "test_cross_backend.py": 2.35,
     "test_spec_tf.py": 1.95,
-    "test_tf_optimizers.py": 2.4,
+    "test_tf_optimizers.py": 2.75,
     "test_tf_band_fast.py": 1.85,
     "test_tf_functional.py": 1.9,
+    "test_tf_metrics.py": 1.5,
+    "test_backend_agreement.py": 1.45,
     "test_tf_private_api.py": 1.2,  # the SMALL_TF group, run together
 }
 TF_PEAK, OTHER_PEAK = 1.4, 1.2
+#: Seconds one process of a file (per shard) took, as this script printed it on a quiet 2-core
+#: machine: the longest start first, so that no long one is left running alone at the end.
+#: Other TensorFlow files count as TF_SECONDS; the groups of other files by their size.
+SECONDS = {
+    "test_tf_optimizers.py": 96,
+    "test_tf_band_fast.py": 99,
+    "test_cross_backend.py": 60,
+    "test_tf_edge_cases.py": 52,
+    "test_spec_tf.py": 51,
+    "test_tf_metrics.py": 51,
+    "test_tf_functional.py": 45,
+    "test_train_cli.py": 43,
+    "test_backend_agreement.py": 30,
+    "test_tf_private_api.py": 21,
+    # the groups of other files, by their first file
+    "test_sweep.py": 107,
+    "test_functional_torch.py": 59,
+    "test_conv_torch.py": 52,
+    "test_callbacks.py": 45,
+}
+TF_SECONDS = 40
 #: Processes start only while the sum of their peaks stays within this (GiB).
 MEMORY_BUDGET = 4.0
 
@@ -62,8 +85,18 @@ def groups(files: list[Path], jobs: int) -> list[Group]:
     rest: list[list[Path]] = [[] for _ in range(2 * jobs)]  # smaller: they fill in beside TF
     for i, f in enumerate(f for f in files if not f.name.startswith(TF_FILES)):
         rest[i % len(rest)].append(f)
-    size = lambda g: sum(f.stat().st_size for f in g[0]) / SHARDS.get(g[0][0].name, 1)  # noqa: E731
-    return sorted([*tf, *((g, None) for g in rest if g)], key=size, reverse=True)
+    return sorted([*tf, *((g, None) for g in rest if g)], key=_seconds, reverse=True)
+
+
+def _seconds(group: Group) -> float:
+    """The expected time of a process: as measured (``SECONDS``), else TF_SECONDS for a
+    TensorFlow file and about 1 s per 2.5 kB of tests for a group of other files."""
+    files = group[0]
+    if files[0].name in SECONDS:
+        return SECONDS[files[0].name]
+    if files[0].name.startswith(TF_FILES):
+        return TF_SECONDS
+    return sum(f.stat().st_size for f in files) / 2500
 
 
 def _is_tf(group: Group) -> bool:
