@@ -98,14 +98,31 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
 
 ## Where the time goes
 
-- **Torch, CPU kernel**, in training: one vectorised pass over the long side (`|w_in|`: its
-  norms, the sums above the threshold, a count of the entries just below it), a second pass
-  over the thin band between two bounds on the threshold (skipped for most units once training
-  has started), the work per unit on the short side (sorting the outgoing weights, the bounds,
-  one candidate per support size), and the write pass.
-- **Keras under XLA**: XLA's CPU backend reduces each per-unit statistic in a loop of its own
-  over `kernel_in` and runs the small per-unit steps as separate thunks; `bench_tf_step_parts.py`
-  splits the prox's cost inside a train step into these parts. Going below that needs a fused
+- **Torch, CPU kernel** (784-200-10, float32; profiled in one process, old and new kernel in
+  turn, 1 thread, on a busy machine, so as proportions): one vectorised pass over the long side
+  per unit (`|w_in|`: its norms and the statistics above the threshold; about 49 us for the 200
+  rows), the write pass (about 30 us), the work per unit on the short side (sorting the
+  outgoing weights, the bounds, one candidate per support size; about 45 us), and a second
+  pass over the thin band between two bounds on the threshold, skipped by nearly every unit at
+  a kernel lam of 1e-5 and taken by most at 1e-4. In training a call takes 160-190 us at 1
+  thread and 0.24-0.25 ms in the `bench_overhead.py` runs above (default threads).
+- **Lightning: the extra per step beyond the prox** (0.15-0.17 ms in the runs above, "hook's own
+  cost"): the hook's Python around the kernel, about 20-25 us a step (the plan's validity check
+  about 9 us, the learning-rate read, the planned call, the version counters; measured in a
+  plain torch loop); Lightning's calls into any callback, 15-20 us; the metrics, about 13 us a
+  step (one pass over each weight per log, about 0.7 ms every 50 steps); the unit watch, under
+  1 us. The rest is the kernel's effect on the step around it (caches): in one plain-loop run,
+  a bare post-step function that copies the weights and runs the same kernel, with none of the
+  hook, left 106 us above the kernel's own time, `attach` 62 us. The 1.10x target needs the
+  kernel itself about twice as fast in training.
+- **Keras under XLA**: no host work per step and no retracing; the extra is the prox inside
+  the compiled step (0.36-0.38 ms a call in a compiled loop). The band setup's four per-unit
+  sums over `kernel_in` run as two loops (complex pairs). The finiteness check (on by default)
+  takes its verdict from those sums: as a separate pass with a `tf.cond` around the prox it
+  cost about 80 us a step (1.28x against 1.23x without the check, one A/B), from the sums
+  about nothing (1.229x against 1.226x, one A/B at load 1.4-3.8). One loop for
+  every statistic was measured slower (XLA writes the stacked operands out); what remains are
+  about 50 small per-unit thunks and the band's second loop. Going below that needs a fused
   custom kernel, which the pure-tf-ops design excludes (`docs/keras.md`).
 - **CUDA**: the Triton kernel is one launch (a second one only for units whose band of
   candidate entries is wide), so on small layers its cost is the launch from Python: replayed
