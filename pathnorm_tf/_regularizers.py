@@ -13,6 +13,7 @@ targets, the once-per-real-update invariant, the finiteness check and the writes
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ __all__ = ["REGULARIZERS", "L1Prox", "LinfProjection", "PathProx", "Regularizer"
 Prox = Callable[..., tuple[tf.Tensor, ...]]
 
 
-class Regularizer:
+class Regularizer(abc.ABC):
     """One regularizer: its configuration and its update of one target."""
 
     #: the public name (``regularizer=...``)
@@ -44,13 +45,13 @@ class Regularizer:
         """``lam * lr`` in float64, rounded once (as the torch side's Python float)."""
         return tf.constant(self.value, tf.float64) * tf.cast(learning_rate, tf.float64)
 
+    @abc.abstractmethod
     def update(
         self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
     ) -> list[tf.Tensor]:
         """The target's new kernels from ``values`` (its kernels, read once): a pair's
         ``layout`` is its :class:`~pathnorm_tf.layers.PairLayout`, a layer's its
         :class:`~pathnorm_tf.layers.LayerEntry`; ``prox`` is the exact path-norm prox."""
-        raise NotImplementedError
 
     def checked_update(
         self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
