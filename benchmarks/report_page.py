@@ -74,6 +74,12 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   a bare post-step function that copies the weights and runs the same kernel, with none of the
   hook, left 106 us above the kernel's own time, `attach` 62 us. The 1.10x target needs the
   kernel itself about twice as fast in training.
+- **The kernel on two threads** (numba `parallel=True`, the units split in two halves; measured,
+  not adopted): on 784-200-10 it went from 143 to 73 us back to back and from 185 to 97 us
+  inside a plain torch training loop, called from the main thread; called from any other thread
+  it took 130-235 us where the main thread took 64, and in `bench_overhead.py`, whose runs train
+  in threads of their own, the prox in the step stayed at 0.24-0.27 ms. A library default
+  cannot depend on which thread trains, nor on which threading layer numba finds.
 - **Keras under XLA**: no host work per step and no retracing; the extra is the prox inside
   the compiled step (0.36-0.38 ms a call in a compiled loop). The band setup's four per-unit
   sums over `kernel_in` run as two loops (complex pairs). The finiteness check (on by default)
