@@ -1,21 +1,19 @@
-"""TensorFlow / Keras side of the main job: ``tf.data`` pipeline, the paper's MLP or its
-convolutional twin, proximal SGD with the library's optimizers (``pathnorm_tf.PathNormSGD`` /
-``ProxOptimizer``), the evaluation (the attacks: :mod:`~pathnorm_experiments.attacks_tf`).
+"""TensorFlow / Keras side of the main job: ``tf.data`` pipeline, the paper's MLP or its conv
+twin, proximal SGD with the library's optimizers (``pathnorm_tf.PathNormSGD`` /
+``ProxOptimizer``) and the evaluation (attacks: :mod:`~pathnorm_experiments.attacks_tf`).
 
 Same configuration, step semantics and evaluation as the torch backend: an SGD step on the
 cross-entropy, then the prox with step ``lr * lam`` (``linf``: every kernel projected onto
-``||K||_{inf->inf} <= 1/lam``), or for ``method="penalty"`` plain SGD on ``CE + lam * g``.
-Both backends start from the same weights (PyTorch's default distribution, drawn by
-:func:`~pathnorm_experiments.draws.initial_weights`) and see the minibatches in the same order
+``||K||_{inf->inf} <= 1/lam``), or for ``method="penalty"`` plain SGD on ``CE + lam * g``. Both
+backends start from the same weights (:func:`~pathnorm_experiments.draws.initial_weights`, torch's
+default distribution) and see the minibatches in the same order
 (:func:`~pathnorm_experiments.draws.shuffle_orders`), so they train the same network up to
-floating-point rounding. Certificates and bounds are computed by the
-backend-neutral :mod:`pathnorm_experiments.certify` on the kernels in torch layout.
+rounding. Certificates and bounds come from :mod:`pathnorm_experiments.certify`, on the kernels
+in torch layout.
 
 The conv network is ``Reshape(28, 28, 1) -> Conv2D(C, k, stride, "valid") -> act -> Flatten ->
-Dense(10)``, channels last: its kernels are the torch draw in Keras layout (a convolution's
-``(C, C_in, k, k)`` as ``(k, k, C_in, C)``; the Dense kernel's rows permuted, since Keras's
-``Flatten`` reads position by position where ``nn.Flatten`` reads channel by channel), so both
-backends compute the same function (:func:`keras_kernel`, :func:`torch_weight`).
+Dense(10)``, channels last; its kernels are the torch draw in Keras layout (:func:`keras_kernel`),
+so both backends compute the same function.
 """
 
 from __future__ import annotations
@@ -71,19 +69,12 @@ def make_tf_dataset(
     seed: int = 0,
     orders: np.ndarray | None = None,
 ) -> tf.data.Dataset:
-    """``tf.data`` pipeline over the arrays: batched, prefetched.
+    """Batched, prefetched (images (N, 784), int32 labels) pipeline over the arrays.
 
-    Args:
-        x, y: images (N, 784) and labels (N,).
-        batch_size: minibatch size.
-        shuffle: reshuffle every epoch with TF's own shuffle (seeded by ``seed``).
-        seed: seed of TF's shuffle.
-        orders: instead of TF's shuffle, the epochs' orders (epochs, N) in sequence, every
-            epoch batched on its own (:func:`~pathnorm_experiments.draws.shuffle_orders`, the
-            torch side's order); the dataset then ends after the last epoch.
-
-    Returns:
-        The dataset of (images, int32 labels) batches.
+    ``shuffle`` reshuffles every epoch with TF's shuffle seeded by ``seed``. ``orders`` (epochs,
+    N) replaces it with the torch side's order
+    (:func:`~pathnorm_experiments.draws.shuffle_orders`): every epoch batched on its own, the
+    dataset ending after the last one.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -91,9 +82,8 @@ def make_tf_dataset(
         xs, ys = tf.constant(x), tf.constant(y.astype(np.int32))
         idx = tf.data.Dataset.from_tensor_slices(orders.astype(np.int64))
         batches = idx.flat_map(lambda o: tf.data.Dataset.from_tensor_slices(o).batch(batch_size))
-        return batches.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i))).prefetch(
-            tf.data.AUTOTUNE
-        )
+        pairs = batches.map(lambda i: (tf.gather(xs, i), tf.gather(ys, i)))
+        return pairs.prefetch(tf.data.AUTOTUNE)
     ds = tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32)))
     if shuffle:
         ds = ds.shuffle(x.shape[0], seed=seed, reshuffle_each_iteration=True)
@@ -109,25 +99,20 @@ def _kernels(model: keras.Model) -> list[Any]:
     return [layer.kernel for layer in _weight_layers(model)]
 
 
-def _unit_norms(k_in: Any, k_out: Any) -> tuple[tf.Tensor, tf.Tensor]:
-    """Per hidden unit (a Dense unit or a channel): ``||y_i||_1`` from the first kernel and
-    ``||x_i||_1`` from the second. A kernel's last axis is its outputs; the second kernel reads
-    unit ``i`` in the rows ``[..., i, :]`` of its ``(-1, n, out)`` reshape (a convolution's
-    ``(*k, C, out)``, a Dense kernel after a channels-last Flatten: row ``q * C + c``)."""
-    n = int(k_in.shape[-1])
-    y = tf.reduce_sum(tf.reshape(tf.abs(k_in), (-1, n)), 0)
-    x = tf.reduce_sum(tf.reshape(tf.abs(k_out), (-1, n, int(k_out.shape[-1]))), (0, 2))
-    return y, x
-
-
 def _l1(kernels: list[Any]) -> tf.Tensor:
     return tf.add_n([tf.reduce_sum(tf.abs(k)) for k in kernels])
 
 
 def _path(kernels: list[Any]) -> tf.Tensor:
+    """Sum over layer pairs and hidden units (Dense units or channels) of ``||x_i||_1 ||y_i||_1``:
+    ``y_i`` from ``k_in``'s output ``i``, ``x_i`` from rows ``[..., i, :]`` of ``k_out``'s
+    ``(-1, n, out)`` reshape (a convolution's ``(*k, C, out)``; a Dense kernel after a
+    channels-last Flatten: row ``q * C + c``)."""
     terms = []
     for k_in, k_out in zip(kernels[::2], kernels[1::2], strict=True):
-        y, x = _unit_norms(k_in, k_out)
+        n = int(k_in.shape[-1])
+        y = tf.reduce_sum(tf.reshape(tf.abs(k_in), (-1, n)), 0)
+        x = tf.reduce_sum(tf.reshape(tf.abs(k_out), (-1, n, int(k_out.shape[-1]))), (0, 2))
         terms.append(tf.reduce_sum(x * y))
     return tf.add_n(terms)
 
@@ -144,9 +129,8 @@ def _linf_optimizer(cfg: TrainConfig) -> keras.optimizers.Optimizer:
     return ProxOptimizer(keras.optimizers.SGD(cfg.lr), regularizer="linf", radius=1.0 / cfg.lam)
 
 
-#: each regularizer's Keras parts (its row in :mod:`~pathnorm_experiments.regularizers` says
-#: what it is): the differentiable ``g`` on the kernels (None: ``g = 0``) and the library
-#: optimizer of its proximal step (None: plain SGD)
+#: each regularizer's Keras parts: the differentiable ``g`` on the kernels (None: ``g = 0``) and
+#: the library optimizer of its proximal step (None: plain SGD)
 KERAS: dict[str, tuple[Callable[[list[Any]], tf.Tensor] | None, Callable[..., Any] | None]] = {
     "none": (None, None),
     "l1": (_l1, _l1_optimizer),
@@ -158,24 +142,16 @@ if tuple(KERAS) != REGULARIZERS:  # a new row of the table needs its Keras parts
 
 
 def penalty(kernels: list[Any], name: str) -> tf.Tensor:
-    """Differentiable ``g`` on Keras kernels: l1 sum |K|, path = pairwise path-norms (over
-    units or channels); 0 for none and for a constraint."""
+    """Differentiable ``g`` on Keras kernels (0 for none and for a constraint)."""
     g = KERAS[regularizer(name).name][0]
     return tf.zeros((), kernels[0].dtype) if g is None else g(kernels)
 
 
 def keras_kernel(weight: np.ndarray, channels_before: int | None = None) -> np.ndarray:
-    """A torch-layout weight as the Keras kernel of the same layer.
-
-    Args:
-        weight: (out, in) of a Linear layer, or (C, C_in, *k) of a convolution.
-        channels_before: for a Linear layer after a convolution of that many channels and a
-            Flatten: torch reads channel by channel (column ``c * P + q``), Keras position by
-            position (row ``q * C + c``), so the rows are permuted.
-
-    Returns:
-        (in, out), or (*k, C_in, C).
-    """
+    """A torch-layout weight, (out, in) or (C, C_in, *k), as the Keras kernel, (in, out) or
+    (*k, C_in, C). ``channels_before``: for a Linear layer reading a convolution of that many
+    channels through a Flatten, the rows are permuted (torch reads channel by channel, column
+    ``c * P + q``; Keras position by position, row ``q * C + c``)."""
     if weight.ndim > 2:
         return np.moveaxis(weight, (0, 1), (-1, -2))
     if channels_before is None:
@@ -224,8 +200,7 @@ def torch_weights(model: keras.Model) -> list[np.ndarray]:
 
 
 class RegularizedMLP(keras.Sequential):
-    """``keras.Sequential`` whose training loss is ``CE + lam * g`` when ``penalty_lam > 0``
-    (the MLP or the conv network)."""
+    """``keras.Sequential`` whose training loss is ``CE + lam * g`` when ``penalty_lam > 0``."""
 
     def __init__(
         self, layers: list[Any], regularizer: str = "none", penalty_lam: float = 0.0, **kw: Any
@@ -251,10 +226,8 @@ class RegularizedMLP(keras.Sequential):
 
 
 def build_model(cfg: TrainConfig) -> RegularizedMLP:
-    """``cfg``'s network in ``cfg.dtype`` on flat 784-pixel inputs: Dense 784 -> hidden
-    (activation) -> 10 logits, or the conv network (module docstring), initialised with
-    :func:`~pathnorm_experiments.draws.initial_layer_weights` (the torch side's draw in Keras
-    layout, :func:`keras_kernel`); the penalty term for ``method="penalty"``."""
+    """``cfg``'s MLP or conv network in ``cfg.dtype`` on flat 784-pixel inputs, initialised
+    with the torch side's draw in Keras layout; with the penalty for ``method="penalty"``."""
     layers: list[Any] = [keras.Input((cfg.widths[0],), dtype=cfg.dtype)]
     if cfg.model == "conv":
         c_in, height, width = IMAGE_SHAPE
@@ -326,26 +299,13 @@ def _mean_ce(model: keras.Model, x: np.ndarray, y: np.ndarray) -> float:
     total = 0.0
     for s in range(0, x.shape[0], 10000):
         z = model(x[s : s + 10000], training=False)
-        total += float(
-            tf.reduce_sum(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[s : s + 10000], logits=z)
-            )
-        )
+        ce = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y[s : s + 10000], logits=z)
+        total += float(tf.reduce_sum(ce))
     return total / x.shape[0]
 
 
-def _set_threads(threads: int | None) -> None:
-    """TF's intra- and inter-op threads (None or 0: leave TF's default)."""
-    if threads:
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:  # TF already initialised in this process: keep its setting
-            pass
-
-
 def _compiled_model(cfg: TrainConfig) -> RegularizedMLP:
-    """Seed Keras, build the MLP and compile it with the library optimizer and the CE loss."""
+    """Seed Keras, build the network, compile it with the library optimizer and the CE loss."""
     keras.utils.set_random_seed(cfg.seed)
     model = build_model(cfg)
     floatx = keras.config.floatx()
@@ -365,38 +325,6 @@ def _compiled_model(cfg: TrainConfig) -> RegularizedMLP:
     return model
 
 
-def _fit(
-    model: keras.Model,
-    cfg: TrainConfig,
-    x_train: np.ndarray,
-    y_train: np.ndarray,
-    cb: _History,
-    progress: bool,
-) -> dict[str, float]:
-    """``model.fit`` over the torch side's minibatch order; returns the training timings."""
-    n = x_train.shape[0]
-    orders = shuffle_orders(n, cfg.epochs, cfg.seed)  # the torch side's minibatch order
-    t0 = time.perf_counter()
-    model.fit(
-        make_tf_dataset(x_train, y_train, cfg.batch_size, orders=orders),
-        epochs=cfg.epochs,
-        # with steps_per_epoch, Keras continues one iterator across the epochs
-        steps_per_epoch=math.ceil(n / cfg.batch_size),
-        verbose=1 if progress else 0,
-        callbacks=[cb],
-        shuffle=False,
-    )
-    return {"train_s": time.perf_counter() - t0, "iterations": float(cb.step)}
-
-
-def _trained_weights(model: keras.Model) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """The weights in torch layout and the biases; raises if training diverged."""
-    ws = torch_weights(model)
-    if not all(np.isfinite(w).all() for w in ws):
-        raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
-    return ws, [np.asarray(layer.bias).copy() for layer in _weight_layers(model)]
-
-
 def _certify_layers(model: keras.Model, ws: list[np.ndarray]) -> list[Layer]:
     """The torch-layout weights as :mod:`~pathnorm_experiments.certify` layers: a Conv2D
     (valid padding, channels last, as :func:`build_model` makes it) as a ``ConvLayer``."""
@@ -412,58 +340,36 @@ def _certify_layers(model: keras.Model, ws: list[np.ndarray]) -> list[Layer]:
     return out
 
 
-def _robust_errors(
-    model: keras.Model, cfg: TrainConfig, x: np.ndarray, y: np.ndarray
-) -> dict[str, float]:
-    """PGD-robust error on (x, y) at every radius of ``cfg.eps``, by its result key."""
-    return {
-        float_key(e): robust_error(
-            model,
-            x,
-            y,
-            e,
-            steps=cfg.pgd_steps,
-            seed=cfg.seed,
-            losses=("ce", "margin") if cfg.attack == "ce+margin" else ("ce",),
-        )
-        for e in cfg.eps
-    }
-
-
 def _evaluate_keras(
     model: keras.Model,
     cfg: TrainConfig,
     data: Dataset,
-    x_train: np.ndarray,
-    x_test: np.ndarray,
+    cb: _History,
     ws: list[np.ndarray],
     bs: list[np.ndarray],
-    hist: History,
     timings: dict[str, float],
 ) -> dict[str, Any]:
-    """Clean and PGD-robust test error, train CE, certificates and bounds: the result dict.
-
-    Args:
-        model: the trained model.
-        cfg: the run (radii, PGD steps and samples, attack).
-        data: the arrays (labels).
-        x_train: training inputs in ``cfg.dtype``.
-        x_test: test inputs in ``cfg.dtype``.
-        ws: the weights, (out, in).
-        bs: the biases.
-        hist: the training history.
-        timings: the training timings; ``eval_s`` is added.
-
-    Returns:
-        The result dict of :func:`~pathnorm_experiments.evaluation.build_result`.
-    """
+    """Clean and PGD-robust test error, train CE, certificates and bounds: the result dict of
+    :func:`~pathnorm_experiments.evaluation.build_result` (``ws`` in torch layout; adds
+    ``eval_s`` to ``timings``)."""
+    x_test = data.x_test.astype(cfg.dtype)
     t1 = time.perf_counter()
     y_te = data.y_test.astype(np.int32)
     wrong_clean = np.argmax(model.predict(x_test, batch_size=2000, verbose=0), 1) != y_te
     n_adv = x_test.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_test.shape[0])
-    robust = _robust_errors(model, cfg, x_test[:n_adv], y_te[:n_adv])
-    n_eval = cfg.eval_train_samples
-    ce = _mean_ce(model, x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
+    losses = ("ce", "margin") if cfg.attack == "ce+margin" else ("ce",)
+    robust: dict[str, float] = {}
+    for e in cfg.eps:
+        robust[float_key(e)] = robust_error(
+            model,
+            x_test[:n_adv],
+            y_te[:n_adv],
+            e,
+            steps=cfg.pgd_steps,
+            seed=cfg.seed,
+            losses=losses,
+        )
+    ce = _mean_ce(model, cb.x_eval, cb.y_eval)  # the history's training subset
     timings["eval_s"] = time.perf_counter() - t1
     return build_result(
         cfg,
@@ -475,7 +381,7 @@ def _evaluate_keras(
         robust_error=robust,
         train_ce=ce,
         n_adv=n_adv,
-        history=hist,
+        history=cb.hist,
         timings=timings,
         backend="tf",
     )
@@ -492,8 +398,6 @@ def train_keras(
     """Train with ``model.fit`` and the library optimizer, then evaluate.
 
     Args:
-        cfg: the run.
-        data: the arrays.
         progress: show Keras' progress bar.
         threads: TF's intra- and inter-op threads (None: TF's default).
         evaluate_model: attack, certify and measure after training; otherwise the result
@@ -501,14 +405,36 @@ def train_keras(
 
     Returns:
         (model, result dict).
+
+    Raises:
+        FloatingPointError: training diverged (non-finite weights).
     """
-    _set_threads(threads)
+    if threads:
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:  # TF already initialised in this process: keep its setting
+            pass
     model = _compiled_model(cfg)
-    x_train, x_test = data.x_train.astype(cfg.dtype), data.x_test.astype(cfg.dtype)
-    n_eval = cfg.eval_train_samples
+    x_train = data.x_train.astype(cfg.dtype)
+    n, n_eval = x_train.shape[0], cfg.eval_train_samples
     cb = _History(cfg, x_train[:n_eval], data.y_train[:n_eval].astype(np.int32))
-    timings = _fit(model, cfg, x_train, data.y_train, cb, progress)
-    ws, bs = _trained_weights(model)
+    orders = shuffle_orders(n, cfg.epochs, cfg.seed)  # the torch side's minibatch order
+    t0 = time.perf_counter()
+    model.fit(
+        make_tf_dataset(x_train, data.y_train, cfg.batch_size, orders=orders),
+        epochs=cfg.epochs,
+        # with steps_per_epoch, Keras continues one iterator across the epochs
+        steps_per_epoch=math.ceil(n / cfg.batch_size),
+        verbose=1 if progress else 0,
+        callbacks=[cb],
+        shuffle=False,
+    )
+    timings = {"train_s": time.perf_counter() - t0, "iterations": float(cb.step)}
+    ws = torch_weights(model)
+    if not all(np.isfinite(w).all() for w in ws):
+        raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")
+    bs = [np.asarray(layer.bias).copy() for layer in _weight_layers(model)]
     if not evaluate_model:
         return model, {"history": cb.hist, "timings": timings, "weights": ws, "biases": bs}
-    return model, _evaluate_keras(model, cfg, data, x_train, x_test, ws, bs, cb.hist, timings)
+    return model, _evaluate_keras(model, cfg, data, cb, ws, bs, timings)
