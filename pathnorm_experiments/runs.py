@@ -1,13 +1,12 @@
 """The sweep's results on disk: the columns of ``runs.csv``, run and group keys, locked
-appends, the one validating reader of result files, merging them, the cache
-of pending runs, and the claims that keep two sweeps of one folder off each other's groups.
+appends, the one validating reader of result files, merging, the pending-run cache and the
+group claims.
 
 One CSV row per training run; a group's rows (one lr selection) are appended together, so a
 group with a row in any results file of a directory has been selected (more seeds may be added
-to it later). A finished run of an unfinished group waits in ``<out>/.pending/`` (its metrics,
-and its weights when they are needed again). A sweep claims a group in ``<out>/.claims/``
-before running it and drops the claim once its rows are written. NumPy only (no torch import),
-so the report reads results without the training stack.
+later). A finished run of an unfinished group waits in ``<out>/.pending/`` (metrics, and weights
+when needed again). A sweep claims a group in ``<out>/.claims/`` before running it and drops
+the claim once its rows are written. NumPy only (no torch), so the report needs no training stack.
 """
 
 from __future__ import annotations
@@ -60,26 +59,14 @@ KEY_COLUMNS = ("dataset", "regularizer", "optimizer", "lam", "lr", "seed", "epoc
 PROTOCOL_COLUMNS = ("batch_size", "hidden", "eval_samples", "pgd_steps", "strong_restarts")
 
 
-def _eps_columns(eps: Sequence[float]) -> list[str]:
-    return [
-        f"{kind}@{float_key(e)}"
-        for kind in (
-            "robust_error",
-            "robust_error_strong",
-            "certified_lipschitz",
-            "certified_interval",
-        )
-        for e in eps
-    ]
-
-
+_EPS_KINDS = ("robust_error", "robust_error_strong", "certified_lipschitz", "certified_interval")
 COLUMNS = (
     *KEY_COLUMNS,
     "selected",
     "val_error",
     "clean_error",
     "clean_error_full",
-    *_eps_columns(SWEEP_EPS),
+    *(f"{kind}@{float_key(e)}" for kind in _EPS_KINDS for e in SWEEP_EPS),
     "nonzero",
     "nonzero_live",
     "path_norm",
@@ -98,20 +85,13 @@ def join_key(*parts: str) -> str:
 
 
 def row_key(row: Mapping[str, str]) -> str:
-    """The run key of a CSV row (its key columns joined by ``|``)."""
+    """The run key of a CSV row."""
     return join_key(*(str(row[c]) for c in KEY_COLUMNS))
 
 
 def row_group_key(row: Mapping[str, str]) -> str:
     """The lr-selection group key of a CSV row (its run key without lr and seed)."""
-    return join_key(
-        row["dataset"],
-        row["regularizer"],
-        row["optimizer"],
-        row["lam"],
-        row["epochs"],
-        row["n_train"],
-    )
+    return join_key(*(row[c] for c in KEY_COLUMNS if c not in ("lr", "seed")))
 
 
 def _fmt(value: Any) -> str:
@@ -121,15 +101,9 @@ def _fmt(value: Any) -> str:
 
 
 def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Append ``rows`` to the CSV ``path`` in one locked, flushed write (header if new).
-
-    A torn last line (a writer killed mid-write) is cut off first, so the file always holds
-    whole rows.
-
-    Args:
-        path: the CSV file (made with its parents if missing).
-        rows: rows with the keys of :data:`COLUMNS`.
-    """
+    """Append ``rows`` (keys :data:`COLUMNS`) to the CSV ``path`` in one locked, flushed write,
+    with the header if the file is new. A torn last line (a writer killed mid-write) is cut off
+    first, so the file always holds whole rows."""
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
@@ -142,8 +116,7 @@ def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
             size = f.tell()
             if size:
                 f.seek(0)
-                content = f.read()
-                cut = content.rfind(b"\n") + 1
+                cut = f.read().rfind(b"\n") + 1
                 if cut != size:
                     f.truncate(cut)
                     size = cut
@@ -157,8 +130,8 @@ def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
 
 
 class ResultsError(ValueError):
-    """A results file that cannot be used: its header, a row or a cell is not the sweep's (the
-    message names the file, the line and the column)."""
+    """A results file whose header, row or cell is not the sweep's (the message names the file,
+    the line and the column)."""
 
 
 _PERCENT = COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("path_norm")]
@@ -248,25 +221,15 @@ def _check_header(path: Path, header: Sequence[str]) -> None:
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    """The rows of a results CSV, every cell checked; [] if the file is missing or empty.
+    """The rows of a results CSV as cell text, every cell checked; [] if missing or empty.
 
-    The file is read under a shared lock, so a group appended by :func:`append_rows` is read
-    whole or not at all. A torn last line (a writer killed mid-row) is left out. Blank lines
-    are skipped. Everything else must be as the sweep writes it: the header :data:`COLUMNS`,
-    every row with every column, known names (dataset, regularizer, optimizer, ``selected``
-    0 or 1), numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), and
-    each run key on one row only. ``hidden_alive`` may be empty (rows written before the
-    column, diverged runs).
-
-    Args:
-        path: the CSV file.
-
-    Returns:
-        The rows, as the text of their cells.
+    A torn last line (a writer killed mid-row) is left out, blank lines skipped. Everything else
+    must be as the sweep writes it: the header :data:`COLUMNS`, every column, known names,
+    numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), each run key on
+    one row. ``hidden_alive`` may be empty (older rows, diverged runs).
 
     Raises:
-        ResultsError: the first problem, with the file, the line (1 is the header) and the
-            column.
+        ResultsError: the first problem, with the file, the line (1 is the header) and column.
     """
     if not path.is_file():
         return []
@@ -325,16 +288,8 @@ def folder_rows(out: Path) -> list[tuple[Path, list[dict[str, str]]]]:
 def protocol_clash(
     rows: Sequence[Mapping[str, str]], dataset: str, expected: Mapping[str, Any]
 ) -> tuple[str, str] | None:
-    """The first setting in which a row of ``dataset`` differs from ``expected``.
-
-    Args:
-        rows: rows of :func:`read_rows`.
-        dataset: the dataset whose rows are compared.
-        expected: column -> value (written as the CSV writes it), e.g. ``{"epochs": 20}``.
-
-    Returns:
-        ``(column, the row's value)``, or None when every row agrees.
-    """
+    """``(column, the row's value)`` of the first setting in which a row of ``dataset``
+    differs from ``expected`` (column -> value, e.g. ``{"epochs": 20}``); None if all agree."""
     want = {c: _fmt(v) for c, v in expected.items()}
     for r in rows:
         if r["dataset"] == dataset:
@@ -345,17 +300,11 @@ def protocol_clash(
 
 
 def merge(inputs: Sequence[Path], output: Path) -> int:
-    """Join result files by run key into ``output`` (sorted by the key columns).
+    """Join result files (``output`` may be among them) by run key into ``output``, written
+    atomically and sorted by the key columns; returns the number of rows.
 
-    Rows of one key that agree apart from ``machine`` are kept once. Rows of one key that
-    differ are an error: two machines produced different numbers for the same run.
-
-    Args:
-        inputs: CSV files (``output`` may be among them).
-        output: the merged file, written atomically.
-
-    Returns:
-        The number of rows written.
+    Rows of one key that agree apart from ``machine`` are kept once; rows that differ are an
+    error (two machines produced different numbers for the same run).
     """
     rows: dict[str, dict[str, str]] = {}
     for p in inputs:
@@ -406,15 +355,9 @@ def pending_path(out: Path, key: str) -> Path:
 def save_pending(
     out: Path, key: str, result: dict[str, Any], protocol: Mapping[str, Any] | None = None
 ) -> None:
-    """Cache a finished run's ``result`` (JSON metrics; ``weights`` as arrays), atomically.
-
-    Args:
-        out: the results directory.
-        key: the run key (stored in the file, checked on loading).
-        result: the metrics, and optionally ``weights``: ``(weights, biases)`` NumPy lists.
-        protocol: the settings the run was made with besides its key (:data:`PROTOCOL_COLUMNS`;
-            stored, checked on loading).
-    """
+    """Cache a finished run's ``result`` atomically: JSON metrics, and optionally ``weights``
+    (``(weights, biases)`` NumPy lists) as arrays. ``key`` and ``protocol`` (the
+    :data:`PROTOCOL_COLUMNS` the run was made with) are stored and checked on loading."""
     path = pending_path(out, key)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: v for k, v in result.items() if k != "weights"}
@@ -491,23 +434,16 @@ def _alive(holder: str) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        return True
+        pass
     return True
 
 
 def claim_group(out: Path, group_key: str, alive: Callable[[str], bool] = _alive) -> str | None:
-    """Claim the group ``group_key`` of ``out`` for this process.
+    """Claim the group ``group_key`` of ``out`` for this process: None when it now holds the
+    claim, else the holder (``"HOST PID"``).
 
-    A claim is a file naming its holder (host and process id). One left by a process of this
-    machine that no longer runs (a killed sweep) is stale and taken over.
-
-    Args:
-        out: the results directory.
-        group_key: the group.
-        alive: whether a holder still runs (tests replace it).
-
-    Returns:
-        None when this process now holds the claim, else the holder (``"HOST PID"``).
+    A claim is a file naming its holder. One whose holder is not ``alive`` (a killed sweep of
+    this machine; tests replace the check) is stale and taken over.
     """
     path = _claim_path(out, group_key)
     with _claims_locked(out):
