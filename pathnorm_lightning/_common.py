@@ -34,14 +34,8 @@ class NonFiniteWeightsError(ValueError):
 
 
 def check_scalar(value: Any, name: str) -> float:
-    """``value`` as a plain float after checking it is a finite real number >= 0.
-
-    Args:
-        value: a Python or NumPy real, or a 0-d real tensor.
-        name: the argument's name, for the error message.
-
-    Returns:
-        The value as a Python float.
+    """``value`` (a Python or NumPy real, or a 0-d real tensor) as a Python float, checked to be
+    finite and >= 0; ``name`` is the argument's name, for the error message.
 
     Raises:
         TypeError: not a real number (str, None, bool, complex, a bool or complex tensor).
@@ -202,9 +196,7 @@ def ldexp_rows(z: Tensor, e: Tensor) -> Tensor:
     """
     bits, mant = (52, torch.int64) if z.dtype == torch.float64 else (23, torch.int32)
     bias = 1023 if z.dtype == torch.float64 else 127
-    e = e.to(torch.int64).clamp(
-        -2 * (bias - 1), 2 * bias
-    )  # garbage (non-finite rows) stays bounded
+    e = e.to(torch.int64).clamp(-2 * (bias - 1), 2 * bias)  # (non-finite rows stay bounded)
     half = torch.div(e, 2, rounding_mode="floor")
     out = z
     for part in (half, e - half):

@@ -1,8 +1,9 @@
 """CUDA graphs of the tensor-op prox: one capture per layer shape, replayed at every call.
 
 Eagerly, the "sort" prox is a few hundred small kernels whose launches from Python cost
-several milliseconds per call, while the GPU itself is busy for a fraction of that. Captured
-once, a call is a few launches. Set ``PATHNORM_CUDA_GRAPHS=0`` to run eagerly.
+several milliseconds per call (several SGD steps of the paper's network on an H100), while the
+GPU itself is busy for a fraction of that. Captured once, a call is a few launches. Set
+``PATHNORM_CUDA_GRAPHS=0`` to run eagerly.
 """
 
 from __future__ import annotations
@@ -25,12 +26,9 @@ RowsProx = Callable[[Tensor, Tensor, "float | Tensor"], tuple[Tensor, Tensor]]
 class GraphedProx:
     """A tensor-op prox of one layer shape as a CUDA graph, replayed at every call.
 
-    Eagerly, the algorithm is a few hundred small kernels whose launches from Python cost
-    several milliseconds per call (several SGD steps of the paper's network on an H100), while
-    the GPU itself is busy for a fraction of that. Captured once, a call is a few launches: copy
-    the weights and ``lam`` into the graph's input buffers, replay, copy the results out. The
-    graph also computes whether the weights are finite, so ``check_finite`` costs one host
-    sync for both matrices. The graph keeps its intermediates allocated while it is cached.
+    A call copies the weights and ``lam`` into the graph's input buffers, replays it and copies
+    the results out. The graph also computes whether the weights are finite, so ``check_finite``
+    costs one host sync for both matrices. It keeps its intermediates allocated while cached.
     """
 
     def __init__(self, w_in: Tensor, w_out: Tensor, rows: RowsProx) -> None:
@@ -96,17 +94,10 @@ _GRAPHS_MAX = 16  # layer shapes whose graphs (and their intermediates) stay cac
 
 
 def cached_graph(w_in: Tensor, w_out: Tensor, rows: RowsProx) -> GraphedProx | None:
-    """The graph of ``rows`` for this pair's shapes, dtypes and device, captured on the second
-    call with them (a one-off call runs eagerly), or None: not CUDA, ``PATHNORM_CUDA_GRAPHS=0``,
-    inside another capture, first call, or capture failed.
-
-    Args:
-        w_in, w_out: the layer pair (torch layout) the graph is for.
-        rows: the per-unit prox ``(x, y, lam) -> (v, w)`` the graph replays.
-
-    Returns:
-        The cached graph, or None (then run ``rows`` eagerly).
-    """
+    """The graph of ``rows`` for the pair ``(w_in, w_out)``'s shapes, dtypes and device, captured
+    on the second call with them (a one-off call runs eagerly); None (run ``rows`` eagerly) when
+    not CUDA, ``PATHNORM_CUDA_GRAPHS=0``, inside another capture, on the first call, or when the
+    capture failed."""
     if w_in.device.type != "cuda" or os.environ.get("PATHNORM_CUDA_GRAPHS", "1") == "0":
         return None
     if torch.cuda.is_current_stream_capturing():  # the caller's own graph records the ops

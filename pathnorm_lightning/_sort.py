@@ -21,15 +21,13 @@ Exact at every finite magnitude: the prox is scale-equivariant (``prox(s x, s y)
 y)`` for the same ``lam``), so each unit is scaled by a power of two to a largest entry near 1,
 its thresholds are computed there and scaled back onto the original weights.
 
-The TensorFlow twin, ``pathnorm_tf/_sort.py``, is the same mathematics (the same candidates,
-the same tie order) under a different contract, on purpose: there ``prox_rows`` takes rows its
-caller already scaled (with the power-of-two helper its band method uses too) and returns the
-thresholds ``(t_v, t_w)``, which the caller applies to the kernels in their own dtype; and it
-finds ``L(k)`` by a bisection of ``ceil(log2(m + 2))`` static steps, each a ``batch_dims``
-gather (what XLA compiles well). Here :func:`prox_rows` scales the rows itself and returns the
-weights, and :func:`_largest_feasible` builds ``L(k)`` by binary lifting from one stacked table
-(one gather per step, no clamping), the cheapest form for eager torch. Both are held to the
-same exhaustive reference (``shared_spec``).
+The TensorFlow twin, ``pathnorm_tf/_sort.py``, is the same mathematics (candidates, tie order)
+under a different contract, on purpose: its ``prox_rows`` takes rows its caller already scaled
+and returns the thresholds ``(t_v, t_w)`` (applied by the caller in the kernels' dtype), and it
+finds ``L(k)`` by a bisection of static ``batch_dims`` gathers (what XLA compiles well). Here
+:func:`prox_rows` scales the rows and returns the weights, and :func:`_largest_feasible` finds
+``L(k)`` by binary lifting (the cheapest form for eager torch). Both are held to the same
+exhaustive reference (``shared_spec``).
 
 References:
     Latorre, Rolland, Hallak, Cevher, "Efficient Proximal Mapping of the 1-path-norm of

@@ -16,6 +16,7 @@ caller chooses. A unit holding NaN or inf gets an unspecified result; the other 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import struct
@@ -47,10 +48,6 @@ _BAND_MIN_BLOCK = 256
 _KERNELS: dict[bool, Any] = {}  # the jitted kernel, per interpreter mode
 
 
-def _triton() -> Any:
-    return optional_module("triton")
-
-
 def _interpreting() -> bool:
     """Whether Triton's interpreter runs the kernel: ``TRITON_INTERPRET=1``, and it was already
     set when triton was imported (triton builds its language library for one mode at import;
@@ -58,7 +55,7 @@ def _interpreting() -> bool:
     compiler)."""
     if os.environ.get("TRITON_INTERPRET", "0") != "1":
         return False
-    triton = _triton()
+    triton = optional_module("triton")
     return triton is not None and type(triton.language.standard.sum).__name__ == (
         "InterpretedFunction"
     )
@@ -69,7 +66,7 @@ def available() -> bool:
     interpreter is on (``TRITON_INTERPRET=1``, for CPU tensors)."""
     if not (_interpreting() or torch.cuda.is_available()):
         return False
-    return _triton() is not None
+    return optional_module("triton") is not None
 
 
 def supports(w_in: Tensor, w_out: Tensor) -> bool:
@@ -91,7 +88,7 @@ def supports(w_in: Tensor, w_out: Tensor) -> bool:
     device = w_in.device.type
     if device != "cuda" and not (device == "cpu" and _interpreting()):
         return False
-    return _triton() is not None
+    return optional_module("triton") is not None
 
 
 def _pow2(size: int) -> int:
@@ -138,46 +135,6 @@ def _launch_shape(n: int, block_p: int, block_m: int) -> tuple[int, int, int]:
     return units, block_k, warps
 
 
-def _check_pair(w_in: Tensor, w_out: Tensor) -> None:
-    """Raise ValueError, saying what is needed, unless :func:`supports` accepts the pair."""
-    if not supports(w_in, w_out):
-        raise ValueError(
-            "the Triton prox does not handle this pair: it needs Triton, 2-D weights w_in "
-            "(n, m) and w_out (p, n) of one float dtype on one CUDA device (CPU only under "
-            f"TRITON_INTERPRET=1), sides of at most {MAX_SIDE} and no expanded storage; got "
-            f"w_in {tuple(w_in.shape)} {w_in.dtype} on {w_in.device}, w_out "
-            f"{tuple(w_out.shape)} {w_out.dtype} on {w_out.device}; use method='sort'"
-        )
-
-
-def _check_flag(flag: Tensor | None, device: torch.device) -> None:
-    """Raise ValueError unless ``flag`` is None or an int32 tensor on ``device``, non-empty."""
-    if flag is not None and (
-        not isinstance(flag, Tensor)
-        or flag.dtype != torch.int32
-        or flag.numel() < 1
-        or flag.device != device
-    ):
-        raise ValueError(f"flag must be an int32 tensor on {device} with at least 1 entry")
-
-
-_Side = tuple[Tensor, int, int, int]  # (tensor, unit stride, element stride, length)
-
-
-def _sides(w_in: Tensor, w_out: Tensor) -> tuple[bool, _Side, _Side]:
-    """``(swapped, short, long)``: the side enumerated and the side searched, as the kernel
-    reads them (strided, no copies); ``swapped`` when the short side is ``w_in``'s rows."""
-    m, p = w_in.shape[1], w_out.shape[0]
-    swapped = p > m  # the shorter side is enumerated: w_out's columns unless they are longer
-    x_ptr, x_unit, x_elem = w_out.detach(), w_out.stride(1), w_out.stride(0)
-    y_ptr, y_unit, y_elem = w_in.detach(), w_in.stride(0), w_in.stride(1)
-    if swapped:
-        short, long_ = (y_ptr, y_unit, y_elem, m), (x_ptr, x_unit, x_elem, p)
-    else:
-        short, long_ = (x_ptr, x_unit, x_elem, p), (y_ptr, y_unit, y_elem, m)
-    return swapped, short, long_
-
-
 def prox_inplace(
     w_in: Tensor, w_out: Tensor, lam: float | Tensor, flag: Tensor | None = None
 ) -> None:
@@ -200,20 +157,38 @@ def prox_inplace(
     Raises:
         ValueError: the pair is not one :func:`supports` accepts, or ``lam``/``flag`` is bad.
     """
-    _check_pair(w_in, w_out)
-    lam_bits, lam_t = _lam_args(lam, w_in.device)
-    _check_flag(flag, w_in.device)
+    if not supports(w_in, w_out):
+        raise ValueError(
+            "the Triton prox does not handle this pair: it needs Triton, 2-D weights w_in "
+            "(n, m) and w_out (p, n) of one float dtype on one CUDA device (CPU only under "
+            f"TRITON_INTERPRET=1), sides of at most {MAX_SIDE} and no expanded storage; got "
+            f"w_in {tuple(w_in.shape)} {w_in.dtype} on {w_in.device}, w_out "
+            f"{tuple(w_out.shape)} {w_out.dtype} on {w_out.device}; use method='sort'"
+        )
+    dev = w_in.device
+    lam_bits, lam_t = _lam_args(lam, dev)
+    if flag is not None and (
+        not isinstance(flag, Tensor)
+        or flag.dtype != torch.int32
+        or flag.numel() < 1
+        or flag.device != dev
+    ):
+        raise ValueError(f"flag must be an int32 tensor on {dev} with at least 1 entry")
     n, m = w_in.shape
     p = w_out.shape[0]
     if n == 0 or m == 0 or p == 0:  # an empty side: the prox is the identity
         return
     kernel = _kernel()
-    swapped, short, long_ = _sides(w_in, w_out)
+    # Each side as the kernel reads it, strided (no copies): (tensor, unit stride, element
+    # stride, length). The shorter side is enumerated, the longer one searched.
+    outgoing = (w_out.detach(), w_out.stride(1), w_out.stride(0), p)
+    incoming = (w_in.detach(), w_in.stride(0), w_in.stride(1), m)
+    swapped = p > m  # the short side is w_in's rows
+    short, long_ = (incoming, outgoing) if swapped else (outgoing, incoming)
     block_p, block_m = _block(short[3]), _block(long_[3])
     units, block_k, warps = _launch_shape(n, block_p, block_m)
     grid = (_cdiv(n, units),)
     band = _BAND if block_m >= _BAND_MIN_BLOCK else 0
-    dev = w_in.device
     dummy = w_in.detach()  # for pointer arguments a configuration does not use
     slots = grid[0] * units
     scratch = torch.empty(slots * band, dtype=torch.float64, device=dev) if band else dummy
@@ -234,7 +209,16 @@ def prox_inplace(
         SWAPPED=swapped,
         WIDE=w_in.dtype == torch.float64,
         BF16=w_in.dtype == torch.bfloat16,
-        **_block_constants(units, block_p, block_m, block_k, band),
+        UNITS=units,
+        BLOCK_P=block_p,
+        BLOCK_M=block_m,
+        BLOCK_K=block_k,
+        BAND=max(band, 1),  # band 0 (no band search): one dummy column
+        BAND_K=max(1, min(block_p, _TILE // max(band, 1))),
+        LOG_U=units.bit_length() - 1,
+        LOG_P=block_p.bit_length() - 1,
+        LOG_M=block_m.bit_length() - 1,
+        LOG_BAND=max(band, 1).bit_length() - 1,
     )
     if band:  # the band search, then the full search of the units it left (usually none)
         kernel[grid](*args, 1, MODE=1, num_warps=warps, **consts)
@@ -244,36 +228,13 @@ def prox_inplace(
         kernel[grid](*args, 1, MODE=0, num_warps=_full_warps(warps), **consts)
 
 
-def _block_constants(
-    units: int, block_p: int, block_m: int, block_k: int, band: int
-) -> dict[str, int]:
-    """The kernel's block sizes and their log2 (``band`` 0: no band search, one dummy column)."""
-    return dict(
-        UNITS=units,
-        BLOCK_P=block_p,
-        BLOCK_M=block_m,
-        BLOCK_K=block_k,
-        BAND=max(band, 1),
-        BAND_K=max(1, min(block_p, _TILE // max(band, 1))),
-        LOG_U=units.bit_length() - 1,
-        LOG_P=block_p.bit_length() - 1,
-        LOG_M=block_m.bit_length() - 1,
-        LOG_BAND=max(band, 1).bit_length() - 1,
-    )
-
-
-_PROGRAMS: dict[torch.device, int] = {}
-
-
+@functools.cache
 def _programs(device: torch.device) -> int:
     """Programs for the deferred-units pass: two per multiprocessor on a GPU (one in the
     interpreter, which runs them one after another)."""
-    if device not in _PROGRAMS:
-        if device.type == "cuda":
-            _PROGRAMS[device] = 2 * torch.cuda.get_device_properties(device).multi_processor_count
-        else:
-            _PROGRAMS[device] = 1
-    return _PROGRAMS[device]
+    if device.type == "cuda":
+        return 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
 
 
 def _full_warps(warps: int) -> int:
@@ -291,7 +252,7 @@ def _kernel() -> Any:
     import: the same process may import this module before a test turns the interpreter on)."""
     interpret = _interpreting()
     if interpret not in _KERNELS:
-        triton = _triton()
+        triton = optional_module("triton")
         if triton is None:
             raise ValueError("the Triton prox needs triton (pip install triton)")
         _KERNELS[interpret] = _triton_kernels.build(triton)
