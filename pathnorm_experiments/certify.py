@@ -22,16 +22,13 @@ the margin, ``(W_L[y] - W_L[j]) mu + b_y - b_j - |W_L[y] - W_L[j]| r``, which is
 value of ``f_y - f_j`` over the last hidden box. An example is certified when that lower bound
 is positive for every ``j != y``. Neither certificate implies the other.
 
-A hidden layer may also be a convolution, a :class:`ConvLayer`: it reads the flat input (or
-the flat output of the layer before) as a channels-first image and writes its output flattened
-channels first, as ``nn.Flatten`` does. It is the unrolled matrix ``V`` of the convolution,
-(channels * positions, in), applied as a convolution: ``W x`` is the convolution with the
-kernel, ``|W| r`` the convolution with ``|kernel|`` (every entry of ``V`` is a kernel weight or
-zero), so both certificates and the bounds above hold for it unchanged, and IBP runs through
-the convolution without building ``V``. The last layer is always a matrix (the read-out).
-Regularizer values and sparsity count each kernel weight once (``R = sum_c ||x_c||_1
-||y_c||_1`` over channels, docs/conv_units.md); for a valid (unpadded) convolution read by the
-Linear layer, the path-norm bound ``1^T |W_2| |V| 1`` equals that ``R`` (the factor ``s = 1``).
+A hidden layer may be a :class:`ConvLayer`: the unrolled matrix ``V`` (channels * positions,
+in) of a convolution that reads and writes flat channels-first images (as ``nn.Flatten``),
+applied as the convolution (``|V| r`` is the convolution with ``|kernel|``: every entry of ``V``
+is a kernel weight or zero), so both certificates and the bounds hold unchanged and IBP never
+builds ``V``. The read-out is always a matrix. Regularizer values and sparsity count each kernel
+weight once (``R = sum_c ||x_c||_1 ||y_c||_1`` over channels, docs/conv_units.md); for a valid
+convolution read by the Linear layer, the path-norm bound ``1^T |W_2| |V| 1`` equals that ``R``.
 """
 
 from __future__ import annotations
@@ -77,12 +74,9 @@ class ConvLayer:
 
     Args:
         weight: (channels, in_channels, kh, kw), torch layout.
-        in_shape: (in_channels, height, width) of its input, which arrives flat, channels
-            first (``x.reshape(N, *in_shape)``).
+        in_shape: (in_channels, height, width) of its flat channels-first input.
         stride: per axis, or one int for both.
         padding: zeros added on both sides of each axis, or one int for both.
-
-    Its output is flattened channels first: (N, channels * out_height * out_width).
     """
 
     def __init__(
@@ -203,14 +197,7 @@ def _apply(layer: Layer, h: np.ndarray, *, absolute: bool = False) -> np.ndarray
 def _bias(layer: Layer, b: np.ndarray) -> np.ndarray:
     """The bias of every output feature (a convolution's, repeated over its positions)."""
     b = np.asarray(b, dtype=np.float64)
-    if isinstance(layer, ConvLayer):
-        return np.repeat(b, math.prod(layer.out_shape[1:]))
-    return b
-
-
-def _abs_rows(layer: Layer) -> np.ndarray:
-    """``|W| 1``: the l1 norm of every row (of the unrolled matrix of a convolution)."""
-    return _apply(layer, np.ones((1, layer.shape[1])), absolute=True)[0]
+    return np.repeat(b, math.prod(layer.out_shape[1:])) if isinstance(layer, ConvLayer) else b
 
 
 def _natives(weights: Sequence[Layer]) -> list[np.ndarray]:
@@ -290,8 +277,7 @@ def certified_mask(
     y = np.asarray(y, dtype=np.int64)
     idx = np.arange(z.shape[0])
     margin = z[idx, y][:, None] - z  # (N, p): f_y - f_j
-    need = eps * lj[y]  # (N, p)
-    ok = margin > need
+    ok = margin > eps * lj[y]
     ok[idx, y] = True
     return ok.all(axis=1)
 
@@ -327,23 +313,13 @@ def interval_margin_bounds(
 ) -> np.ndarray:
     """Lower bounds of ``f_y - f_j`` over the eps-box around each ``x`` within [0, 1] (IBP).
 
-    Args:
-        weights: torch layout (out, in), input to output; hidden layers may be
-            :class:`ConvLayer` (IBP then runs through the convolution).
-        biases: (out,) per layer (a convolution's: (channels,)).
-        x: inputs (N, in) in [0, 1].
-        y: labels (N,).
-        eps: the l_inf radius, >= 0.
-        activation: a monotone activation (``elu``, ``relu``, ``tanh``).
-        chunk: examples per batch (bounds memory at chunk * classes * width floats).
-
-    Returns:
-        (N, classes) float64: the bound for every ``j`` (``+inf`` at ``j = y``).
+    ``chunk`` examples at a time (memory: chunk * classes * width floats). Returns (N, classes)
+    float64, ``+inf`` at ``j = y``.
     """
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     _check(weights, biases)
-    _act(activation, np.zeros(1))  # an unknown activation raises here, before any work
+    _act(activation, np.zeros(1))  # an unknown activation raises before any work
     bs = [_bias(w, b) for w, b in zip(weights, biases, strict=True)]
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.int64)
@@ -409,7 +385,7 @@ def path_norm_bound(weights: Sequence[Layer]) -> float:
 
 def layer_linf_norm(layer: Layer) -> float:
     """``||W||_inf``: the largest row l1 norm (of the unrolled matrix of a convolution)."""
-    rows = _abs_rows(layer)
+    rows = _apply(layer, np.ones((1, layer.shape[1])), absolute=True)[0]
     return float(rows.max()) if rows.size else 0.0
 
 
@@ -451,12 +427,8 @@ if tuple(G) != REGULARIZERS:  # a new row of the table needs its g here
 
 
 def regularizer_value(weights: Sequence[Layer], name: str) -> float:
-    """``g(weights)`` of the regularizer ``name``: l1 = sum |w|, path = sum of pairwise
-    1-path-norms, linf/none = 0.
-
-    ``weights`` in their own torch layout or as :class:`ConvLayer`; a convolution's weights
-    count once (its channels are the units of ``R = sum_c ||x_c||_1 ||y_c||_1``).
-    """
+    """``g(weights)`` of the regularizer ``name`` (l1: sum |w|; path: sum of pairwise
+    1-path-norms, a convolution's channels as units; linf, none: 0)."""
     g = G[regularizer(name).name]
     ws = _natives(weights)
     return 0.0 if g is None else g(ws)
@@ -473,11 +445,10 @@ def nonzero_fraction(weights: Sequence[Layer]) -> float:
 def effective_nonzero_fraction(weights: Sequence[Layer]) -> float:
     """Fraction of weight entries that are nonzero AND lie on a path from an input to an output.
 
-    A proximal step on the path-norm can zero a unit's outgoing weights but keep its incoming
-    ones (or vice versa); such weights do not affect the function and a pruned network drops
-    them, so this counts only weights of units connected on both sides. A convolution's units
-    are its channels (reached from the input when its kernel has a nonzero weight, which a
-    valid convolution reads at every position); its kernel weights count once.
+    The path-norm prox can zero a unit's outgoing weights but keep its incoming ones (or vice
+    versa); such weights do not affect the function, so only units connected on both sides
+    count. A convolution's units are its channels, reached through any nonzero kernel weight
+    (a valid convolution applies each at every position).
     """
     ws = _natives(weights)
     nz = [_by_unit(w, (ws[i - 1].shape[0] if i else w.shape[1])) != 0 for i, w in enumerate(ws)]
