@@ -30,7 +30,7 @@ class GenerationError(RuntimeError):
 
 
 def _clean(a: F64) -> list[Any]:
-    # -0.0 carries no meaning in a weight; writing it as 0.0 keeps the files sign-noise free.
+    """``a`` as nested lists, -0.0 written as 0.0 (no meaning in a weight, noise in a file)."""
     return (np.asarray(a, dtype=np.float64) + 0.0).tolist()
 
 

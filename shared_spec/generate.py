@@ -8,9 +8,8 @@ Usage::
 
 Every input comes from a fixed seed or is written out by hand, every expected value from
 :mod:`shared_spec.reference`, and the files are written with sorted keys and a fixed layout, so
-the output is byte-for-byte reproducible. The layout is neutral (see ``schema.json``):
-``X`` (n, p) holds the outgoing and ``Y`` (n, m) the incoming weights of each hidden unit.
-This module lists the cases and writes the files; :mod:`shared_spec._cases` builds each case.
+the output is byte-for-byte reproducible. This module lists the cases and writes the files;
+:mod:`shared_spec._cases` builds each case.
 """
 
 from __future__ import annotations
@@ -286,16 +285,14 @@ def prox_float32_cases() -> list[dict[str, Any]]:
         prox_case(
             "f32_ties_and_zeros",
             "float32, ties (dyadic magnitudes) and exact zeros, lam = 0.125.",
-            ties()[0],
-            ties()[1],
+            *ties(),
             0.125,
             dtype=fp32,
         ),
         prox_case(
             "f32_zeros_rows_and_entries",
             "float32 version of zeros_rows_and_entries.",
-            f32(zeros()[0]),
-            f32(zeros()[1]),
+            *map(f32, zeros()),
             float(np.float32(0.2)),
             dtype=fp32,
         ),
@@ -482,11 +479,10 @@ def _dump(obj: Any, indent: int = 0) -> str:
 
 def render() -> dict[str, str]:
     """The text of every vector file, by file name."""
-    out = {}
-    for fname, (description, build) in FILES.items():
-        doc = {"format_version": 1, "description": description, "cases": build()}
-        out[fname] = _dump(doc) + "\n"
-    return out
+    return {
+        fname: _dump({"format_version": 1, "description": description, "cases": build()}) + "\n"
+        for fname, (description, build) in FILES.items()
+    }
 
 
 def write(out_dir: Path) -> list[Path]:

@@ -9,10 +9,8 @@ A backend's conformance test is a loop over :func:`iter_cases`::
         ...run the backend in case.dtype, map the result back to neutral (V, W)...
         case.check(V, W)                           # raises AssertionError with details
 
-Layout (neutral, per hidden unit i): ``X[i]`` = outgoing weights, ``X`` (n, p); ``Y[i]`` =
-incoming weights, ``Y`` (n, m). Torch: ``X = w_out.T``, ``Y = w_in``. Keras Dense:
-``X = kernel_out``, ``Y = kernel_in.T``. Arrays are float64 (float32 cases hold values that are
-exact in float32: cast the inputs to ``case.dtype`` before running).
+The layout is the neutral one of :mod:`shared_spec`. Arrays are float64 (float32 cases hold
+values exact in float32: cast the inputs to ``case.dtype`` before running).
 """
 
 from __future__ import annotations
@@ -79,9 +77,9 @@ class Case:
     """One test vector. Inputs and expected values are float64 NumPy arrays.
 
     ``path_norm_prox``: inputs ``X`` (n, p), ``Y`` (n, m), ``lam``; expected ``V``, ``W``,
-    ``objective``; a convolutional pair also has ``layers`` (:class:`Layers`). ``l1_prox``: inputs ``w``, ``lam``; expected ``expected_w``.
-    ``l1_ball_rows``: inputs ``w``, ``radius``; expected ``expected_w``. Fields that do not
-    apply to the kind are None.
+    ``objective``; a convolutional pair also has ``layers`` (:class:`Layers`). ``l1_prox``:
+    inputs ``w``, ``lam``; ``l1_ball_rows``: ``w``, ``radius``; both expect ``expected_w``.
+    Fields that do not apply to the kind are None.
     """
 
     file: str
@@ -133,8 +131,7 @@ class Case:
     def objective_of(self, V: F64, W: F64) -> float:
         """The prox objective of a candidate ``(V, W)`` (neutral layout), in float64."""
         X, Y = self._pair()
-        V = np.asarray(V, dtype=np.float64)
-        W = np.asarray(W, dtype=np.float64)
+        V, W = np.asarray(V, dtype=np.float64), np.asarray(W, dtype=np.float64)
         return reference.path_norm_objective(V, W, X, Y, float(self.lam))  # type: ignore[arg-type]
 
     def check(self, V: F64, W: F64 | None = None) -> None:
@@ -147,8 +144,7 @@ class Case:
             _assert_close(self.id, "w", np.asarray(V, dtype=np.float64), self.expected_w, self)
             return
         X, Y = self._pair()
-        V = np.asarray(V, dtype=np.float64)
-        W = np.asarray(W, dtype=np.float64)
+        V, W = np.asarray(V, dtype=np.float64), np.asarray(W, dtype=np.float64)
         if V.shape != X.shape or W.shape != Y.shape:
             raise AssertionError(
                 f"{self.id}: got V {V.shape}, W {W.shape}; expected {X.shape}, {Y.shape}"
@@ -189,13 +185,10 @@ class Case:
             raise ValueError(f'backend must be "torch" or "keras", got {backend!r}')
         first, second = np.asarray(first, np.float64), np.asarray(second, np.float64)
         want = self.layers.torch if backend == "torch" else self.layers.keras
-        for label, got, shape in (
-            ("first", first, want[0].shape),
-            ("second", second, want[1].shape),
-        ):
-            if got.shape != shape:
+        for label, got, expected in zip(("first", "second"), (first, second), want, strict=True):
+            if got.shape != expected.shape:
                 raise AssertionError(
-                    f"{self.id}: {backend} {label} has shape {got.shape}, expected {shape}"
+                    f"{self.id}: {backend} {label} has shape {got.shape}, expected {expected.shape}"
                 )
         if backend == "keras":
             first, second = layouts.torch_weights(self.layers.network, first, second)
@@ -239,10 +232,7 @@ def vector_files() -> list[str]:
 
 
 def _json_path(parts: Any) -> str:
-    out = "$"
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
+    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
 
 
 def _matrix(value: list[list[float]], where: str, fail: Any, exact_f32: bool) -> F64:
@@ -269,14 +259,8 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
     common = {
         "file": file,
         "name": name,
-        "kind": raw["kind"],
-        "description": raw["description"],
-        "dtype": raw["dtype"],
-        "unique": raw["unique"],
-        "rtol": float(tol["rtol"]),
-        "atol": float(tol["atol"]),
-        "objective_rtol": float(tol["objective_rtol"]),
-        "objective_atol": float(tol["objective_atol"]),
+        **{key: raw[key] for key in ("kind", "description", "dtype", "unique")},
+        **{key: float(tol[key]) for key in ("rtol", "atol", "objective_rtol", "objective_atol")},
     }
 
     def mat(group: dict[str, Any], key: str, where: str) -> F64:
@@ -340,14 +324,8 @@ def _parse_layers(
             out.append(a)
         return out[0], out[1]
 
-    torch_in, keras_in = (
-        pair(inp, "torch", f"{base}.inputs.layers"),
-        pair(inp, "keras", f"{base}.inputs.layers"),
-    )
-    torch_out, keras_out = (
-        pair(exp, "torch", f"{base}.expected.layers"),
-        pair(exp, "keras", f"{base}.expected.layers"),
-    )
+    torch_in, keras_in = (pair(inp, b, f"{base}.inputs.layers") for b in ("torch", "keras"))
+    torch_out, keras_out = (pair(exp, b, f"{base}.expected.layers") for b in ("torch", "keras"))
     for where, (first, second), units, keras in (
         ("inputs", torch_in, (X, Y), keras_in),
         ("expected", torch_out, (V, W), keras_out),
@@ -394,10 +372,8 @@ def _first_non_finite(node: Any, path: tuple[Any, ...] = ()) -> tuple[list[Any],
             return list(path), getattr(node, "literal", repr(node))
     elif isinstance(node, int) and not isinstance(node, bool):
         if abs(node) > sys.float_info.max:  # float(node) would raise OverflowError
-            digits = str(abs(node))
-            return list(
-                path
-            ), f"{'-' if node < 0 else ''}{digits[:10]}... (an integer of {len(digits)} digits)"
+            digits, sign = str(abs(node)), "-" if node < 0 else ""
+            return list(path), f"{sign}{digits[:10]}... (an integer of {len(digits)} digits)"
     elif isinstance(node, dict | list):
         items = node.items() if isinstance(node, dict) else enumerate(node)
         for key, value in items:
@@ -509,9 +485,10 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
             with or without ``.json`` (``"l1"``, ``"path_norm_prox.json"``); or a path.
 
     Raises:
-        SpecError: the file is missing, not UTF-8, not JSON, nested too deep, holds a number that is not a finite float64
-            (``NaN``, or a literal such as ``1e999`` that overflows), fails the schema, or has
-            inconsistent shapes; the message names the file, the case and the JSON path.
+        SpecError: the file is missing, not UTF-8, not JSON, nested too deep, holds a number
+            that is not a finite float64 (``NaN``, or a literal such as ``1e999`` that
+            overflows), fails the schema, or has inconsistent shapes; the message names the
+            file, the case and the JSON path.
     """
     if path_or_name is None:
         return [c for f in vector_files() for c in load_vectors(f)]

@@ -1,27 +1,19 @@
 """The private names of other libraries that the library packages rely on, checked.
 
-Each backend lists its own in ``_private_api.py`` (:mod:`pathnorm_lightning._private_api`,
-:mod:`pathnorm_tf._private_api`) as :class:`PrivateName` records; this module holds what the
-two share (pure Python):
+Each backend lists its own as :class:`PrivateName` records in its ``_private_api.py``
+(:mod:`pathnorm_lightning._private_api`, :mod:`pathnorm_tf._private_api`); this pure-Python
+module holds what the two share: :func:`check` runs every record's ``probe`` (small real
+objects of the installed versions) and raises :class:`PrivateAPIError` naming the name, the
+version, the call site and the fix; :func:`scan` reads a package's sources (``ast``, its
+``_private_api.py`` left out) so that a test can hold the list complete (:func:`unlisted`) and
+current (:func:`stale`); :func:`audit` runs the three checks of a list.
 
-- :func:`check` resolves every record on the installed versions (its ``probe`` builds small real
-  objects) and raises :class:`PrivateAPIError` naming the name, the version, the call site and
-  the fix;
-- :func:`scan` reads a package's sources (``ast``; its ``_private_api.py`` left out) for what
-  counts as a private name, so that a test can hold the list complete (:func:`unlisted`) and
-  current (:func:`stale`); :func:`audit` runs the three checks of a list.
-
-What :func:`scan` counts, by name:
-
-- ``x._name`` (``self`` included) and the string ``"_name"`` (as in ``getattr(x, "_name")``)
-  where the package itself defines no ``_name`` (no ``def``/``class`` of that name, no
-  assignment to a variable or attribute of that name: an annotation alone defines nothing);
-  ``super()._name`` always (a parent's private method);
-- the names in :data:`INTERNAL_ATTRIBUTES` (internal protocols without an underscore);
-- imports from private modules of other packages (a dotted part starting with ``_``,
-  ``tensorflow.python``, ``keras.src``).
-
-The rule is by name: a package attribute named like another library's private one hides it.
+:func:`scan` counts, by name (a package attribute named like another library's private one
+hides it): ``x._name`` (``self`` included) and the string ``"_name"`` (as in
+``getattr(x, "_name")``) where the package defines no ``_name`` itself (a ``def``, ``class`` or
+assignment; an annotation alone defines nothing); ``super()._name`` always; the names in
+:data:`INTERNAL_ATTRIBUTES`; imports from private modules of other packages (a dotted part
+starting with ``_``, ``tensorflow.python``, ``keras.src``).
 """
 
 from __future__ import annotations

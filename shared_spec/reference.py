@@ -1,19 +1,17 @@
 """Exhaustive float64 NumPy reference for the 1-path-norm prox and the baselines.
 
-Backend-neutral layout: a *layer pair* is given per hidden unit ``i`` by
-``x[i] = outgoing weights`` (length p) and ``y[i] = incoming weights`` (length m), i.e.
-``X`` has shape (n, p) and ``Y`` has shape (n, m). In torch layout ``X = w_out.T``,
-``Y = w_in``; in Keras Dense layout ``X = kernel_out``, ``Y = kernel_in.T``.
-
-Per unit the prox solves (exactly, by enumerating every support pair)::
+Neutral layout (see :mod:`shared_spec`): per hidden unit ``i``, ``X[i]`` (length p) holds the
+outgoing and ``Y[i]`` (length m) the incoming weights. Per unit the prox solves, exactly, by
+enumerating every support pair::
 
     min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
 
-This is deliberately slow and simple: it is the yardstick every fast implementation is
-held against, not something to train with.
+Deliberately slow and simple: the yardstick every fast implementation is held against.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 from numpy.typing import NDArray
@@ -38,56 +36,17 @@ def objective(v: F64, w: F64, x: F64, y: F64, lam: float) -> float:
 
 
 def prox_unit(x: F64, y: F64, lam: float) -> tuple[F64, F64, float]:
-    """Exact prox of one hidden unit by enumerating every support pair (s_v, s_w).
-
-    Returns ``(v, w, h)`` with ``h`` the objective value of the minimiser. Every candidate
-    is a genuine point (its objective is evaluated directly), so the minimum over them is
-    the global minimum: every minimiser is one of these candidates (stationarity).
-    """
-    lam = _check(lam)
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    ax, ay = np.abs(x), np.abs(y)
-    xs, ys = np.sort(ax)[::-1], np.sort(ay)[::-1]
-    cx = np.concatenate([[0.0], np.cumsum(xs)])
-    cy = np.concatenate([[0.0], np.cumsum(ys)])
-    # Trivial points: (v, w) = (x, 0) and (0, y).
-    best_v, best_w = x.copy(), np.zeros_like(y)
-    best_h = objective(best_v, best_w, x, y, lam)
-    cand_v, cand_w = np.zeros_like(x), y.copy()
-    h = objective(cand_v, cand_w, x, y, lam)
-    if h < best_h:
-        best_v, best_w, best_h = cand_v, cand_w, h
-    for k in range(1, x.size + 1):
-        for m in range(1, y.size + 1):
-            d = 1.0 - k * m * lam * lam
-            if d <= 0.0:
-                continue
-            a = (cx[k] - k * lam * cy[m]) / d  # ||v||_1
-            b = (cy[m] - m * lam * cx[k]) / d  # ||w||_1
-            if a < 0 or b < 0:
-                continue
-            # The candidate keeps the top-k of |x| and top-m of |y|, shifted by the other
-            # side's norm; it is a point of the non-negative orthant only if both last
-            # kept entries stay >= 0.
-            if xs[k - 1] - lam * b < 0 or ys[m - 1] - lam * a < 0:
-                continue
-            v = np.zeros_like(x)
-            w = np.zeros_like(y)
-            iv = np.argsort(-ax, kind="stable")[:k]
-            iw = np.argsort(-ay, kind="stable")[:m]
-            v[iv] = np.sign(x[iv]) * (ax[iv] - lam * b)
-            w[iw] = np.sign(y[iw]) * (ay[iw] - lam * a)
-            h = objective(v, w, x, y, lam)
-            if h < best_h:
-                best_v, best_w, best_h = v, w, h
-    return best_v, best_w, best_h
+    """Exact prox of one hidden unit: ``(v, w, h)``, the first candidate of least objective
+    ``h`` (in the order of :func:`prox_unit_candidates`). Every minimiser is a candidate
+    (stationarity) and each objective is evaluated on the point itself, so the least is the
+    global minimum."""
+    h, v, w = min(_candidates(x, y, lam), key=lambda c: c[0])
+    return v, w, h
 
 
 def prox_path_norm(X: F64, Y: F64, lam: float) -> tuple[F64, F64]:
     """Exact prox of ``lam * sum_i ||X[i]||_1 ||Y[i]||_1`` (neutral layout, see module doc)."""
-    X = np.asarray(X, dtype=np.float64)
-    Y = np.asarray(Y, dtype=np.float64)
+    X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
     if X.ndim != 2 or Y.ndim != 2 or X.shape[0] != Y.shape[0]:
         raise ValueError(f"X (n, p) and Y (n, m) must pair; got {X.shape} and {Y.shape}")
     V = np.empty_like(X)
@@ -145,48 +104,50 @@ def path_norm(X: F64, Y: F64) -> float:
 def prox_unit_candidates(x: F64, y: F64, lam: float) -> list[tuple[float, F64, F64]]:
     """Every candidate point that :func:`prox_unit` compares, as ``(h, v, w)`` tuples.
 
-    The two trivial points come first, then one point per feasible support pair (k, l). The
-    global minimisers of the unit are exactly the candidates of least ``h``; the list lets a
-    caller measure how clearly the minimiser wins (see :func:`minimiser_margin`).
+    The trivial points ``(x, 0)`` and ``(0, y)`` come first, then one point per feasible support
+    pair (k, l), by increasing k, then l. The global minimisers of the unit are exactly the
+    candidates of least ``h``; the list lets a caller measure how clearly the minimiser wins
+    (see :func:`minimiser_margin`).
     """
+    return list(_candidates(x, y, lam))
+
+
+def _candidates(x: F64, y: F64, lam: float) -> Iterator[tuple[float, F64, F64]]:
     lam = _check(lam)
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     ax, ay = np.abs(x), np.abs(y)
     order_x, order_y = np.argsort(-ax, kind="stable"), np.argsort(-ay, kind="stable")
     xs, ys = ax[order_x], ay[order_y]
     cx = np.concatenate([[0.0], np.cumsum(xs)])
     cy = np.concatenate([[0.0], np.cumsum(ys)])
-    points = [(x.copy(), np.zeros_like(y)), (np.zeros_like(x), y.copy())]
+    for v, w in ((x.copy(), np.zeros_like(y)), (np.zeros_like(x), y.copy())):
+        yield objective(v, w, x, y, lam), v, w
     for k in range(1, x.size + 1):
         for j in range(1, y.size + 1):
             d = 1.0 - k * j * lam * lam
             if d <= 0.0:
                 continue
-            a, b = (cx[k] - k * lam * cy[j]) / d, (cy[j] - j * lam * cx[k]) / d
+            a, b = (cx[k] - k * lam * cy[j]) / d, (cy[j] - j * lam * cx[k]) / d  # ||v||_1, ||w||_1
+            # top-k of |x| and top-j of |y|, shrunk by the other side's norm: a point only if
+            # both last kept entries stay >= 0
             if a < 0 or b < 0 or xs[k - 1] - lam * b < 0 or ys[j - 1] - lam * a < 0:
                 continue
             v, w = np.zeros_like(x), np.zeros_like(y)
             iv, iw = order_x[:k], order_y[:j]
             v[iv] = np.sign(x[iv]) * (ax[iv] - lam * b)
             w[iw] = np.sign(y[iw]) * (ay[iw] - lam * a)
-            points.append((v, w))
-    return [(objective(v, w, x, y, lam), v, w) for v, w in points]
+            yield objective(v, w, x, y, lam), v, w
 
 
 def _unit_candidate_objectives(x: F64, y: F64, lam: float) -> F64:
-    """Objectives and sorted-magnitude points of every candidate of one unit, vectorised.
-
-    The same candidate set as :func:`prox_unit_candidates` (trivial points first), each
-    objective evaluated directly on the candidate point, one support size k at a time.
-    Returns an array with one row ``(h, k, l, a, b)`` per candidate: sorted ``|v|`` is ``|x|``'s top-k minus
-    ``lam b`` and sorted ``|w|`` is ``|y|``'s top-l minus ``lam a``.
-    """
+    """:func:`prox_unit_candidates` vectorised over l (trivial points first), each objective
+    evaluated on the candidate point: one row ``(h, k, l, a, b)`` per candidate, whose sorted
+    ``|v|`` is ``|x|``'s top-k minus ``lam b`` and sorted ``|w|`` is ``|y|``'s top-l minus
+    ``lam a``."""
     xs, ys = np.sort(np.abs(x))[::-1], np.sort(np.abs(y))[::-1]
     cx = np.concatenate([[0.0], np.cumsum(xs)])
     cy = np.concatenate([[0.0], np.cumsum(ys)])
     p, m = x.size, y.size
-    # Columns: h, k, l, a, b.
     rows = [
         np.array(
             [[0.5 * float(ys @ ys), p, 0, cx[p], 0.0], [0.5 * float(xs @ xs), 0, m, 0.0, cy[m]]]
@@ -225,8 +186,7 @@ def minimiser_margin(X: F64, Y: F64, lam: float, rel_margin: float) -> tuple[flo
         compares points at tolerance ``tol``, when ``spread <= tol``.
     """
     lam = _check(lam)
-    X = np.asarray(X, dtype=np.float64)
-    Y = np.asarray(Y, dtype=np.float64)
+    X, Y = np.asarray(X, dtype=np.float64), np.asarray(Y, dtype=np.float64)
     gap, spread = float("inf"), 0.0
     for x, y in zip(X, Y, strict=True):
         cand = _unit_candidate_objectives(x, y, lam)
