@@ -100,22 +100,17 @@ def read_idx(path: str | Path, kind: str) -> np.ndarray:
 
 
 def read_truncated_idx_gz(path: str | Path, kind: str = "images") -> tuple[np.ndarray, int]:
-    """Decode the complete records of a truncated IDX ``.gz`` file; returns (array, header count)."""
+    """Decode the complete records of a truncated IDX ``.gz`` file; returns (array, header count).
+
+    ``gzip`` refuses a truncated stream; a ``zlib`` decompressor (gzip wrapper) returns what it
+    holds.
+    """
     path = Path(path)
     data = path.read_bytes()
     if len(data) < 10 or data[:2] != b"\x1f\x8b":
         raise DataError(f"{path}: not a gzip file")
-    flags = data[3]
-    pos = 10
-    if flags & 4:  # FEXTRA
-        pos += 2 + struct.unpack("<H", data[pos : pos + 2])[0]
-    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
-        if flags & bit:
-            pos = data.index(b"\x00", pos) + 1
-    if flags & 2:  # FHCRC
-        pos += 2
     try:
-        raw = zlib.decompressobj(-15).decompress(data[pos:])
+        raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
     except zlib.error as e:
         raise DataError(f"{path}: corrupt deflate stream ({e})") from e
     arr = _parse_idx(raw, path, kind, allow_short=True)

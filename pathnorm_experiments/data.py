@@ -5,10 +5,8 @@ NumPy only (no framework import): every loader returns a :class:`Dataset` of flo
 data directory (argument, else ``$PATHNORM_DATA_DIR``, else ``~/.cache/pathnorm``) laid out as
 ``<data_dir>/<dataset>/<file>`` (the layout of the official archives), and checked: IDX magic
 numbers, shapes, sample counts and, where the original files' checksums are known, SHA-256.
-A missing or corrupt file raises :class:`DataError` naming the file and where to get it.
-
-The readers of the file formats (IDX, npz, SHA-256) and the array checks live in
-``_data_files``; the datasets, their published files and the loaders here.
+A missing or corrupt file raises :class:`DataError` naming the file and where to get it. The
+file-format readers and array checks live in ``_data_files``.
 
 ``python -m pathnorm_experiments.data --make-subset`` regenerates the embedded subset
 ``pathnorm_experiments/data/mnist_subset.npz`` deterministically from the real MNIST files.
@@ -262,24 +260,14 @@ def _missing(spec: DatasetSpec, data_dir: Path, alternatives: tuple[FileSpec, ..
 
 
 def _to_float(images: np.ndarray) -> np.ndarray:
-    return (images.reshape(images.shape[0], N_PIXELS).astype(np.float32)) / np.float32(255.0)
+    return images.reshape(images.shape[0], N_PIXELS).astype(np.float32) / np.float32(255.0)
 
 
 def _load_partial_train_images(
     spec: DatasetSpec, part: FileSpec, root: Path, *, allow_partial: bool, verify: bool
 ) -> np.ndarray:
-    """The complete images of the truncated training-image file, when the full one is missing.
-
-    Args:
-        spec: the dataset.
-        part: its truncated training-image file (``spec.partial_train_images``).
-        root: the data directory.
-        allow_partial: the caller accepts a partial training set; otherwise an error.
-        verify: check the truncated file's SHA-256 where it is known.
-
-    Returns:
-        The complete images the file holds; a warning says how many.
-    """
+    """The complete images of the truncated training-image file ``part`` (the full one is
+    missing); refused unless ``allow_partial``, and a warning says how many."""
     alts = spec.train_images
     ppath = root / spec.subdir / part.name
     if not ppath.is_file():
@@ -298,7 +286,7 @@ def _load_partial_train_images(
     warnings.warn(
         f"{spec.name}: using a PARTIAL training set: {n} of {part.count} training "
         f"images (from {ppath}), paired with the first {n} labels",
-        stacklevel=3,  # the caller of load_dataset, as before this helper
+        stacklevel=3,  # the caller of load_dataset
     )
     return imgs
 
