@@ -290,7 +290,8 @@ def certified_error(
     eps_list: Sequence[float],
     activation: str,
 ) -> dict[str, float]:
-    """Fraction of examples NOT certified, per eps (keys: :func:`~pathnorm_experiments.settings.float_key`)."""
+    """Fraction of examples NOT certified, per eps (keys:
+    :func:`~pathnorm_experiments.settings.float_key`)."""
     z = forward(weights, biases, x, activation)
     lip = lipschitz_matrix(weights)
     return {
@@ -390,7 +391,8 @@ def layer_linf_norm(layer: Layer) -> float:
 
 
 def product_bound(weights: Sequence[Layer]) -> float:
-    """Layer-wise bound ``||W_L||_{inf->1} prod_{l<L} ||W_l||_inf`` (sum|W_L| times max row sums)."""
+    """Layer-wise bound ``||W_L||_{inf->1} prod_{l<L} ||W_l||_inf`` (sum |W_L| times the
+    largest row sums)."""
     _check(weights)
     out = float(np.abs(_readout(weights)).sum())
     for w in weights[:-1]:

@@ -1,11 +1,10 @@
 """Which optional packages a command needs, checked before any work, with the extra to install.
 
-The project's extras (``pyproject.toml``): ``torch`` (PyTorch, Lightning), ``tf`` / ``tf-cpu``
-(TensorFlow, Keras) and ``experiments`` (matplotlib, tqdm). A check only looks the modules up
-(:func:`importlib.util.find_spec`), so it costs nothing next to importing a framework. The
-command it names fits the install: ``pip install -e ".[extra]"`` where the code runs from a
-checkout (an editable install, or none), ``pip install "pathnorm[extra]==VERSION"`` where it
-runs from an installed wheel (pip then adds the extra's packages to the installed version).
+The extras (``pyproject.toml``): ``torch`` (PyTorch, Lightning), ``tf`` / ``tf-cpu`` (TensorFlow,
+Keras), ``experiments`` (matplotlib, tqdm). A check only looks modules up
+(:func:`importlib.util.find_spec`), importing nothing. The command it names fits the install:
+``pip install -e ".[extra]"`` in a checkout, ``pip install "pathnorm[extra]==VERSION"`` from an
+installed wheel (pip then adds the extra's packages to the installed version).
 """
 
 from __future__ import annotations
@@ -56,9 +55,8 @@ def missing(modules: tuple[str, ...]) -> list[str]:
 
 
 def installed_wheel_version() -> str | None:
-    """pathnorm's installed version where this code runs from an install (a wheel); None where
-    it runs from a checkout (its folder holds ``pyproject.toml``: an editable install, or
-    none), or where pathnorm is not installed."""
+    """pathnorm's installed version where this code runs from a wheel; None in a checkout (its
+    folder holds ``pyproject.toml``) or where pathnorm is not installed."""
     if (_ROOT / "pyproject.toml").is_file():
         return None
     try:
@@ -79,21 +77,14 @@ def pip_install(extra: str) -> str:
 
 def where() -> str:
     """`` in the pathnorm checkout`` where :func:`pip_install` is meant for a checkout, else
-    nothing."""
+    ``""``."""
     return " in the pathnorm checkout" if installed_wheel_version() is None else ""
 
 
 def require(modules: tuple[str, ...], what: str) -> None:
-    """Raise :class:`MissingDependency` if a module of ``modules`` is missing.
-
-    Args:
-        modules: top-level module names, e.g. ``("torch", "lightning")``.
-        what: what needs them, for the message (``"--backend tf"``).
-
-    Raises:
-        MissingDependency: one line naming the missing packages and the pip command that
-            installs the extra (:func:`pip_install`).
-    """
+    """Raise :class:`MissingDependency` if a module of ``modules`` is missing; ``what`` (e.g.
+    ``"--backend tf"``) needs them. The one-line message names the missing packages and the
+    pip command that installs their extra."""
     gone = missing(modules)
     if not gone:
         return
