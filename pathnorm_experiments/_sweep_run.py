@@ -1,6 +1,6 @@
 """The sweep's runner: the worker processes, the scheduler that moves each lr-selection group
-from its selection runs to its seeds at the selected lr, and :func:`run_sweep`. See
-:mod:`pathnorm_experiments.sweep` for the protocol and the command line.
+from its selection runs to its seeds at the selected lr, and :func:`run_sweep` (the protocol:
+:mod:`pathnorm_experiments.sweep`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -80,7 +80,7 @@ _TENSOR_FIELDS = ("x_train", "y_train", "x_val", "y_val", "x_eval", "y_eval", "x
 
 
 def _execute(task: _Task, cfg: SweepConfig) -> dict[str, Any]:
-    """Run one task in a worker; returns the run's metrics (and weights when asked)."""
+    """Run one task in a worker: the run's metrics (and weights when asked)."""
     data = _DATA[task.spec.dataset]
     t0 = time.perf_counter()
     result: dict[str, Any] = {}
@@ -122,7 +122,7 @@ class _InlineExecutor:
 
 
 def default_machine(device: str = "cpu") -> str:
-    """A short description of this machine for the ``machine`` column."""
+    """This machine, briefly, for the ``machine`` column."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"cuda {torch.cuda.get_device_name()}, torch {torch.__version__}"
     model = platform.processor() or platform.machine()
@@ -144,7 +144,7 @@ class _Written:
         self._by_group: dict[str, list[dict[str, str]]] = {}
 
     def files(self) -> list[tuple[Path, list[dict[str, str]]]]:
-        """Every results file of the folder with its rows (:func:`runs.read_rows`)."""
+        """Every results file of the folder with its rows."""
         paths = sorted(self.out.glob("runs*.csv")) if self.out.is_dir() else []
         stamp = tuple((str(q), st.st_size, st.st_mtime_ns) for q in paths for st in [q.stat()])
         if stamp != self._stamp:
@@ -180,12 +180,8 @@ def _check_protocol(
     data: Mapping[str, Prepared],
     settings: Mapping[str, Mapping[str, int]],
 ) -> None:
-    """Refuse a folder whose rows of a dataset of this sweep were made with other settings:
-    the key's epochs and training-set size, and the :func:`protocol` columns.
-
-    Raises:
-        ValueError: naming the file, the setting, both values and what to do.
-    """
+    """Raise ValueError (naming the file, the setting, both values and what to do) for rows of
+    a dataset of this sweep made with other epochs, training-set size or :func:`protocol`."""
     for path, rows in written.files():
         for ds, mine in settings.items():
             expected = {"epochs": cfg.epochs, "n_train": data[ds].n_train, **mine}
@@ -205,50 +201,37 @@ def _check_protocol(
             )
 
 
-def _plan(groups: Sequence[Group], written: _Written) -> list[GroupState]:
-    """What is left of ``groups`` given the rows written (see :func:`resume_state`)."""
-    todo: list[GroupState] = []
-    for g in groups:
-        st = resume_state(g, written.group(g.key), len(todo))
-        if st is not None:
-            todo.append(st)
-    return todo
-
-
 class _Scheduler:
     """The tasks of a sweep's unfinished groups, the earliest group's first.
 
-    A group is claimed (:func:`runs.claim_group`) when its first task is about to start, so
-    two sweeps of one folder share its groups instead of both running them; a group claimed by
-    a sweep that still runs is skipped. A group moves on when nothing of it runs: after its
-    selection runs, its lr is selected and the selected lr's other seeds are queued; after
-    those, its rows are written, its cache emptied and its claim dropped."""
+    A group is claimed when its first task is about to start, so two sweeps of one folder share
+    the groups; one claimed by a live sweep is skipped. A group moves on when nothing of it
+    runs: after its selection runs its lr is selected and that lr's other seeds queued; after
+    those its rows are written, its cache emptied and its claim dropped."""
 
     def __init__(
         self,
         cfg: SweepConfig,
         out: Path,
         results: Path,
-        todo: Sequence[GroupState],
+        plan: Pending,
         counts: dict[str, int],
         machine: str,
         log: Any,
-        settings: Mapping[str, Mapping[str, int]],
-        written: _Written,
     ) -> None:
         self.cfg, self.out, self.results = cfg, out, results
         self.counts, self.machine, self.log = counts, machine, log
-        self.settings, self.written = settings, written
+        self.settings, self.written = plan.settings, plan.written
         self.t_start = time.perf_counter()
-        self.todo = list(todo)  # in order; claimed one at a time by _activate
+        self.todo = list(plan.todo)  # in order; claimed one at a time by _activate
         self.next = 0
         self.active: dict[int, GroupState] = {}
         self.held: set[str] = set()  # the keys of the groups this sweep claimed
         self.ready: list[tuple[int, _Task]] = []  # (group index, task): the earliest groups first
 
     def _activate(self) -> bool:
-        """Claim the next group that still needs work and queue its first tasks (a group whose
-        runs were all cached is written at once); False when no group is left."""
+        """Claim the next group that needs work and queue its first tasks (one whose runs were
+        all cached is written at once); False when no group is left."""
         while self.next < len(self.todo):
             planned = self.todo[self.next]
             self.next += 1
@@ -259,8 +242,10 @@ class _Scheduler:
                 print(f"  {key}: skipped, claimed by another sweep ({holder})", file=self.log)
                 continue
             self.held.add(key)
-            # rows written since the plan (by another sweep) count
-            st = resume_state(self._full(planned), self.written.group(key), planned.index)
+            # rows written since the plan (by another sweep) count: resume the whole group
+            cfg = self.cfg
+            full = replace(planned.group, seeds=tuple(cfg.seeds), select_seeds=cfg.select_seeds)
+            st = resume_state(full, self.written.group(key), planned.index)
             if st is None:
                 self._release(key)
                 self.counts["done_before"] += 1
@@ -278,10 +263,6 @@ class _Scheduler:
             return True
         return False
 
-    def _full(self, st: GroupState) -> Group:
-        """The planned state's group with every seed and selection seed of the sweep."""
-        return replace(st.group, seeds=tuple(self.cfg.seeds), select_seeds=self.cfg.select_seeds)
-
     def _release(self, key: str) -> None:
         release_group(self.out, key)
         self.held.discard(key)
@@ -292,7 +273,7 @@ class _Scheduler:
             self._release(key)
 
     def _take_pending(self, st: GroupState, spec: RunSpec) -> bool:
-        """Take the run's result from the pending cache; False if it is not there."""
+        """Take the run's result from the pending cache; False if not there."""
         cached = load_pending(self.out, spec.key, self.settings[spec.dataset])
         if cached is None:
             return False
@@ -360,8 +341,8 @@ class _Scheduler:
         self._write(st)
 
     def _queue_selected(self, st: GroupState, lr: float) -> None:
-        """Queue the runs at the selected ``lr``: the selection seeds' kept weights are
-        evaluated, the other seeds trained and evaluated (unless done before an interruption)."""
+        """Queue the runs at the selected ``lr`` not done before an interruption: the selection
+        seeds' kept weights are evaluated, the other seeds trained and evaluated."""
         g = st.group
         for seed in g.seeds:
             spec = g.run(lr, seed)
@@ -412,7 +393,7 @@ def pending_groups(
     cfg: SweepConfig, data: Mapping[str, Prepared], out: Path, shard: tuple[int, int] | None
 ) -> Pending:
     """The grid's groups of the datasets in ``data`` (of shard K of N, if given), in order, and
-    what is left of them given the rows of ``out``.
+    what the rows of ``out`` leave of them (see :func:`resume_state`).
 
     Raises:
         ValueError: the folder's results are unreadable, hold a dataset's runs made with other
@@ -424,13 +405,17 @@ def pending_groups(
     settings = {name: protocol(cfg, int(p.x_eval.shape[0])) for name, p in data.items()}
     written = _Written(out)
     _check_protocol(written, cfg, data, settings)
-    return Pending(groups, _plan(groups, written), settings, written)
+    todo: list[GroupState] = []
+    for g in groups:
+        st = resume_state(g, written.group(g.key), len(todo))
+        if st is not None:
+            todo.append(st)
+    return Pending(groups, todo, settings, written)
 
 
 def _start_pool(jobs: int, device: str, start_method: str, data: Mapping[str, Prepared]) -> Any:
     """The workers: this process for one job, else a pool of ``jobs`` processes."""
     if jobs == 1:
-        torch.set_num_threads(1)
         _worker_init(device)
         return _InlineExecutor()
     return cf.ProcessPoolExecutor(
@@ -459,11 +444,10 @@ def run_sweep(
     """Run the grid's unfinished groups (of one shard), appending each group's rows when done.
 
     Args:
-        cfg: the grid and evaluation settings.
-        data: the prepared datasets, by name (datasets of ``cfg`` missing here are skipped).
+        data: the prepared datasets by name (datasets of ``cfg`` missing here are skipped).
         out: the results directory (``runs.csv``, or ``runs.shard-K-of-N.csv``; ``.pending/``).
         jobs: worker processes (1: in this process).
-        shard: ``(K, N)``: run only the groups of shard K (1-based) of N.
+        shard: ``(K, N)``: only the groups of shard K (1-based) of N.
         machine: the ``machine`` column (default: :func:`default_machine`).
         device: ``"cpu"`` or a CUDA device for the workers' tensors.
         stop_after: seconds after which no new task starts (the running ones finish).
@@ -471,15 +455,12 @@ def run_sweep(
         start_method: how workers start (default: ``fork`` on CPU, ``spawn`` on CUDA).
 
     Returns:
-        Counts: ``groups`` (in this shard), ``done_before``, ``written`` (groups written now,
-        or given the seeds they lacked), ``remaining``, ``claimed`` (skipped: another sweep
-        of this folder runs them), ``trained`` and ``evaluated`` (runs trained, and attacked
-        and certified, now).
+        Counts: ``groups`` (in this shard), ``done_before``, ``written`` (groups written or
+        given their missing seeds now), ``remaining``, ``claimed`` (skipped: another sweep of
+        this folder runs them), ``trained`` and ``evaluated`` (runs, now).
 
     Raises:
-        ValueError: the folder's results are unreadable (file, line and column named), or hold
-            a dataset's runs made with other settings (the setting named), or a group selected
-            among other lrs or selection seeds. Checked before any run.
+        ValueError: as :func:`pending_groups`, before any run.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
@@ -491,25 +472,21 @@ def run_sweep(
     machine = machine or default_machine(device)
     out.mkdir(parents=True, exist_ok=True)
     plan = pending_groups(cfg, data, out, shard)
-    groups, todo = plan.groups, plan.todo
     counts = {
-        "groups": len(groups),
-        "done_before": len(groups) - len(todo),
+        "groups": len(plan.groups),
+        "done_before": len(plan.groups) - len(plan.todo),
         "written": 0,
-        "remaining": len(todo),
+        "remaining": len(plan.todo),
         "claimed": 0,
         "trained": 0,
         "evaluated": 0,
     }
-    if not todo:
+    if not plan.todo:
         return counts
     _DATA.clear()
     _DATA.update(data)
     pool = _start_pool(jobs, device, start_method, data)
-    results = results_path(out, shard)
-    scheduler = _Scheduler(
-        cfg, out, results, todo, counts, machine, log, plan.settings, plan.written
-    )
+    scheduler = _Scheduler(cfg, out, results_path(out, shard), plan, counts, machine, log)
     try:
         scheduler.run(pool, jobs, stop_after)
     finally:
