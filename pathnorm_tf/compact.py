@@ -1,9 +1,8 @@
 """``compact``: remove the dead hidden units of every layer pair; a smaller model, same function.
 
 The Keras twin of ``pathnorm_lightning.compact`` (same rules; see ``docs/compaction.md``). For a
-pair ``first -> layers between -> second`` (paired as the optimizers pair them: Dense or
-Conv1D/Conv2D layers; between them pointwise layers, and after a convolution pooling and a
-Flatten or global pooling), hidden unit ``i`` (a feature, or a channel) is removed when
+pair ``first -> layers between -> second`` (paired as the optimizers pair them), hidden unit
+``i`` (a feature, or a channel) is removed when
 
 * its **outgoing** weights are all zero (row ``i`` of the layer seam's out-view: a Dense
   ``second.kernel[i, :]``, a convolution's ``kernel[..., i, :]``, or after a Flatten every row
@@ -17,25 +16,24 @@ Flatten or global pooling), hidden unit ``i`` (a feature, or a channel) is remov
   (``"same"``, ``"causal"``: at the borders it reads the constant through fewer taps), or a
   pooling layer that does not keep a constant channel constant.
 
-A pair whose units are all dead keeps one zero unit (``Dense(0)`` is not a valid layer).
-
-The result is a new model of the same kind (``Sequential`` or functional) built by
+A pair whose units are all dead keeps one zero unit (``Dense(0)`` is not a valid layer). The
+result is a new model of the same kind (``Sequential`` or functional) built by
 ``keras.models.clone_model``: the paired layers are new, smaller layers of the same classes,
 every other layer a clone holding the same weights; the input model is not changed. It is
 compiled from the input's compile config when the input was compiled (a fresh optimizer state).
 
 Exactness needs the hidden units to reach nothing but ``second``, unit by unit: both layers
-sit in one ``Sequential`` with only allowed layers between them, or in one functional model
-whose graph takes ``first``'s output through single-consumer allowed layers into ``second``
-alone (each layer called once; no intermediate is a model output); the order of pooling and
-flattening is checked by the seam (:func:`~pathnorm_tf.layers.check_between`). ``first``'s
-activation must be a built-in entry-wise one (not softmax). Anything else is refused with the
-reason.
+sit in one ``Sequential`` with only allowed layers between them (pointwise layers; after a
+convolution, pooling and a Flatten or global pooling, in the order
+:func:`~pathnorm_tf.layers.check_between` checks), or in one functional model whose graph takes
+``first``'s output through such single-consumer layers into ``second`` alone (each layer called
+once; no intermediate is a model output). ``first``'s activation must be a built-in entry-wise
+one (not softmax). Anything else is refused with the reason.
 
 Which weights are a unit's comes from the layer seam (:mod:`pathnorm_tf.layers`); what
-``compact`` does to a layer type beyond that is one class in :data:`_UNIT_OPS` (a probe input,
-shrinking the first layer's outputs or the second layer's inputs, folding constants into the
-bias): ``Dense``, ``Conv1D`` and ``Conv2D``.
+``compact`` does beyond that (a probe input, shrinking a layer's outputs or inputs, folding
+constants into the bias) is one class per layer type in :data:`_UNIT_OPS`: ``Dense``,
+``Conv1D`` and ``Conv2D``.
 """
 
 from __future__ import annotations
@@ -236,16 +234,6 @@ def _check_between(layer: Any, first: Any, second: Any) -> None:
         )
 
 
-def _check_order(first: Any, second: Any, between: list[Any]) -> seam.Flat | None:
-    """Check with the seam that pooling and flattening stand where they keep the pair's units;
-    the pair's :class:`~pathnorm_tf.layers.Flat`."""
-    try:
-        found = seam.check_between(first, second, between)
-        return seam.flat_of(first, second, found.flatten)
-    except ValueError as err:
-        raise ValueError(f"compact: ({first.name!r}, {second.name!r}): {err}") from None
-
-
 def _graph_between(graph: Any, first: Any, second: Any) -> list[Any]:
     """The layers from ``first``'s output to ``second``'s input in a functional model's graph."""
     nodes = [node for depth in graph._nodes_by_depth.values() for node in depth]
@@ -286,9 +274,14 @@ def _graph_between(graph: Any, first: Any, second: Any) -> list[Any]:
 
 def _between(model: Any, first: Any, second: Any) -> tuple[list[Any], seam.Flat | None]:
     """The layers from ``first`` to ``second``, and the pair's :class:`~pathnorm_tf.layers.Flat`;
-    ValueError where the flow is not a chain of allowed ones (see the module docstring)."""
+    ValueError where the flow is not a chain of allowed ones (see the module docstring), or
+    pooling and flattening do not stand where they keep the pair's units (the seam's check)."""
     between = _layers_between(model, first, second)
-    return between, _check_order(first, second, between)
+    try:
+        found = seam.check_between(first, second, between)
+        return between, seam.flat_of(first, second, found.flatten)
+    except ValueError as err:
+        raise ValueError(f"compact: ({first.name!r}, {second.name!r}): {err}") from None
 
 
 def _layers_between(model: Any, first: Any, second: Any) -> list[Any]:

@@ -3,24 +3,16 @@
 The prox is per hidden unit: unit ``i`` owns incoming weights ``y_i`` and outgoing weights
 ``x_i``, and the 1-path-norm is ``sum_i ||x_i||_1 ||y_i||_1``. A layer *pair* ``(first,
 second)`` shares its hidden units: the first layer's outputs (units or channels) are the
-second layer's inputs. An entry of the registry maps one layer type to those units, in the
-layout of :func:`~pathnorm_tf.functional.prox_path_norm` (the Keras layout, transposed from
-the torch seam's):
-
-* :meth:`LayerEntry.in_view` ``(kernel) -> (m', n)``: column ``i`` is ``y_i`` (the
-  ``kernel_in`` of the functional);
-* :meth:`LayerEntry.out_view` ``(kernel, n_units, flat) -> (n, p')``: row ``i`` is ``x_i``
-  (its ``kernel_out``);
-* :meth:`LayerEntry.in_native` / :meth:`LayerEntry.out_native` map such matrices back to the
-  kernel's shape, :meth:`LayerEntry.write_in` / :meth:`LayerEntry.write_out` assign them to a
-  kernel variable (TensorFlow has no views: every view is a tensor of its own);
-* :meth:`LayerEntry.units_out` / :meth:`LayerEntry.units_in`: the unit count of a layer as the
-  first / the second of a pair;
-* :meth:`LayerEntry.check`: refuses configurations the seam does not cover (grouped
-  convolutions, layers not built yet);
-* :meth:`LayerEntry.reuse`: the factor ``s`` of the layer as the *second* of a pair (how many
-  times the unrolled network reads each outgoing weight at most, docs/conv_units.md): the
-  1-path-norm of the unrolled network is at most ``s * path_norm``.
+second layer's inputs. An entry (:class:`LayerEntry`) maps one layer type to those units, in
+the layout of :func:`~pathnorm_tf.functional.prox_path_norm` (the Keras layout, transposed from
+the torch seam's): ``in_view`` ``(m', n)`` has ``y_i`` as column ``i`` (the functional's
+``kernel_in``), ``out_view`` ``(n, p')`` has ``x_i`` as row ``i`` (its ``kernel_out``);
+``in_native`` / ``out_native`` map such matrices back to the kernel's shape and ``write_in`` /
+``write_out`` assign them (TensorFlow has no views: every view is a tensor of its own). It also
+counts a layer's units, refuses configurations it does not cover (grouped convolutions, layers
+not built yet), and gives ``reuse``: the factor ``s`` of the layer as the *second* of a pair
+(how many times the unrolled network reads each outgoing weight at most, docs/conv_units.md),
+so that the 1-path-norm of the unrolled network is at most ``s * path_norm``.
 
 The entries (:data:`ENTRIES`): ``Dense`` (:class:`DenseEntry`) and ``Conv1D`` / ``Conv2D``
 (:class:`ConvEntry`). Layouts (kernels do not depend on ``data_format``):
@@ -39,31 +31,19 @@ The entries (:data:`ENTRIES`): ``Dense`` (:class:`DenseEntry`) and ``Conv1D`` / 
   global pooling layer (``keepdims=False``) in place of the Flatten leaves ``P = 1``.
 
 Which layers may stand between the two layers of a pair is data (:data:`BETWEEN`, a role per
-layer type) and :func:`check_between` reads it (both in :mod:`pathnorm_tf._between`, public
-here): pointwise activations and dropout anywhere;
-max/average pooling after a convolution, in its ``data_format``; one ``Flatten`` (or a
-global pooling layer) between a convolution and a Dense layer, which that pair needs.
+layer type, read by :func:`check_between`; both from :mod:`pathnorm_tf._between`): pointwise
+activations and dropout anywhere; max/average pooling after a convolution, in its
+``data_format``; one ``Flatten`` (or a global pooling layer) between a convolution and a Dense
+layer, which that pair needs.
 
-:func:`prox_kernels` runs the existing exact prox
-(:func:`~pathnorm_tf.functional.prox_path_norm`) on the views of two kernels and returns new
-kernels in their own layouts (tf ops over static shapes: eager, ``tf.function`` and XLA);
-:func:`prox_pair` does it for two layers, and assigns the result with ``assign=True``. Every
-``method`` of the functional works through them.
+:func:`prox_kernels` runs the exact prox (:func:`~pathnorm_tf.functional.prox_path_norm`, every
+``method``) on the views of two kernels and returns new kernels in their own layouts (tf ops
+over static shapes: eager, ``tf.function`` and XLA); :func:`prox_pair` does it for two layers.
 
-How the rest of the package uses the seam:
-
-* pairing (:mod:`pathnorm_tf.pairing`): a layer can be paired when its class has an entry;
-  two layers chain when ``kernel_units_out`` of the first equals ``kernel_units_in`` of the
-  second (with the :class:`Flat` from :func:`flat_of`); :func:`check_between` checks the
-  layers between them in the model's graph. An optimizer sees variables only, so the pairing
-  records per pair a :class:`PairLayout` (the two entries and the :class:`Flat`).
-* optimizers: a pair's update is the functional prox on ``PairLayout.views`` of the two
-  kernels, written back with ``PairLayout.natives`` (static shapes: eager, graph and XLA); the
-  l_inf baseline projects the columns of :meth:`LayerEntry.in_view`.
-* metrics and bounds: alive units on the views; the bounds sum each layer's views per unit,
-  times ``reuse(last layer, in_positions(last layer))``.
-* compaction (:mod:`pathnorm_tf.compact`): dead units from the views; what it does beyond them
-  (shrinking a layer, folding constants) is its own table of layer types.
+Pairing (:mod:`pathnorm_tf.pairing`) pairs the classes with an entry and keeps per pair a
+:class:`PairLayout` (an optimizer sees variables only); the optimizers run the prox on
+``PairLayout.views`` and write back ``PairLayout.natives``; metrics, bounds and compaction
+(:mod:`pathnorm_tf.compact`) read units from the views.
 
 A new Keras layer type is a :class:`LayerEntry` subclass given to :func:`register`, with tests.
 """
@@ -259,12 +239,8 @@ class ConvEntry(LayerEntry):
         return int(shape[-2])
 
     def in_positions(self, layer: Any) -> tuple[int, ...]:
-        """The spatial shape ``layer`` was built on (its input's positions per axis), for
-        :meth:`reuse`.
-
-        Raises:
-            ValueError: a layer not built yet, or built on an unknown spatial size.
-        """
+        """The spatial shape ``layer`` was built on, for :meth:`reuse`; ``ValueError`` for a
+        layer not built yet, or built on an unknown spatial size."""
         shape = (getattr(layer, "_build_shapes_dict", None) or {}).get("input_shape")
         rank = len(layer.kernel_size)
         if shape is None or len(shape) != rank + 2:
@@ -368,18 +344,16 @@ def entry_of(layer: Any) -> LayerEntry:
 def flat_of(first: Any, second: Any, flatten: Any | None = None) -> Flat | None:
     """The :class:`Flat` between a convolution ``first`` and a Dense ``second`` (None for any
     other pair): the positions per channel from the shapes, the order from ``flatten`` (the
-    layer that flattens, when known) and ``first``'s ``data_format``.
-
-    A ``Flatten`` moves the channels of a channels_first input last only when its own
-    ``data_format`` is ``"channels_first"``; so after a channels_first convolution the order
-    depends on the Flatten, and ``flatten`` must be given.
+    layer that flattens, when known) and ``first``'s ``data_format``. A ``Flatten`` moves the
+    channels of a channels_first input last only when its own ``data_format`` is
+    ``"channels_first"``, so after a channels_first convolution ``flatten`` must be given.
 
     Raises:
         ValueError: shapes that do not divide, an order that cannot be told, or a Flatten that
             would interleave positions and channels.
     """
     if not (entry_of(first).spatial and not entry_of(second).spatial):
-        return None  # no flattening: conv -> conv or Dense -> Dense
+        return None
     rows, channels = int(_kernel(second).shape[0]), entry_of(first).units_out(first)
     positions, rest = divmod(rows, channels)
     if rest:
@@ -415,11 +389,8 @@ class PairLayout:
     def units(
         self, shape_first: Shape, shape_second: Shape, names: Sequence[str] = ("", "")
     ) -> int:
-        """The hidden units that kernels of these shapes share.
-
-        Raises:
-            ValueError: the kernels do not chain (naming the layers ``names``).
-        """
+        """The hidden units that kernels of these shapes share; ``ValueError`` where they do
+        not chain (naming the layers ``names``)."""
         if self.second.spatial and not self.first.spatial:
             raise ValueError(
                 f"the convolution {names[1]!r} cannot read the units of the Dense layer "
@@ -503,10 +474,9 @@ def prox_pair(
     **options: Any,
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """The exact path-norm prox of two Keras layers: their new kernels, assigned to them too
-    with ``assign``; ``options`` (``method``, ``check_finite``) go to :func:`prox_kernels`.
-
-    A convolution followed by a Dense layer reads a flattening in between (:func:`flat_of`;
-    ``flatten``: that Flatten layer, needed after a channels_first convolution).
+    with ``assign``; ``options`` (``method``, ``check_finite``) go to :func:`prox_kernels`;
+    ``flatten``: the Flatten between a convolution and a Dense layer (:func:`flat_of`; needed
+    after a channels_first convolution).
 
     Raises:
         ValueError: unsupported layers, a pair whose units do not match, and whatever

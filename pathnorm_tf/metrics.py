@@ -1,4 +1,4 @@
-"""Metrics of the regularized network: sparsity and the Lipschitz bounds, and a Keras callback
+"""Metrics of the regularized network, sparsity and the Lipschitz bounds, and a Keras callback
 that adds them to ``logs``.
 
 Keys (the same names and definitions as ``pathnorm_lightning``'s logged metrics):
@@ -9,27 +9,26 @@ Keys (the same names and definitions as ``pathnorm_lightning``'s logged metrics)
   ``K_in[:, j]`` for Dense) and outgoing weights (row ``j`` of its out-view, ``K_out[j, :]``)
   both have a nonzero entry;
 * ``pathnorm/path_norm_bound``: ``s * 1^T |K_1| |K_2| ... |K_L| 1`` over the model's chain of
-  Dense/Conv1D/Conv2D layers, each ``|K_l|`` summed over a unit's taps or positions
-  (per-channel sums after a convolution): for an MLP the 1-path-norm of the whole network,
-  in general an upper bound on the path norm of the unrolled network and on its
-  (l_inf, l_1) Lipschitz constant; ``s`` is the factor of the last layer (1 for a Dense
-  layer; for a convolution, from the spatial size it was built on; docs/conv_units.md);
+  Dense/Conv1D/Conv2D layers, each ``|K_l|`` summed over a unit's taps or positions: for an MLP
+  the 1-path-norm of the whole network, in general an upper bound on the path norm of the
+  unrolled network and on its (l_inf, l_1) Lipschitz constant; ``s`` is the factor of the last
+  layer (1 for a Dense layer; for a convolution, from the spatial size it was built on;
+  docs/conv_units.md);
 * ``pathnorm/product_bound``: ``s * sum|K_L| * prod_{l<L} max_j ||K_l[:, j]||_1`` (``K_l``'s
   in-view for a convolution), the layer-wise bound (never below the path-norm bound).
 
-The regularized kernels are those of the model's optimizer when it is a
-:class:`~pathnorm_tf.PathNormSGD` or :class:`~pathnorm_tf.ProxOptimizer` (also inside a
-``LossScaleOptimizer``): its pairs, or for the l1/l_inf baselines its kernels (alive units
-over runs of adjacent ones whose units chain). With another optimizer, or explicit
-``pairs``, the pairs are resolved over the model's *trainable* variables exactly as the
-optimizer would resolve them (frozen layers and recurrent cells skipped, see
-:mod:`pathnorm_tf.pairing`); explicit ``pairs`` equal to the optimizer's are its pairs.
-The two bounds cover every built Dense/Conv1D/Conv2D layer, frozen ones included, and are
-reported when they all chain (a feed-forward network; a Dense layer after a convolution reads
-it through a Flatten or global pooling) and, where the last is a convolution, its input size
-is known. Values are Python floats computed in float64 from the current weights. A regularized
-pair left with no alive hidden unit is warned about, once per pair (with the model's path-norm
-optimizer, whose own check at the end of ``fit`` shares the record).
+The regularized kernels are those of the model's :class:`~pathnorm_tf.PathNormSGD` or
+:class:`~pathnorm_tf.ProxOptimizer` (also inside a ``LossScaleOptimizer``): its pairs, or for
+the l1/l_inf baselines its kernels (alive units over runs of adjacent ones whose units chain).
+With another optimizer, or explicit ``pairs`` other than the optimizer's, the pairs are
+resolved over the model's *trainable* variables as the optimizer would resolve them
+(:mod:`pathnorm_tf.pairing`). The bounds cover every built Dense/Conv1D/Conv2D layer, frozen
+ones included, and are reported when they all chain (a feed-forward network; a Dense layer after
+a convolution reads it through a Flatten or global pooling) and, where the last is a
+convolution, its input size is known. Values are Python floats computed in float64 from the
+current weights. A regularized pair left with no alive hidden unit is warned about once per
+pair (with the model's path-norm optimizer, whose own check at the end of ``fit`` shares the
+record).
 """
 
 from __future__ import annotations
@@ -165,8 +164,8 @@ def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
 def _metric_values(
     model: keras.Model, spec: pairing.PairsSpec, warned: set[tuple[str, str]]
 ) -> dict[str, float]:
-    """:func:`metric_values`; a dead pair is warned about once: per the optimizer's record
-    when it is a path-norm optimizer, else per ``warned``."""
+    """:func:`metric_values`, warning about a dead pair once per the regularizing optimizer's
+    record, or per ``warned`` without one."""
     chains = _regularized_chains(model, spec)
     if not _seam_layers(model) and not chains:
         raise ValueError(

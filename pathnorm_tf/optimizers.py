@@ -1,30 +1,27 @@
 """Keras 3 optimizers that follow every real update with the exact path-norm prox (or a baseline).
 
-Proximal SGD (the paper's training method) is ``W <- prox_{lam * lr * R}(W - lr * grad)``.
-Two ways to get it:
+Proximal SGD (the paper's training method) is ``W <- prox_{lam * lr * R}(W - lr * grad)``:
 
-* :class:`PathNormSGD`: ``keras.optimizers.SGD`` (momentum, Nesterov, every base argument)
-  followed by the 1-path-norm prox of the paired kernels with step ``lam * lr``.
-* :class:`ProxOptimizer`: wraps *any* Keras optimizer (like ``LossScaleOptimizer``) and
-  follows its step with the path-norm prox, the L1 prox (``regularizer="l1"``) or the
-  layer-wise l_inf projection (``regularizer="linf"``, ``||K||_{inf->inf} <= radius``).
+* :class:`PathNormSGD`: ``keras.optimizers.SGD`` (every base argument) followed by the
+  1-path-norm prox of the paired kernels with step ``lam * lr``.
+* :class:`ProxOptimizer`: wraps *any* Keras optimizer and follows its step with the path-norm
+  prox, the L1 prox (``regularizer="l1"``) or the layer-wise l_inf projection
+  (``regularizer="linf"``, ``||K||_{inf->inf} <= radius``).
 
-The invariant, held in one place (:meth:`pathnorm_tf._update.StepUpdate._apply_regularizer`): **the prox
-runs exactly once per real update, on exactly the variables that update changed.** "Real
-update" means what the optimizer means by it: under ``gradient_accumulation_steps=s`` the prox
-runs once per ``s`` batches, right after the weights move, with the learning rate that step
-used (schedules are honoured). "The variables it changed" are the ones handed to this step
-(``apply``/``apply_gradients``, less those without a gradient), matched by identity: a layer
-frozen after the optimizer was built (``trainable = False``, then ``compile`` again) is left
-alone, and a pair with one side frozen is skipped with a warning. Which kernels *can* be
-regularized is resolved from the variables' paths (and from the model, given by ``model=`` or
-:meth:`~PathNormSGD.verify_pairs`: Keras shows an optimizer its variables only) when the
-optimizer is built (see
-:mod:`pathnorm_tf.pairing`): ``Dense``, ``Conv1D`` and ``Conv2D`` kernels, whose hidden units
-(features or channels) the layer seam (:mod:`pathnorm_tf.layers`) lays out as the matrices the
-prox takes; the optimizer stores indices and those layouts, so model variables never become
-optimizer variables, and records where explicit names resolved in its config, so a reloaded
-model keeps its pairs. Under
+The invariant, held in one place (:meth:`pathnorm_tf._update.StepUpdate._apply_regularizer`):
+**the prox runs exactly once per real update, on exactly the variables that update changed.**
+Under ``gradient_accumulation_steps=s`` it runs once per ``s`` batches, right after the weights
+move, with the learning rate that step used (schedules are honoured). The variables are those
+handed to this step (``apply``/``apply_gradients``, less those without a gradient), matched by
+identity: a layer frozen after the optimizer was built (``trainable = False``, then ``compile``
+again) is left alone, and a pair with one side frozen is skipped with a warning.
+
+Which kernels *can* be regularized is resolved when the optimizer is built, from the variables'
+paths and, given by ``model=`` or :meth:`~PathNormSGD.verify_pairs`, the model (Keras shows an
+optimizer its variables only; see :mod:`pathnorm_tf.pairing`): ``Dense``, ``Conv1D`` and
+``Conv2D`` kernels, laid out by the layer seam (:mod:`pathnorm_tf.layers`). The optimizer stores
+indices and layouts, so model variables never become optimizer variables, and records where
+explicit names resolved in its config, so a reloaded model keeps its pairs. Under
 ``tf.distribute`` the prox runs on every replica's copy of the (already identical) weights.
 Requires the TensorFlow backend of Keras.
 """
@@ -48,7 +45,7 @@ from pathnorm_tf._common import (
 from pathnorm_tf._regularizers import REGULARIZERS as _RULES
 from pathnorm_tf._regularizers import Regularizer
 from pathnorm_tf._units import dead_pairs, warn_dead_pairs
-from pathnorm_tf._update import StepUpdate, _Flag, _when
+from pathnorm_tf._update import StepUpdate, _when
 from pathnorm_tf.functional import _prox_kernels
 
 __all__ = ["PathNormSGD", "ProxOptimizer"]
@@ -76,14 +73,9 @@ def _check_strength(value: Any, name: str, owner: str) -> float:
     return float(check_scalar(value, name))
 
 
-def _check_model(model: Any, owner: str) -> Any:
-    if model is not None and not isinstance(model, keras.Model):
-        raise TypeError(f"{owner}: model must be the keras.Model being trained, got {model!r}")
-    return model
-
-
 class _KernelRegularizer(StepUpdate):
-    """Mixin: configuration, resolution at build time and the post-step update."""
+    """Mixin: configuration, resolution at build time and the post-step update (the state
+    :class:`~pathnorm_tf._update.StepUpdate` reads is declared there)."""
 
     _regularizer: str
     _rule: Regularizer
@@ -91,22 +83,12 @@ class _KernelRegularizer(StepUpdate):
     _radius: float | None
     _pairs_spec: pairing.PairsSpec
     _layers_spec: pairing.LayersSpec
-    _check_finite: bool
-    _pairs: tuple[pairing.Pair, ...]
-    _layers: tuple[pairing.Single, ...]
-    _labels: list[str]
     _record: pairing.Record | None
     _model_ref: Any
-    _unseen: ValueError | None
     _restored: bool
-    _unverified: bool
-    _flag: _Flag | None
-    _warned_half_frozen: set[tuple[int, int]]
     _warned_dead: set[tuple[str, str]]
-    _trainable_variables: list[Any]
     built: bool
     build: Any  # keras.optimizers.Optimizer's
-    _var_key: Any  # keras.optimizers.Optimizer's: a variable's identity
 
     def _init_regularizer(
         self,
@@ -141,7 +123,8 @@ class _KernelRegularizer(StepUpdate):
             raise ValueError(f'pairs applies to regularizer="path"; for {regularizer!r} use layers')
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
-        _check_model(model, owner)
+        if model is not None and not isinstance(model, keras.Model):
+            raise TypeError(f"{owner}: model must be the keras.Model being trained, got {model!r}")
         self._regularizer = regularizer
         self._rule = rule(radius_v if radius_v is not None else lam_v)  # type: ignore[arg-type]
         self._lam = lam_v
@@ -178,9 +161,8 @@ class _KernelRegularizer(StepUpdate):
         return [self._trainable_variables[s.kernel].path for s in self._layers]
 
     def _model(self, variables: list[Any]) -> keras.Model | None:
-        """The model given by ``model=`` or :meth:`verify_pairs`, if alive; checked to own
-        ``variables``. A variable keeps no link to its layer and Keras shows an optimizer only
-        the variables, so the model is never guessed."""
+        """The model given by ``model=`` or :meth:`verify_pairs`, if alive, checked to own
+        ``variables`` (never guessed: a variable keeps no link to its layer)."""
         model = None if self._model_ref is None else self._model_ref()
         if model is None:
             return None
@@ -233,13 +215,13 @@ class _KernelRegularizer(StepUpdate):
             self._record = pairing.record_of(variables, spec, found, model)
 
     def verify_pairs(self, model: keras.Model) -> None:
-        """Show the optimizer ``model`` (the same as ``model=`` at construction) and build it for
-        the model's trainable variables: needed for convolution kernels (their layers and
-        Flatten order are not in the variables) and to check ``pairs="auto"`` against the
-        model's layers: a layer with weights between a pair, frozen or not, is refused, and a
-        pair the model's graph does not confirm is warned about. Call it before the first step;
-        once built, the check runs (and targets a restored optimizer could not resolve without
-        the model are resolved)."""
+        """Show the optimizer ``model`` (as ``model=`` at construction) and build it for the
+        model's trainable variables. Needed for convolution kernels (their layers and Flatten
+        order are not in the variables) and to check ``pairs="auto"`` against the model: a
+        layer with weights between a pair, frozen or not, is refused, a pair the graph does not
+        confirm is warned about. Call it before the first step; on a built optimizer it runs
+        the check (and resolves the targets a restored optimizer could not without the
+        model)."""
         if not isinstance(model, keras.Model):
             raise TypeError(f"verify_pairs takes the keras.Model being trained, got {model!r}")
         self._model_ref = weakref.ref(model)
@@ -255,13 +237,10 @@ class _KernelRegularizer(StepUpdate):
     def regularized_chains(
         self, variables: list[Any], model: keras.Model | None = None
     ) -> list[pairing.Chain]:
-        """The kernels the regularizer acts on, as forward chains (for the metrics), each a
-        :class:`~pathnorm_tf.pairing.Chain` (a list of variables, with the layouts between).
-
-        The ``(kernel_in, kernel_out)`` pairs, or (baselines) the kernels split into runs of
-        adjacent layers whose units chain. Once built, the optimizer's own variables and
-        targets; before, ``variables`` (of ``model``) resolved as ``build`` will resolve them.
-        """
+        """The kernels the regularizer acts on, as forward :class:`~pathnorm_tf.pairing.Chain` s
+        (for the metrics): the ``(kernel_in, kernel_out)`` pairs, or (baselines) runs of adjacent
+        kernels whose units chain. Once built, the optimizer's own targets; before, ``variables``
+        (of ``model``) resolved as ``build`` will resolve them."""
         tv, pairs, layers = self._trainable_variables, self._pairs, self._layers
         if not getattr(self, "built", False):
             tv = list(variables)
@@ -275,8 +254,8 @@ class _KernelRegularizer(StepUpdate):
 
     def _at_fit_end(self) -> None:
         """At the end of ``fit`` (host side, once): raise for weights an XLA step found
-        non-finite (:meth:`check_weights`), then warn, once per pair, about a pair that has
-        lost every hidden unit (its prox then keeps it dead; lam is too large)."""
+        non-finite (:meth:`check_weights`), then warn once per pair about a pair with no hidden
+        unit left (the prox keeps it dead; lam is too large)."""
         if self.built:
             self.check_weights()
             warn_dead_pairs(dead_pairs(self.regularized_chains([])), self, self._warned_dead)
@@ -298,11 +277,9 @@ class _KernelRegularizer(StepUpdate):
 
     def _update(self, *operands: Any, layout: Any, label: str) -> tf.Tensor:
         """One target's update on one replica: ``operands`` are its kernels, then the learning
-        rate and ``is_real``. Returns whether the kernels were finite (always True without
-        ``check_finite``). With ``check_finite`` non-finite kernels are left as they are and:
-        eagerly :class:`~pathnorm_tf.NonFiniteWeightsError` is raised; in a graph an assertion
-        fails the step (``InvalidArgumentError``, same message); under XLA, which drops
-        assertions, the optimizer's flag records it (:meth:`check_weights`)."""
+        rate and ``is_real``. Returns whether the kernels were finite (True without
+        ``check_finite``); non-finite kernels are left as they are and reported as
+        ``check_finite`` in :class:`PathNormSGD` says."""
         *kernels, learning_rate, is_real = operands
 
         def update() -> tf.Tensor:
@@ -435,10 +412,10 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
     * ``"l1"``: soft-thresholding by ``lam * lr`` of each kernel in ``layers``;
     * ``"linf"``: each kernel in ``layers`` projected onto ``||K||_{inf->inf} <= radius``
       (every column onto the l1 ball; the paper's layer-wise baseline; no ``lr``). For a
-      convolution the columns are those of the seam's in-view: output channel ``c``'s weights
+      convolution a column (of the seam's in-view) is output channel ``c``'s weights
       ``kernel[..., c]`` over every tap and input channel; each row of the unrolled
-      convolution holds those weights (or some of them, at a zero-padded border), so its
-      l_inf operator norm is at most ``radius`` too.
+      convolution holds those (or, at a zero-padded border, some), so its l_inf operator norm
+      is at most ``radius`` too.
 
     ``lr`` is the inner optimizer's rate for that step. The wrapper forwards ``learning_rate``,
     ``iterations`` and ``variables`` to the inner optimizer (like ``LossScaleOptimizer``),

@@ -1,68 +1,53 @@
 """Which kernels the optimizers regularize, resolved from the variables they train.
 
-A Keras optimizer only sees variables (``model.fit`` calls ``optimizer.build(model.
-trainable_variables)``, then ``apply_gradients(zip(grads, variables))``), never the model,
-and a Keras 3 variable keeps no reference to the layer that owns it. What it has is a
-``.path`` such as ``"sequential/dense_1/kernel"``: the layer's path, then the variable name.
-An optimizer given the model (``model=``, ``verify_pairs(model)``) also maps each variable
-to its layer (:mod:`pathnorm_tf._graph`); Keras never shows it the model by itself.
+A Keras optimizer sees only variables, never the model, and a Keras 3 variable keeps no
+reference to its layer, only a ``.path`` such as ``"sequential/dense_1/kernel"`` (the layer's
+path, then the variable name). An optimizer given the model (``model=``, ``verify_pairs(model)``)
+also maps each variable to its layer (:mod:`pathnorm_tf._graph`).
 
-The layers are those of the layer seam (:mod:`pathnorm_tf.layers`): ``Dense``, ``Conv1D`` and
-``Conv2D``; the seam says which weights are a unit's, how many units a layer has and what may
-stand between two paired layers, and this module asks it. A *layer kernel* here is a trained
-variable named ``kernel``, not in a recurrent cell, that is
+The layers are those of the layer seam (:mod:`pathnorm_tf.layers`: ``Dense``, ``Conv1D``,
+``Conv2D``). A *layer kernel* is a trained variable named ``kernel``, not in a recurrent cell,
+that is
 
-* 2-D: a Dense kernel. A layer that is not a Dense layer but holds a 2-D ``kernel`` (an
-  ``EinsumDense`` such as ``"ab,bc->ac"``, a custom layer) cannot be told apart from one by its
-  variables, so it counts as Dense: the prox then assumes ``y = x @ kernel``. Pair such layers
-  only if that is what they compute; passing the layer object itself is refused unless the
-  seam has an entry for its class;
-* 3-D or 4-D and owned by a ``Conv1D`` / ``Conv2D`` (``groups=1``). Other layers hold kernels
-  of those ranks (``Conv2DTranspose`` with its channels the other way round,
-  ``DepthwiseConv2D``), and a Flatten's channel order is not in the variables either: so a
-  convolution kernel is only taken where the optimizer saw the model; without it (a custom
-  loop that did not call ``optimizer.verify_pairs(model)``) a target with a 3-D or 4-D kernel
-  is refused with that advice.
+* 2-D: a Dense kernel. Any layer holding a 2-D ``kernel`` (an ``EinsumDense`` such as
+  ``"ab,bc->ac"``, a custom layer) looks the same, so it counts as Dense and the prox assumes
+  ``y = x @ kernel``: pair such layers only if that is what they compute (passing the layer
+  object itself is refused unless the seam has an entry for its class);
+* 3-D or 4-D and owned by a ``Conv1D`` / ``Conv2D`` (``groups=1``). ``Conv2DTranspose`` and
+  ``DepthwiseConv2D`` kernels have those ranks too, and a Flatten's channel order is not in the
+  variables, so a convolution kernel is taken only where the optimizer saw the model; without
+  it such a target is refused, with that advice.
 
-A recurrent cell is a layer path that also holds a ``recurrent_kernel``: the Keras
-convention, so ``SimpleRNN``, ``LSTM``, ``GRU`` (``"sequential/lstm/lstm_cell/kernel"``),
-``keras.layers.RNN`` around their cells or ``StackedRNNCells``, ``Bidirectional`` wrappers and
-``ConvLSTM*`` are never taken for layer kernels. ``"auto"`` skips them, and refuses a pair whose
-two layers have a recurrent layer between them (they do not form a shallow network); naming one
-raises an error saying it is recurrent. Layers whose weight is not called ``kernel``
-(``Embedding``) are not layer kernels either.
+A recurrent cell is a layer path that also holds a ``recurrent_kernel`` (the Keras convention:
+``SimpleRNN``, ``LSTM``, ``GRU``, ``RNN``, ``StackedRNNCells``, ``Bidirectional``,
+``ConvLSTM*``). ``"auto"`` skips cells and refuses a pair with a recurrent layer between (not a
+shallow network); naming one is an error that says it is recurrent. ``Embedding`` and other
+layers whose weight is not called ``kernel`` hold no layer kernel.
 
-A layer is named by its ``layer.name`` (``"dense_1"``), or by a longer suffix of its path
-(``"enc/dense_1"``) when the name alone is ambiguous. Layer objects are accepted too and stored
-by name (so optimizer configs stay serializable). Paths are not stable: one holds an outer
-model's name only if the layer was built inside that model (``"net/d1"`` in a ``Sequential``
-given an ``Input`` or a subclassed model, plain ``"d1"`` in a functional one), and after
-``keras.models.load_model`` every path is the bare layer name (``"enc/h"`` and ``"net/h"`` both
-become ``"h"``). Hence the naming rule:
+A layer is named by ``layer.name`` (``"dense_1"``), or by a longer suffix of its path
+(``"enc/dense_1"``) when the name is ambiguous; layer objects are stored by name (configs stay
+serializable). Paths are not stable: one holds an outer model's name only if the layer was built
+inside that model (``"net/d1"`` in a ``Sequential`` given an ``Input`` or a subclassed model,
+``"d1"`` in a functional one), and after ``load_model`` every path is the bare layer name.
+Hence the naming rule:
 
 * a name matches the layer kernels whose layer path ends with it, component by component;
-* while it matches none, its leading component is dropped if it occurs in no trained
-  variable's path (``"net/d1"`` is looked up as ``"d1"`` where no path holds ``"net"``); one
-  that does occur is kept (``"enc/d3"`` matches nothing when ``enc`` has no ``d3``);
+* while it matches none, its leading component is dropped if no trained variable's path holds
+  it (``"net/d1"`` is looked up as ``"d1"``); one that occurs is kept (``"enc/d3"`` matches
+  nothing when ``enc`` has no ``d3``);
 * a name that matches several layer kernels is an error listing them: nothing is guessed.
 
-Explicit names are also *recorded* once resolved (:func:`record_of`, the optimizer's
-``"resolved"`` config entry): the names, the layer name and shape of every trained layer
-kernel in variable order, and the positions of the named ones. For the same names and
-variables with the same layer kernels in the same order (the same model reloaded: Keras
-restores optimizer variables by that order too), the record picks the kernels, so a reloaded
-model keeps its pairs even where its paths no longer tell the layers apart. Otherwise the names
-are resolved by the rule above.
+Resolved explicit names are *recorded* (:func:`record_of`, the optimizer's ``"resolved"``
+config entry): for the same names over the same layer kernels (names and shapes, in variable
+order, which is also the order Keras restores optimizer variables in) the record picks the
+kernels, so a reloaded model keeps its pairs where its paths no longer tell the layers apart.
 
-``pairs="auto"`` pairs consecutive layer kernels in variable order (= layer order):
-(K1, K2), (K3, K4), ... as in the paper's multilayer extension, checking that the units chain
-(``Dense -> Dense``, ``Conv -> Conv``, ``Conv -> Flatten -> Dense``; a convolution never reads
-a Dense layer's units); an unpaired last kernel is reported with a warning. With the model in
-view, the layers between a pair in its graph must be ones the seam allows there
-(:func:`~pathnorm_tf.layers.check_between`). Explicit ``pairs`` name ``(first_layer,
-second_layer)`` tuples. Every pair is resolved to a :class:`Pair`: the two kernels' indices and
-their :class:`~pathnorm_tf.layers.PairLayout` (entries and the Flatten between), which is all
-an optimizer needs to run the prox on the variables.
+``pairs="auto"`` pairs consecutive layer kernels in variable (= layer) order, (K1, K2), (K3,
+K4), ... as in the paper's multilayer extension, checking that the units chain (Dense -> Dense,
+Conv -> Conv, Conv -> Flatten -> Dense; never Dense -> Conv) and, with the model, that the
+layers between are ones the seam allows (:func:`~pathnorm_tf.layers.check_between`); an unpaired
+last kernel is warned about. Each pair resolves to a :class:`Pair`: the two kernels' indices
+and their :class:`~pathnorm_tf.layers.PairLayout`, all an optimizer needs for the prox.
 """
 
 from __future__ import annotations
@@ -164,14 +149,9 @@ def _path(variable: Any) -> str:
     return str(getattr(variable, "path", variable.name))
 
 
-def _layer_of(variable: Any) -> tuple[str, str]:
-    layer, _, name = _path(variable).rpartition("/")
-    return layer, name
-
-
 def layer_path(variable: Any) -> str:
     """The path of the layer that owns ``variable`` (``"net/dense_1"``)."""
-    return _layer_of(variable)[0]
+    return _path(variable).rpartition("/")[0]
 
 
 # The cells Keras' recurrent layers create (named by Keras, then made unique: "lstm_cell_3").
@@ -199,10 +179,10 @@ def _is_conv_kernel(variable: Any, owners: Owners | None) -> bool:
 
 def _scan(variables: Sequence[Any], owners: Owners | None = None) -> _Scan:
     """Sort the variables named ``kernel`` into layer kernels and recurrent-cell kernels."""
-    paths = [_layer_of(v) for v in variables]
-    cells = {layer for layer, name in paths if name == "recurrent_kernel"}
+    paths = [_path(v).rpartition("/") for v in variables]  # (layer path, "/", variable name)
+    cells = {layer for layer, _, name in paths if name == "recurrent_kernel"}
     kernels, recurrent = [], []
-    for i, (layer, name) in enumerate(paths):
+    for i, (layer, _, name) in enumerate(paths):
         if name != "kernel":
             continue
         rank = len(variables[i].shape)
@@ -245,11 +225,6 @@ def _recurrent_error(what: str, name: str, cells: list[str], known: list[str]) -
     )
 
 
-def _present(variables: Sequence[Any]) -> set[str]:
-    """Every component of the trained variables' layer paths."""
-    return {part for v in variables for part in _layer_of(v)[0].split("/")}
-
-
 def _lookup(kernels: list[tuple[int, str]], name: str, present: set[str]) -> tuple[list[int], str]:
     """The layer kernels ``name`` matches, and the suffix of ``name`` that matched.
 
@@ -266,14 +241,10 @@ def _lookup(kernels: list[tuple[int, str]], name: str, present: set[str]) -> tup
         k += 1
 
 
-def _kernel_list(variables: Sequence[Any], indices: Sequence[int]) -> str:
-    items = [f"{_path(variables[i])!r} {tuple(variables[i].shape)}" for i in indices]
-    return f"[{', '.join(items)}]"
-
-
 def _find(variables: Sequence[Any], name: str, what: str, scan: _Scan) -> int:
     kernels = scan.kernels
-    hits, suffix = _lookup(kernels, name, _present(variables))
+    present = {part for v in variables for part in layer_path(v).split("/")}
+    hits, suffix = _lookup(kernels, name, present)
     dropped = "" if suffix == name else name[: -len(suffix) - 1]
     if len(hits) == 1:
         return hits[0]
@@ -284,16 +255,17 @@ def _find(variables: Sequence[Any], name: str, what: str, scan: _Scan) -> int:
             if dropped
             else ""
         )
+        listed = ", ".join(f"{_path(variables[i])!r} {tuple(variables[i].shape)}" for i in hits)
         raise ValueError(
             f"{what}: layer name {name!r} is ambiguous: it matches the layer kernels "
-            f"{_kernel_list(variables, hits)}{why}. Name the layer by a longer suffix of its "
+            f"[{listed}]{why}. Name the layer by a longer suffix of its "
             "path, or give the layers unique names."
         )
     known = [layer for _, layer in kernels]
     cells = [cell for _, cell in scan.recurrent if _within(cell, suffix)]
     if cells and not any(_within(layer, suffix) for layer in known):
         raise _recurrent_error(what, name, cells, known)
-    others = [v for v in variables if _matches(_layer_of(v)[0], suffix)]
+    others = [v for v in variables if _matches(layer_path(v), suffix)]
     if others:
         shapes = [(_path(v), tuple(v.shape)) for v in others]
         raise ValueError(
@@ -320,15 +292,12 @@ def _recurrent_between(scan: _Scan, i: int, j: int) -> str | None:
 def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[str]] | None:
     """A layer with trained variables between the kernels ``i`` and ``j`` (in variable order,
     which is layer order) other than their own two layers: its path and variables."""
-    own = {_layer_of(variables[i])[0], _layer_of(variables[j])[0]}
-    for r in range(min(i, j) + 1, max(i, j)):
-        layer = _layer_of(variables[r])[0]
-        if layer not in own:
-            names = [
-                _path(v) for v in variables[min(i, j) + 1 : max(i, j)] if _layer_of(v)[0] == layer
-            ]
-            return layer, names
-    return None
+    own = {layer_path(variables[i]), layer_path(variables[j])}
+    others = [v for v in variables[min(i, j) + 1 : max(i, j)] if layer_path(v) not in own]
+    if not others:
+        return None
+    layer = layer_path(others[0])
+    return layer, [_path(v) for v in others if layer_path(v) == layer]
 
 
 class ModelNeeded(ValueError):
@@ -383,7 +352,7 @@ def _layout(
     """The :class:`~pathnorm_tf.layers.PairLayout` of kernels ``i`` and ``j``, after checking
     that they chain (the first's outputs are the second's inputs); ``names``: the layers as the
     user named them (default: their paths), for the errors."""
-    a, b = names or (_layer_of(variables[i])[0], _layer_of(variables[j])[0])
+    a, b = names or (layer_path(variables[i]), layer_path(variables[j]))
     first, second = _entry(variables[i], owners, what), _entry(variables[j], owners, what)
     where = f"{what}: layers {a!r} -> {b!r} do not chain"
     if second.spatial and not first.spatial:
@@ -417,9 +386,6 @@ def _layout(
     return layout
 
 
-# -- the record of a resolution, for a config that must resolve the same way after reload -------
-
-
 def record_of(
     variables: Sequence[Any], spec: Sequence[Any], resolved: Sequence[Any], model: Any = None
 ) -> Record:
@@ -432,13 +398,6 @@ def record_of(
     return _record.make(spec, variables, scan.kernels, indices)
 
 
-def _from_record(
-    variables: Sequence[Any], names: list[str], record: Record | None, scan: _Scan
-) -> list[int] | None:
-    """Indices for ``names`` from ``record`` if it is theirs and fits ``variables``, else None."""
-    return _record.lookup(record, names, variables, scan.kernels)
-
-
 def resolve_pairs(
     variables: Sequence[Any],
     pairs: PairsSpec,
@@ -447,9 +406,9 @@ def resolve_pairs(
 ) -> tuple[Pair, ...]:
     """The kernel pairs to regularize: :class:`Pair` s, indices into ``variables`` and layouts.
 
-    ``record``: what :func:`record_of` wrote when these names were resolved before; used instead
-    of the names when ``variables`` hold the same layer kernels (names and shapes, in order).
-    ``model``: the model that trains ``variables``, if known (needed for convolutions).
+    ``record``: what :func:`record_of` wrote for these names before, used instead of them when
+    ``variables`` hold the same layer kernels; ``model``: the model that trains ``variables``,
+    if known (needed for convolutions).
     """
     owners = owners_of(model)
     scan = _scan(variables, owners)
@@ -478,7 +437,7 @@ def resolve_pairs(
             )
         return tuple(out)
     assert not isinstance(pairs, str)
-    found = _from_record(variables, _record.flat(pairs), record, scan)
+    found = _record.lookup(record, _record.flat(pairs), variables, scan.kernels)
     seen: dict[int, str] = {}
     out = []
     for k, (a, b) in enumerate(pairs):
@@ -523,7 +482,7 @@ def resolve_layers(
         indices = [i for i, _ in scan.kernels]
         what = 'layers="auto"'
     else:
-        found = _from_record(variables, _record.flat(layers), record, scan)
+        found = _record.lookup(record, _record.flat(layers), variables, scan.kernels)
         indices = []
         for k, name in enumerate(layers):
             i = found[k] if found is not None else _find(variables, name, what, scan)
@@ -548,11 +507,8 @@ def kernel_chains(
     variables: Sequence[Any], singles: Sequence[Single], model: Any | None = None
 ) -> list[Chain]:
     """Split the kernels of ``singles`` into maximal forward chains of indices (for the
-    metrics).
-
-    Taken in variable order, two kernels are in one chain when no other layer or recurrent
-    kernel lies between them and their units chain.
-    """
+    metrics): in variable order, two kernels share a chain when no other layer kernel or
+    recurrent kernel lies between them and their units chain."""
     owners = owners_of(model)
     scan = _scan(variables, owners)
     position = {i: p for p, (i, _) in enumerate(scan.kernels)}
@@ -565,7 +521,7 @@ def kernel_chains(
                 try:
                     layout = _layout(variables, prev, i, owners, "layers")
                 except ValueError:
-                    layout = None
+                    pass  # their units do not chain: a new chain
             if layout is not None:
                 chains[-1].append(i)
                 chains[-1].layouts.append(layout)
