@@ -10,10 +10,11 @@ Where things live:
     metrics.py      torchmetrics Metrics: sparsity, path-norm bound, product bound
     compact.py      compact(): remove the dead hidden units (features or channels) of every pair
 
-The algorithms behind ``functional.py`` are private topic modules: ``_sort.py`` (the shortest
-exact algorithm, in tensor ops: read it first), ``_kernel.py`` / ``_kernel_jit.py`` (numba, CPU), ``_cuda_graph.py``,
-``_triton.py`` (CUDA) and ``_baselines.py``; ``_common.py`` holds the checks they share, and
-``_chain.py`` the counts and bounds of a chain of weights. The hook's parts: ``_target.py``
+The algorithms behind ``functional.py`` are private modules: ``_sort.py`` (the shortest exact
+algorithm, in tensor ops: read it first), ``_kernel.py`` / ``_kernel_jit.py`` (numba, CPU),
+``_cuda_graph.py`` (replays ``_sort`` on CUDA), ``_triton.py`` (one Triton kernel, CUDA) and
+``_baselines.py`` (l1 prox, l1-ball projection); ``_common.py`` holds the checks they share,
+and ``_chain.py`` the counts and bounds of a chain of weights. The hook's parts: ``_target.py``
 (targets and their unit views), ``_plan.py`` (the plan and its guard), ``_checks.py`` (the
 finiteness checks).
 
@@ -48,8 +49,7 @@ if TYPE_CHECKING:
     )
     from pathnorm_lightning.metrics import PathNormBound, ProductBound, Sparsity
 
-#: Exports imported on first use, by module: the callbacks need Lightning, the metrics
-#: torchmetrics.
+#: Exports imported on first use (the callbacks need Lightning, the metrics torchmetrics).
 _LAZY = {
     "pathnorm_lightning.callbacks": (
         "AfterOptimizerStep",

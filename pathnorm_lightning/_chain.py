@@ -1,15 +1,12 @@
-"""Chains of layer weights in forward order, torch layout: the checks, counts and bounds that the
-torchmetrics ``Metric``s of :mod:`pathnorm_lightning.metrics` and the hook's on-demand metrics
-share, in tensor ops only (no torchmetrics, no Lightning).
+"""Chains of layer weights: the checks, counts and bounds that :mod:`pathnorm_lightning.metrics`
+and the hook's on-demand metrics share, in tensor ops only (no torchmetrics, no Lightning).
 
-A chain is ``[W_1, ..., W_L]``, each the weight of a layer of the layer seam
-(:mod:`pathnorm_lightning.layers`) in its torch layout: ``(out, in)`` for ``nn.Linear``,
+A chain is ``[W_1, ..., W_L]`` in forward order, torch layout: ``(out, in)`` for ``nn.Linear``,
 ``(out, in, *kernel)`` for ``nn.Conv1d`` / ``nn.Conv2d``. The hidden units between ``W_l`` and
-``W_{l+1}`` are ``W_l``'s outputs (features or channels); a Linear weight after a convolution
-reads them through a channels-first ``nn.Flatten`` of ``P = in / channels`` positions each.
-So, with ``n`` units, ``W_l.reshape(n, -1)`` is the seam's ``in_view`` (row ``i``: unit ``i``'s
-incoming weights) and ``W_{l+1}.reshape(out, n, -1)`` holds unit ``i``'s outgoing weights in
-``[:, i, :]`` (the columns of the seam's ``out_view``, grouped by output), without a copy.
+``W_{l+1}`` are ``W_l``'s outputs; a Linear weight after a convolution reads them through a
+channels-first ``nn.Flatten`` of ``P = in / channels`` positions each. So, with ``n`` units,
+``W_l.reshape(n, -1)`` is the seam's ``in_view`` and ``W_{l+1}.reshape(out, n, -1)`` holds unit
+``i``'s outgoing weights in ``[:, i, :]`` (the seam's ``out_view`` columns), without a copy.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning.pytorch as pl
+import torch
+
 from shared_spec.private_api import PrivateName
 from shared_spec.private_api import check as _check
 
@@ -22,8 +25,6 @@ def check() -> None:
 
 
 def _trainer() -> Any:
-    import lightning.pytorch as pl
-
     names = ("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary")
     quiet: dict[str, Any] = dict.fromkeys(names, False)
     return pl.Trainer(accelerator="cpu", devices=1, **quiet)
@@ -42,36 +43,26 @@ def _batches_that_stepped() -> bool:
 
 
 def _state_key() -> bool:
-    import lightning.pytorch as pl
-
     key = pl.Callback()._generate_state_key(targets=["a"])
     return isinstance(key, str) and "a" in key
 
 
 def _attached() -> bool:
-    import lightning.pytorch as pl
-
     module = pl.LightningModule()
     return module._trainer is None and module._fabric is None
 
 
 def _parameters() -> bool:
-    import torch
-
     layer = torch.nn.Linear(2, 2)
     return layer._parameters["weight"] is layer.weight
 
 
 def _modules() -> bool:
-    import torch
-
     a, b = torch.nn.Linear(2, 2), torch.nn.ReLU()
     return list(torch.nn.Sequential(a, b)._modules.items()) == [("0", a), ("1", b)]
 
 
 def _forward_pre_hooks() -> bool:
-    import torch
-
     layer = torch.nn.Linear(2, 2)
     torch.nn.utils.prune.l1_unstructured(layer, "weight", amount=0.5)
     hooks = list(layer._forward_pre_hooks.values())
@@ -79,22 +70,16 @@ def _forward_pre_hooks() -> bool:
 
 
 def _reversed_padding() -> bool:
-    import torch
-
     conv = torch.nn.Conv2d(1, 1, 3, padding=(1, 2))
     return tuple(conv._reversed_padding_repeated_twice) == (2, 2, 1, 1)
 
 
 def _saved_sizes() -> bool:
-    import torch
-
     x = torch.zeros(2, 3, 4, 5, requires_grad=True)
     return tuple(x.flatten(1).grad_fn._saved_self_sym_sizes) == (2, 3, 4, 5)  # type: ignore[union-attr]
 
 
 def _found_inf() -> bool:
-    import torch
-
     weight = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.Adam([weight], fused=True)
     seen: list[Any] = []

@@ -1,16 +1,14 @@
 """Lightning callbacks that apply a prox (or projection) right after every real optimizer step.
 
 ``PathNormProx`` applies the exact 1-path-norm prox to layer pairs (``nn.Linear``,
-``nn.Conv1d``, ``nn.Conv2d``, through the layer seam of :mod:`pathnorm_lightning.layers`);
-``L1Prox`` and ``LayerwiseLinfProjection`` are the paper's layer-wise baselines. All three share
-:class:`AfterOptimizerStep`, which runs them through the step post-hook of
-:mod:`pathnorm_lightning.hook` (the same hook :func:`~pathnorm_lightning.attach` gives plain
-PyTorch and Fabric loops), so each runs exactly once per real ``optimizer.step()``: automatic
-and manual optimization, raw torch optimizers stepped inside ``training_step``, several
-optimizers, ``accumulate_grad_batches > 1`` (one step per accumulation window), steps skipped
-by AMP's ``GradScaler`` (no step, no prox), and repeated ``fit()`` calls with the same callback
-(no duplicated or leaked hooks). The prox step is ``lam * lr`` with ``lr`` the current learning
-rate of the parameter group holding the weights, read at every step.
+``nn.Conv1d``, ``nn.Conv2d``: the layer seam of :mod:`pathnorm_lightning.layers`); ``L1Prox``
+and ``LayerwiseLinfProjection`` are the paper's layer-wise baselines. All three run through the
+step post-hook of :mod:`pathnorm_lightning.hook` (the one :func:`~pathnorm_lightning.attach`
+gives plain PyTorch and Fabric loops), so each runs exactly once per real ``optimizer.step()``:
+automatic and manual optimization, raw torch optimizers stepped in ``training_step``, several
+optimizers, gradient accumulation (one step per window), steps skipped by AMP's ``GradScaler``
+(no step, no prox), and repeated ``fit()`` calls (no duplicated or leaked hooks). The prox step
+is ``lam * lr``, ``lr`` read at every step from the parameter group holding the weights.
 """
 
 from __future__ import annotations
@@ -75,8 +73,8 @@ class AfterOptimizerStep(Callback):
 
     Subclasses define :meth:`resolve_targets` (which weights), :meth:`apply` (what to do with
     them given the learning rate) and :meth:`sparsity_chains` (which weights the sparsity
-    metric covers), and may define :meth:`forward_check`. The step mechanics are a :class:`~pathnorm_lightning.hook.StepHook` (the
-    hook of :func:`~pathnorm_lightning.attach`), registered in ``on_fit_start`` and removed in
+    metric covers), and may define :meth:`forward_check`. The step mechanics are a
+    :class:`~pathnorm_lightning.hook.StepHook`, registered in ``on_fit_start`` and removed in
     ``on_fit_end`` / ``teardown`` / ``on_exception``; logging and checkpoint state live here.
 
     Args:
@@ -86,11 +84,10 @@ class AfterOptimizerStep(Callback):
             ``pathnorm/path_norm_bound`` and ``pathnorm/product_bound``.
         prog_bar: also show the metrics in the progress bar.
         check_finite: raise :class:`~pathnorm_lightning.NonFiniteWeightsError` (a
-            ``ValueError``) when a regularized weight is NaN/inf after an optimizer step. On
-            CPU at that step (free in the compiled prox). On CUDA without stalling the GPU: the
-            flag is copied to the host asynchronously and read when it has arrived, so the
-            error comes a few steps later at most (at the latest at the end of the epoch or
-            before a checkpoint is saved). With ``False`` non-finite weights propagate silently.
+            ``ValueError``) when a regularized weight is NaN/inf after an optimizer step: on CPU
+            at that step (free in the compiled prox); on CUDA a few steps later at most, without
+            stalling the GPU (the flag reaches the host asynchronously; read at the latest at
+            the epoch's end or before a checkpoint is saved). ``False``: not checked.
         log_prefix: the metrics' name prefix (``"pathnorm"``: ``pathnorm/sparsity``, ...). The
             baselines log under the same names, so runs with different regularizers compare
             directly; two such callbacks in one ``Trainer`` need different prefixes (checked at
@@ -114,14 +111,28 @@ class AfterOptimizerStep(Callback):
         log_prefix: str = "pathnorm",
         targets: Any = "auto",
     ) -> None:
-        _check_options(type(self).__name__, log_every_n_steps, log_prefix)
+        owner = type(self).__name__
+        if not isinstance(log_prefix, str) or not log_prefix or log_prefix.endswith("/"):
+            raise ValueError(
+                f"{owner}: log_prefix must be a non-empty string without a trailing '/', "
+                f"got {log_prefix!r}"
+            )
+        if log_every_n_steps is not None and (
+            isinstance(log_every_n_steps, bool)
+            or not isinstance(log_every_n_steps, int)
+            or log_every_n_steps < 1
+        ):
+            raise ValueError(
+                f"{owner}: log_every_n_steps must be a positive int or None (follow the trainer), "
+                f"got {log_every_n_steps!r}"
+            )
         for flag_name, flag in (
             ("log_metrics", log_metrics),
             ("prog_bar", prog_bar),
             ("check_finite", check_finite),
         ):
             if not isinstance(flag, bool):
-                raise TypeError(f"{type(self).__name__}: {flag_name} must be a bool, got {flag!r}")
+                raise TypeError(f"{owner}: {flag_name} must be a bool, got {flag!r}")
         self.log_every_n_steps = log_every_n_steps
         self.log_metrics = log_metrics
         self.prog_bar = prog_bar
@@ -178,9 +189,8 @@ class AfterOptimizerStep(Callback):
     @override
     def state_key(self) -> str:
         # Several instances of one class (e.g. a different lam per pair) keep their own state:
-        # the key names the layers acted on when they are explicit (the default keeps the
-        # class name, as in checkpoints of earlier versions).
-        # Lightning reads it around every hook of every batch: built once per targets spec.
+        # explicit layers are named in the key ("auto" keeps the class name, as in older
+        # checkpoints). Lightning reads it around every hook of every batch: cached per spec.
         spec = self.targets_spec
         cached = self.__dict__.get("_state_key")
         if cached is not None and cached[0] is spec:
@@ -317,21 +327,20 @@ class AfterOptimizerStep(Callback):
     # --- metrics -----------------------------------------------------------------------
     def metric_values(self) -> dict[str, float]:
         """Current metric values as Python floats, keyed by their logged names
-        (``pathnorm/sparsity``, ...): the way to read them after ``fit`` (empty before the first
-        fit; after a fit, the values of the weights it trained, computed now)."""
+        (``pathnorm/sparsity``, ...); after ``fit``, those of the weights it trained, computed
+        now (empty before the first fit)."""
         if self._last_hook is None:
             return {}
         return {f"{self.log_prefix}/{k}": v for k, v in self._last_hook.metrics().items()}
 
     def log_metric_values(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Log :meth:`metric_values` (identical on every rank: the weights are replicated, so no
-        ``sync_dist`` reduction is needed).
+        ``sync_dist``).
 
-        As Lightning's own monitoring callbacks (``LearningRateMonitor``, ``DeviceStatsMonitor``)
-        do, the values are written to every logger directly, at Lightning's step (its loggers
-        write on rank zero only), and put in ``trainer.callback_metrics`` (where ``ModelCheckpoint``
-        and ``EarlyStopping`` can monitor them). ``pl_module.log`` costs about 0.3 ms per value
-        on CPU; it is used only with ``prog_bar=True``, for the progress bar.
+        As ``LearningRateMonitor`` does, the values go to every logger directly, at Lightning's
+        step (its loggers write on rank zero only), and into ``trainer.callback_metrics`` (for
+        ``ModelCheckpoint`` and ``EarlyStopping``). ``pl_module.log`` (about 0.3 ms per value on
+        CPU) runs only with ``prog_bar=True``, for the progress bar.
         """
         scalars = self.metric_values()
         if self.prog_bar:
@@ -378,49 +387,18 @@ class AfterOptimizerStep(Callback):
                 )
 
 
-def _check_options(owner: str, log_every_n_steps: Any, log_prefix: Any) -> None:
-    if not isinstance(log_prefix, str) or not log_prefix or log_prefix.endswith("/"):
-        raise ValueError(
-            f"{owner}: log_prefix must be a non-empty string without a trailing '/', "
-            f"got {log_prefix!r}"
-        )
-    if log_every_n_steps is not None and (
-        isinstance(log_every_n_steps, bool)
-        or not isinstance(log_every_n_steps, int)
-        or log_every_n_steps < 1
-    ):
-        raise ValueError(
-            f"{owner}: log_every_n_steps must be a positive int or None (follow the trainer), "
-            f"got {log_every_n_steps!r}"
-        )
-
-
 def _normalize(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_normalize(v) for v in value]
     return value
 
 
-def _consecutive_chains(layers: list[nn.Module]) -> list[list[Tensor | nn.Module]]:
-    """Split layers (in the given order) into maximal runs whose units chain."""
-    runs: list[list[Tensor | nn.Module]] = []
-    previous: nn.Module | None = None
-    for layer in layers:
-        if previous is not None and chains(previous, layer):
-            runs[-1].append(layer)
-        else:
-            runs.append([layer])
-        previous = layer
-    return runs
-
-
 class PathNormProx(AfterOptimizerStep):
     """Proximal SGD on the 1-path-norm: after every real optimizer step, apply the exact prox
     of ``lam * lr * sum_pairs path_norm(first.weight, second.weight)`` to every pair.
 
-    Biases are untouched. A pair's two weights must sit in the same optimizer; if they are in
-    different parameter groups, the groups must have equal learning rates at each step (the prox
-    couples both layers, so it needs one step size), else a ``ValueError`` is raised.
+    Biases are untouched. A pair's two weights must sit in one optimizer, in parameter groups
+    of equal learning rates at each step (the prox needs one step size), else ``ValueError``.
 
     Example::
 
@@ -511,7 +489,16 @@ class _LayerwiseBase(AfterOptimizerStep):
 
     @override
     def sparsity_chains(self) -> list[list[Tensor | nn.Module]]:
-        return _consecutive_chains(self._layers)
+        # the layers in order, split into maximal runs whose units chain
+        runs: list[list[Tensor | nn.Module]] = []
+        previous: nn.Module | None = None
+        for layer in self._layers:
+            if previous is not None and chains(previous, layer):
+                runs[-1].append(layer)
+            else:
+                runs.append([layer])
+            previous = layer
+        return runs
 
 
 class L1Prox(_LayerwiseBase):
@@ -556,10 +543,9 @@ class LayerwiseLinfProjection(_LayerwiseBase):
     step each row of ``W`` is projected onto the l1 ball of that radius (the paper's layer-wise
     Lipschitz baseline; the product of the radii bounds the network's Lipschitz constant).
 
-    For a convolution the rows are those of the layer seam's ``in_view``: output channel ``c``'s
-    weights over every input channel and tap, ``weight[c]`` flattened. Every row of the unrolled
-    convolution (channel ``c`` at one output position) holds those weights, or some of them at
-    a zero-padded border, so its l_inf operator norm is at most ``radius`` too.
+    For a convolution the rows are output channels (``weight[c]`` flattened, the seam's
+    ``in_view``). Every row of the unrolled convolution holds some of those weights, so its
+    l_inf operator norm is at most ``radius`` too.
 
     Args:
         radius: the l1 radius of every row (finite, >= 0); independent of the learning rate.

@@ -1,42 +1,37 @@
 """``compact``: remove the dead hidden units of every layer pair; a smaller network, same function.
 
-The 1-path-norm prox zeroes whole hidden units, but a zero unit still costs its row and column
-in a dense layer, or its output channel and input channel in two convolutions. For a pair
-``first -> ops -> second`` (as paired in training; the ops pointwise, and after a
-convolution pooling and a Flatten), hidden unit ``i`` (a feature, or a channel) is removed
-when
+The prox zeroes whole hidden units, but a zero unit still costs its row and column (or its
+channels) in the dense layers. For a pair ``first -> ops -> second`` (as paired in training;
+the ops pointwise, and after a convolution pooling and a Flatten), hidden unit ``i`` (a
+feature, or a channel) is removed when
 
-* its **outgoing** weights are all zero (the layer seam's ``out_view`` column): it adds
-  nothing to the output. Its incoming weights, bias entry and outgoing weights go (for a
-  Linear layer after a Flatten, the ``P`` columns of that channel);
-* its **incoming** weights are all zero (the seam's ``in_view`` row) but not its outgoing ones:
-  it outputs the constant ``c_i = act(b_i)`` for every input, at every position.
-  ``c_i`` times its outgoing weights (summed over a convolution's taps or a Flatten's
-  positions) is added to ``second``'s bias (one is created if ``second`` has none) and the
-  unit goes. Where that is not exact the unit is kept and counted in ``constant_kept``: a
-  second convolution that reads zero padding (at the borders it reads the constant through
-  fewer taps), or pooling that does not keep a constant channel constant (average pooling
-  that counts its zero padding).
+* its **outgoing** weights (the seam's ``out_view`` column) are all zero: it adds nothing to
+  the output. Its incoming weights, bias entry and outgoing weights go (for a Linear layer
+  after a Flatten, the ``P`` columns of that channel);
+* its **incoming** weights (the seam's ``in_view`` row) are all zero but not its outgoing ones:
+  it outputs the constant ``c_i = act(b_i)`` everywhere. ``c_i`` times its outgoing weights
+  (summed over a convolution's taps or a Flatten's positions) is added to ``second``'s bias
+  (created if missing) and the unit goes. Where that is not exact the unit is kept and counted
+  in ``constant_kept``: a second convolution that reads zero padding (at the borders it reads
+  the constant through fewer taps), or pooling that does not keep a constant channel constant
+  (average pooling that counts its zero padding).
 
-``c`` is computed by running ``first`` on a zero input and the pointwise operations between the
-two layers on its output, in eval mode (dropout is the identity). So the compacted model
-computes the same function at inference, up to floating-point rounding. A pair whose units are
-all dead keeps one zero unit (zero weights and bias in, zero weights out), so both layers stay
-ordinary layers with at least one unit.
+``c`` is computed by running ``first`` on a zero input and the pointwise ops on its output, in
+eval mode (dropout is the identity), so the compacted model computes the same function at
+inference, up to rounding. A pair whose units are all dead keeps one zero unit, so both layers
+stay ordinary layers.
 
-Exactness needs the hidden units to feed nothing but ``second``, through operations that act
-on each unit alone. This is checked on the model's ``torch.fx`` trace: ``first`` and ``second``
-each run once, and every value between them has one user, a pointwise activation or dropout
-(module, function or method), or after a convolution a max/average pooling or a Flatten
-(module or function), in the order the layer seam allows
-(:func:`~pathnorm_lightning.layers.check_between`). A model that cannot be traced is accepted
-where the pair are neighbours in one ``nn.Sequential`` with only such modules between them;
-anything else is refused.
+Exactness needs the hidden units to feed nothing but ``second``, one by one. This is checked on
+the model's ``torch.fx`` trace: ``first`` and ``second`` each run once, and every value between
+them has one user, a pointwise activation or dropout (module, function or method), or after a
+convolution a max/average pooling or a Flatten (module or function), in the order
+:func:`~pathnorm_lightning.layers.check_between` allows. A model that cannot be traced is
+accepted where the pair are neighbours in one ``nn.Sequential`` with only such modules between
+them; anything else is refused.
 
-Which weights are a unit's comes from the layer seam (:mod:`pathnorm_lightning.layers`); what
-``compact`` does to a layer type beyond that is one class in :data:`_UNIT_OPS` (a probe input,
-removing output units of the first layer or input units of the second, folding constants into
-the bias): ``nn.Linear`` and ``nn.Conv1d`` / ``nn.Conv2d``.
+Which weights are a unit's comes from the layer seam (:mod:`pathnorm_lightning.layers`); the
+rest (a probe input, removing units, folding constants into the bias) is one class per layer
+type in :data:`_UNIT_OPS`: ``nn.Linear`` and ``nn.Conv1d`` / ``nn.Conv2d``.
 """
 
 from __future__ import annotations
@@ -61,13 +56,12 @@ __all__ = ["CompactionReport", "PairCompaction", "compact"]
 Op = Callable[[Tensor], Tensor]
 
 
-# -- the layer seam: one entry per layer type ----------------------------------------------------
+# -- what compact does to each layer type --------------------------------------------------------
 
 
 class _UnitOps(Protocol):
-    """What ``compact`` asks of a layer type beyond the seam's views (see :class:`_LinearUnits`
-    for the meanings; ``positions``: the Flatten's positions per channel before a Linear
-    second layer, else 1)."""
+    """What ``compact`` asks of a layer type beyond the seam's views (meanings: see
+    :class:`_LinearUnits`; ``positions``: of the Flatten before a Linear second layer, else 1)."""
 
     def probe(self, layer: Any) -> Tensor: ...
     def unit_values(self, output: Tensor) -> Tensor: ...
@@ -86,8 +80,7 @@ class _LinearUnits:
 
     @staticmethod
     def probe(layer: nn.Linear) -> Tensor:
-        """An input of zeros; on it every unit outputs what a unit with zero incoming weights
-        always outputs (its bias)."""
+        """Zeros: on them every unit outputs what it would with zero incoming weights."""
         return layer.weight.new_zeros(1, layer.in_features)
 
     @staticmethod
@@ -114,9 +107,8 @@ class _LinearUnits:
     def keep_in(
         layer: nn.Linear, keep: Tensor, zero: bool, shift: Tensor | None, positions: int
     ) -> None:
-        """Keep only input units ``keep`` (their ``positions`` columns each), zeroing their
-        weights if ``zero``; add ``shift`` to the bias (created where the layer has none and
-        the shift is nonzero)."""
+        """Keep only input units ``keep`` (their ``positions`` columns each), zeroed if ``zero``;
+        add ``shift`` to the bias (created where missing and the shift is nonzero)."""
         columns = (
             keep[:, None] * positions + torch.arange(positions, device=keep.device)
         ).flatten()
@@ -131,8 +123,7 @@ class _ConvUnits:
 
     @staticmethod
     def probe(layer: nn.Conv1d | nn.Conv2d) -> Tensor:
-        """Zeros with the fewest positions that give an output: a unit with zero incoming
-        weights outputs its bias there (and everywhere)."""
+        """Zeros of the fewest positions that give an output."""
         size = [d * (k - 1) + 1 for k, d in zip(layer.kernel_size, layer.dilation, strict=True)]
         return layer.weight.new_zeros(1, layer.in_channels, *size)
 

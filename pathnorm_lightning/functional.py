@@ -12,14 +12,12 @@ The prox solves, separately for every hidden unit and exactly::
 
 Tie rule (the same in every method and in the Keras package): the candidates are ranked in the
 order ``(x, 0)``, ``(0, y)``, then the non-trivial stationary points ``(k, L(k))`` by increasing
-``k`` (outgoing entries kept), and the first minimum wins; this is the order of the exhaustive
-reference ``shared_spec/reference.prox_unit``. So when keeping either side alone gives the same
-objective (``||x||^2 = ||y||^2`` at a large ``lam``), the outgoing weights are kept.
+``k`` (outgoing entries kept), and the first minimum wins, as in the exhaustive reference
+``shared_spec/reference.prox_unit``. So when keeping either side alone gives the same objective
+(``||x||^2 = ||y||^2`` at a large ``lam``), the outgoing weights are kept.
 
-This module checks arguments and dispatches; the algorithms live in private modules:
-``_sort`` (tensor ops, the shortest exact algorithm: read it first), ``_kernel`` (numba, CPU),
-``_cuda_graph`` (replays ``_sort`` on CUDA), ``_triton`` (one Triton kernel, CUDA) and
-``_baselines`` (l1 prox, l1-ball projection).
+This module checks arguments and dispatches to the private algorithm modules (listed in the
+package docstring; ``_sort`` is the shortest exact algorithm: read it first).
 """
 
 from __future__ import annotations
@@ -161,8 +159,7 @@ def _prox(
 
 
 def _resolve_method(method: str, w_in: Tensor, w_out: Tensor) -> str:
-    """The method to run: ``method`` checked against the weights (whatever ``lam``), or the
-    choice of ``"auto"``."""
+    """``method`` checked against the weights (whatever ``lam``), or the choice of ``"auto"``."""
     if method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
     device = w_in.device.type
@@ -194,12 +191,11 @@ _TRITON_FAILED = False  # set when the Triton prox failed to build here: "auto" 
 
 
 def planned_prox(w_in: Tensor, w_out: Tensor) -> Callable[[float, bool], bool] | None:
-    """For a caller that applies the in-place prox to the same pair at every step: the
-    ``method="auto"`` prox of these weights with the per-call checks done now, once, as
-    ``(lam, check_finite) -> bool`` (False: that ``lam`` is left to :func:`prox_path_norm_`).
-    It is valid while the weights keep their storage, shape and dtype: re-plan when any
-    changes. None where the pair fails a check (the facade will raise it) or the planned
-    path does not apply (not the CPU kernel, or weights that need working copies)."""
+    """The ``method="auto"`` in-place prox of this pair with the per-call checks done once, for
+    a caller that applies it at every step: ``(lam, check_finite) -> bool`` (False: that ``lam``
+    is left to :func:`prox_path_norm_`). Valid while the weights keep their storage, shape and
+    dtype. None where the pair fails a check (the facade will raise it) or the plan does not
+    apply (not the CPU kernel, or weights that need working copies)."""
     try:
         check_pair(w_in, w_out)
         check_writable([(w_in, "w_in"), (w_out, "w_out")])
@@ -231,8 +227,7 @@ def _triton_ready() -> ModuleType | None:
 
 
 def _disable_triton(err: Exception) -> None:
-    """After the Triton prox failed to build, ``"auto"`` uses ``"sort"`` from now on (warned
-    once, with the reason)."""
+    """After the Triton prox failed to build, ``"auto"`` uses ``"sort"`` (warned once)."""
     global _TRITON_FAILED
     _TRITON_FAILED = True
     warnings.warn(
@@ -294,11 +289,9 @@ def _prox_triton(
 
 
 def path_norm(w_in: Tensor, w_out: Tensor) -> Tensor:
-    """1-path-norm ``sum_i ||w_out[:, i]||_1 ||w_in[i, :]||_1`` (a 0-d tensor, differentiable).
-
-    It upper-bounds the (l_inf, l_1) Lipschitz constant of ``x -> w_out act(w_in x)`` for any
-    activation with slope in [0, 1] (Theorem 1 of the paper).
-    """
+    """1-path-norm ``sum_i ||w_out[:, i]||_1 ||w_in[i, :]||_1`` (a 0-d tensor, differentiable):
+    a bound of the (l_inf, l_1) Lipschitz constant of ``x -> w_out act(w_in x)`` for any
+    activation with slope in [0, 1] (Theorem 1 of the paper)."""
     check_pair(w_in, w_out)
     return (w_out.abs().sum(0) * w_in.abs().sum(1)).sum()
 
@@ -330,11 +323,11 @@ def prox_l1_(w: Tensor, lam: float | Tensor) -> Tensor:
 
 
 def project_rows_l1_ball(w: Tensor, radius: float | Tensor) -> Tensor:
-    """Project each row of ``w`` (shape (n, m)) onto ``{z : ||z||_1 <= radius}``.
+    """Project each row of ``w`` (shape (n, m)) onto ``{z : ||z||_1 <= radius}``, exactly
+    (sort-based, Duchi et al. 2008).
 
     On an ``nn.Linear`` weight this enforces ``||w||_inf <= radius`` (the l_inf operator norm
-    is the largest row l1 norm): the layer-wise constraint of Parseval-style training. Exact
-    (sort-based, Duchi et al. 2008), vectorised over rows.
+    is the largest row l1 norm): the layer-wise constraint of Parseval-style training.
     """
     radius = check_scalar(radius, "radius")
     check_matrix(w, "w")

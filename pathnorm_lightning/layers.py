@@ -3,19 +3,17 @@
 The prox is per hidden unit: unit ``i`` owns incoming weights ``y_i`` and outgoing weights
 ``x_i``, and the 1-path-norm is ``sum_i ||x_i||_1 ||y_i||_1``. A layer *pair* ``(first,
 second)`` shares its hidden units: the first layer's outputs (features or channels) are the
-second layer's inputs. An entry of the registry maps one layer type to those units:
+second layer's inputs. A :class:`LayerEntry` maps one layer type to those units:
 
 * :meth:`LayerEntry.in_view` ``(weight) -> (n, m')``: row ``i`` is ``y_i`` (the ``w_in`` of
-  :func:`~pathnorm_lightning.functional.prox_path_norm`);
-* :meth:`LayerEntry.out_view` ``(weight, n_units, flatten) -> (p', n)``: column ``i`` is ``x_i``
-  (its ``w_out``);
-* :meth:`LayerEntry.in_native` / :meth:`LayerEntry.out_native` map such matrices back to the
-  weight's shape, and :meth:`LayerEntry.write_in` / :meth:`LayerEntry.write_out` write them
-  into the weight, in place (a no-op where the matrix already is a view of the weight);
-* :meth:`LayerEntry.units_out` / :meth:`LayerEntry.units_in`: the unit count of a layer as the
-  first / the second of a pair;
-* :meth:`LayerEntry.check`: refuses configurations the seam does not cover (grouped
-  convolutions, unmaterialized lazy weights), with what to do instead;
+  :func:`~pathnorm_lightning.functional.prox_path_norm`); :meth:`LayerEntry.out_view`
+  ``(weight, n_units, flatten) -> (p', n)``: column ``i`` is ``x_i`` (its ``w_out``);
+* ``in_native`` / ``out_native`` map such matrices back to the weight's shape, and
+  ``write_in`` / ``write_out`` write them into the weight in place (a no-op where the matrix
+  already is a view of the weight);
+* ``units_out`` / ``units_in``: the unit count of a layer as the first / the second of a pair;
+  ``check`` refuses configurations the seam does not cover (grouped convolutions,
+  unmaterialized lazy weights);
 * :meth:`LayerEntry.reuse`: the factor ``s`` of the layer as the *second* of a pair: how many
   times the unrolled network reads each outgoing weight at most (docs/conv_units.md), so that
   the 1-path-norm of the unrolled network is at most ``s * path_norm``.
@@ -35,32 +33,16 @@ The entries (:data:`ENTRIES`): ``nn.Linear`` (:class:`LinearEntry`) and ``nn.Con
   into the rows: (p * P, C) (a copy).
 
 Which modules may stand between the two layers of a pair is data (:data:`BETWEEN`, a role per
-module type) and :func:`check_between` reads it: pointwise activations and dropout anywhere;
-max/avg pooling (each channel alone, channels kept) after a convolution; one ``nn.Flatten``
-between a convolution and a Linear layer, which it requires.
+module type) that :func:`check_between` reads; a module with parameters or buffers (BatchNorm,
+LayerNorm) has no role and is refused. :func:`prox_pair_` runs the exact prox on a pair's views.
 
-:func:`prox_pair_` runs the existing exact prox
-(:func:`~pathnorm_lightning.functional.prox_path_norm_`) on the views of a pair and writes the
-result back; every ``method`` of the functional works through it.
-
-How the rest of the package uses the seam:
-
-* pairing: ``entry_of(layer)`` decides whether a module can be paired;
-  ``entry.units_out(first) == entry.units_in(second, flatten)`` is the chain check, with
-  ``flatten = flatten_positions(first, second)`` for conv -> Linear; :func:`check_between` on
-  the modules registered between the two (in an ``nn.Sequential``) decides what may stand
-  there; a module with parameters or buffers (BatchNorm, LayerNorm) has no role in
-  :data:`BETWEEN` and is refused.
-* hook and callbacks: the hook plans each pair's views once (``hook.UnitViews``), runs
-  :func:`~pathnorm_lightning.functional.prox_path_norm_` on them and writes back the views that
-  are copies; ``LayerwiseLinfProjection`` projects the rows of :meth:`LayerEntry.in_view`.
-* metrics and bounds: for one pair the bounds are ``s`` times ``path_norm`` and
-  ``product_bound`` of the views, ``s = reuse(second, its input positions)`` (pooling
-  contributes a factor 1); network chains sum each unit's weights over its taps or positions
-  (``_chain``).
-* compaction: the zero rows of :meth:`LayerEntry.in_view` and zero columns of
-  :meth:`LayerEntry.out_view` are the dead units; removing them is per type in
-  ``compact._UNIT_OPS``.
+Users of the seam: pairing (``entry_of``, the chain check ``units_out(first) ==
+units_in(second, flatten_positions(first, second))``, :func:`check_between`); the hook (plans
+each pair's views once, ``UnitViews``, and writes back those that are copies;
+``LayerwiseLinfProjection`` projects the rows of ``in_view``); the metrics (a pair's bounds are
+``s`` times those of its views, pooling a factor 1; ``_chain`` sums each unit's weights over its
+taps or positions); ``compact`` (dead units are zero rows of ``in_view`` and zero columns of
+``out_view``; removing them is per type in ``compact._UNIT_OPS``).
 
 Adding a layer type is one :class:`LayerEntry` subclass, :func:`register`, and its tests.
 """
@@ -159,7 +141,6 @@ class LayerEntry:
 
 
 def _weight(layer: nn.Module) -> Tensor:
-    """``layer.weight``, a tensor."""
     weight = getattr(layer, "weight", None)
     if not isinstance(weight, Tensor):
         raise ValueError(f"{type(layer).__name__} has no weight tensor")

@@ -3,14 +3,13 @@
 Every metric takes a *chain* of weights in forward order, torch layout: ``update([W_1, ..., W_L])``
 with ``W_l`` an ``nn.Linear`` weight (d_l, d_{l-1}) or an ``nn.Conv1d`` / ``nn.Conv2d`` weight
 (C_l, C_{l-1}, *kernel), consecutive shapes chaining (a Linear weight after a convolution reads
-its channels through a channels-first ``nn.Flatten``: ``in_features`` a multiple of the
-channels). The hidden units are the features or channels between two weights. For one Linear
-pair ``[w_in, w_out]`` the bounds equal :func:`~pathnorm_lightning.path_norm` and
-:func:`~pathnorm_lightning.product_bound`; for a convolution pair they are ``s`` times the path
-norm and product bound of the layer seam's unit views, ``s`` the factor of the last layer
-(``reuse``, docs/conv_units.md). Several ``update`` calls accumulate: ``Sparsity``
-pools the counts, the bounds average the values (each ``update`` is one snapshot of a network).
-Across processes the states are summed, so identical replicas report their common value.
+its channels, the hidden units, through a channels-first ``nn.Flatten``). For one Linear pair
+``[w_in, w_out]`` the bounds equal :func:`~pathnorm_lightning.path_norm` and
+:func:`~pathnorm_lightning.product_bound`; for a convolution pair they are ``s`` times those of
+the layer seam's unit views, ``s`` the last layer's factor (``reuse``, docs/conv_units.md).
+Several ``update`` calls accumulate: ``Sparsity`` pools the counts, the bounds average the
+values (each ``update`` is one snapshot of a network). Across processes the states are summed,
+so identical replicas report their common value.
 """
 
 from __future__ import annotations
@@ -122,12 +121,9 @@ class PathNormBound(_ChainBound):
     """1-path-norm of a chain: ``1^T |W_L| ... |W_1| 1``, the sum over input-output paths of the
     product of absolute weights; with convolutions, ``s`` times that of the per-channel weights
     (each channel's weights summed over its taps or positions), which bounds the path norm of
-    the unrolled network.
-
-    It upper-bounds the (l_inf, l_1) Lipschitz constant of ``W_L act(... act(W_1 x))`` for
-    activations with slope in [0, 1] (and max or average pooling between). For one Linear pair
-    it equals ``path_norm(w_in, w_out)``, for a convolution pair ``s * path_norm`` of the seam's
-    unit views.
+    the unrolled network. It upper-bounds the (l_inf, l_1) Lipschitz constant of
+    ``W_L act(... act(W_1 x))`` for activations with slope in [0, 1] (and max or average pooling
+    between).
     """
 
     def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:
@@ -137,10 +133,8 @@ class PathNormBound(_ChainBound):
 class ProductBound(_ChainBound):
     """Layer-wise bound ``s * (sum |W_L|) * prod_{l<L} ||W_l||_inf`` (``||W||_inf``: largest row
     l1 norm of the weight as (out, everything else): for a convolution, the l_inf operator norm
-    of its unrolled matrix is at most that).
-
-    Also an upper bound on the (l_inf, l_1) Lipschitz constant, never below
-    :class:`PathNormBound`; for one Linear pair it equals ``product_bound(w_in, w_out)``.
+    of its unrolled matrix is at most that). Also an upper bound on the (l_inf, l_1) Lipschitz
+    constant, never below :class:`PathNormBound`.
     """
 
     def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:

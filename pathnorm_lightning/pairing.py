@@ -1,15 +1,13 @@
-"""Which layers a callback regularizes: layer pairs (path-norm) or single layers.
+"""Which layers a callback regularizes: layer pairs (path-norm) or single layers. Torch only.
 
-A *pair* ``(first, second)`` is two layers of the layer seam (:mod:`pathnorm_lightning.layers`:
-``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``) whose hidden units, the first layer's outputs
-(features or channels) and the second layer's inputs, the 1-path-norm prox couples:
+A *pair* ``(first, second)`` is two layers of the layer seam (:mod:`pathnorm_lightning.layers`)
+whose hidden units (the first's outputs, the second's inputs) the 1-path-norm prox couples:
 ``Linear -> act -> Linear``, ``Conv -> act (-> pool) -> Conv`` or ``Conv -> act (-> pool) ->
 Flatten -> Linear``. The seam says which weights are a unit's, how many units a layer has and
-what may stand between the two layers; this module never names a layer type. ``pairs="auto"``
-pairs the network's seam layers in module order, (L1, L2), (L3, L4), ..., as in the paper's
-multilayer extension; a pair the module tree does not show to be a shallow network is checked
-against the first training forward pass (:class:`ForwardCheck`). Needs torch only (no
-Lightning).
+what may stand between the two; this module never names a layer type. ``pairs="auto"`` pairs
+the seam's layers in module order, (L1, L2), (L3, L4), ..., as in the paper's multilayer
+extension; a pair the module tree does not show to be a shallow network is checked against the
+first training forward pass (:class:`ForwardCheck`).
 """
 
 from __future__ import annotations
@@ -53,9 +51,8 @@ class LayerPair:
 
     ``verified`` is False for an ``"auto"`` pair whose data flow the module tree does not show
     (not neighbours in one ``nn.Sequential`` with only the seam's allowed modules between
-    them): the hooks check it against the first training forward pass (:class:`ForwardCheck`).
-    ``flatten``: for a convolution followed by a Linear layer, the positions per channel of
-    the Flatten between them (the Linear's inputs over the convolution's channels); else None.
+    them), for a :class:`ForwardCheck`. ``flatten``: for a convolution followed by a Linear
+    layer, the positions per channel of the Flatten between them; else None.
     """
 
     first_name: str
@@ -248,23 +245,19 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
 
     Args:
         model: the network (usually the ``LightningModule``).
-        pairs: ``"auto"`` pairs the layers of the layer seam (``nn.Linear``, ``nn.Conv1d``,
-            ``nn.Conv2d``) in module order, (L1, L2), (L3, L4), ...; an unpaired last layer is
-            left alone with a warning. A pair whose data flow the module tree does not show
-            (not neighbours in one ``nn.Sequential`` with only pointwise modules, pooling and a
-            Flatten between them, as the seam allows) is returned with ``verified=False``, for
-            a :class:`ForwardCheck` (``attach`` and the callbacks run one on the first training
-            batch). Otherwise a sequence of ``(first_name, second_name)`` module names, taken as
-            given.
+        pairs: ``"auto"`` pairs the seam's layers (``nn.Linear``, ``nn.Conv1d``,
+            ``nn.Conv2d``) in module order, (L1, L2), (L3, L4), ... (an unpaired last layer is
+            left alone with a warning); a pair whose data flow the module tree does not show is
+            returned with ``verified=False``, for a :class:`ForwardCheck` (``attach`` and the
+            callbacks run one on the first training batch). Otherwise a sequence of
+            ``(first_name, second_name)`` module names, taken as given.
 
     Raises:
-        ValueError: unknown names, modules the seam does not know (or a configuration it does
-            not take, such as a grouped convolution), parametrized or pruned weights (computed,
-            not parameters), units that do not chain (a Linear layer whose inputs are not a
-            whole number of positions per channel of the convolution before it), tied weights,
-            a layer in two pairs, no pair at all, or (``"auto"``) a module with parameters or
-            buffers (BatchNorm, LayerNorm, PReLU, ...) between two paired layers, a module in
-            an ``nn.Sequential`` that the seam does not allow where it stands, or a
+        ValueError: unknown names, modules (or configurations, e.g. grouped convolutions) the
+            seam does not take, parametrized or pruned weights, units that do not chain, tied
+            weights, a layer in two pairs, no pair at all, or (``"auto"``) a module with
+            parameters or buffers (BatchNorm, LayerNorm, PReLU, ...) between two paired layers,
+            a module in an ``nn.Sequential`` the seam does not allow where it stands, or a
             convolution after a Linear layer.
     """
     spec = normalize_pairs(pairs)
@@ -317,12 +310,10 @@ def resolve_pairs(model: nn.Module, pairs: PairsSpec = "auto") -> list[LayerPair
 def _check_auto_pairs(
     model: nn.Module, named: list[tuple[tuple[str, nn.Module], tuple[str, nn.Module]]]
 ) -> set[tuple[str, str]]:
-    """Refuse an auto pair with a module holding parameters or buffers (BatchNorm, LayerNorm,
-    PReLU, ...) registered between its layers, a convolution after a Linear layer, or, in one
-    ``nn.Sequential``, modules between that the seam does not allow there
-    (:func:`~pathnorm_lightning.layers.check_between`); return the pairs whose data flow cannot
-    be read from the module tree (not neighbours in one ``nn.Sequential`` with only modules the
-    seam knows between them)."""
+    """Refuse an auto pair with a module holding parameters or buffers registered between its
+    layers, a convolution after a Linear layer, or (in one ``nn.Sequential``) modules between
+    that :func:`~pathnorm_lightning.layers.check_between` refuses; return the pairs whose data
+    flow the module tree does not show (see :class:`LayerPair`)."""
     order = list(model.named_modules())
     position = {name: index for index, (name, _) in enumerate(order)}
     unverified = set()
@@ -377,18 +368,17 @@ def _children_between(container: Any, first: str, second: str) -> list[nn.Module
 
 
 class ForwardCheck:
-    """Checks ``"auto"`` pairs that the module tree cannot verify against the training forward
-    passes before the first optimizer step.
+    """Checks the ``"auto"`` pairs that the module tree cannot verify against the training
+    forward passes before the first optimizer step.
 
     A pair is verified when both layers ran equally often (at least once) and every input of
     the second layer comes from the first layer's latest output alone (through activations,
     dropout, reshapes: no parameter, no skip connection), as read from the autograd graph.
-    After a convolution the path must also keep the channels in place and the positions as
-    they are (no permute or transpose, no padding, upsampling or other known layout change),
-    and a Linear second layer must read a channels-first flatten of ``(N, C, *S)`` with
-    ``prod(S)`` the pair's ``flatten`` positions. Passes without gradients (validation, sanity
-    checks) and code being traced by ``torch.compile`` are not recorded. :meth:`finish` removes the forward hooks and
-    warns about the pairs it could not verify.
+    After a convolution the path must also keep channels and positions in place (no permute,
+    padding, upsampling or other known layout change), and a Linear second layer must read a
+    channels-first flatten of ``(N, C, *S)`` with ``prod(S)`` the pair's ``flatten``. Passes
+    without gradients (validation, sanity checks) and code traced by ``torch.compile`` are not
+    recorded. :meth:`finish` removes the forward hooks and warns about unverified pairs.
     """
 
     def __init__(self, pairs: Sequence[LayerPair]) -> None:
@@ -525,8 +515,8 @@ _SCALINGS = ("MulBackward0", "DivBackward0")  # a constant factor: dropout's mas
 
 
 def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[str, nn.Module]]:
-    """Resolve ``layers`` (``"auto"``: every layer of the seam's types, ``nn.Linear``,
-    ``nn.Conv1d``, ``nn.Conv2d``; or module names) to ``(name, layer)``.
+    """Resolve ``layers`` (``"auto"``: every ``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``; or
+    module names) to ``(name, layer)``.
 
     Raises:
         ValueError: unknown names, modules the seam does not know (or configured as it does
@@ -570,12 +560,8 @@ def chains(first: nn.Module, second: nn.Module) -> bool:
 
 def layer_chain(model: nn.Module) -> list[nn.Module] | None:
     """All layers of the seam's types in ``model``, in module order, if their units chain (see
-    :func:`chains`), else None.
-
-    The network-level bounds (path-norm bound, product bound) are defined for such a chain:
-    a feed-forward network ``W_L act(... act(W_1 x))``, with pooling and a Flatten between a
-    convolution and a Linear layer where the layers are convolutions.
-    """
+    :func:`chains`), else None: the network ``W_L act(... act(W_1 x))`` (pooling and a Flatten
+    allowed after convolutions) for which the network-level bounds are defined."""
     found = [mod for _, mod in _seam_layers(model)]
     if not found:
         return None
