@@ -129,20 +129,14 @@ def coverage(rows: Sequence[Mapping[str, str]], settings: Mapping[tuple, Setting
         if gone:
             lines.append(f"- No rows yet: {', '.join(gone)}.")
     lines += ["", *density(settings)]
-    machines = Counter(r["machine"] for r in rows)
-    lines += [
-        "",
-        "The `machine` column: "
-        + "; ".join(f"{m} ({n} rows)" for m, n in machines.most_common())
-        + ".",
-    ]
-    return lines
+    machines = Counter(r["machine"] for r in rows).most_common()
+    used = "; ".join(f"{m} ({n} rows)" for m, n in machines)
+    return [*lines, "", f"The `machine` column: {used}."]
 
 
 def density(settings: Mapping[tuple, Setting], within: float = 1.0) -> list[str]:
-    """Whether the lam grids are dense enough for the budgets of (b) and (c): per dataset,
-    budget and regularizer, the setting (any optimizer) with the largest mean clean error at
-    or under the budget should lie within ``within`` points of it."""
+    """Whether the lam grids are dense enough for the budgets of (b) and (c): per dataset, budget
+    and regularizer, some setting's mean clean error lies within ``within`` points under it."""
     gaps, cells = [], 0
     for ds in datasets_of(settings):
         base = baseline(settings, ds)
@@ -190,16 +184,7 @@ _TABLE_COLUMNS_005 = tuple(
 def dataset_table(
     settings: Mapping[tuple, Setting], ds: str, columns: Sequence[tuple[str, str, int]]
 ) -> list[str]:
-    """The selected settings of one dataset, one row per (regularizer, optimizer, lam).
-
-    Args:
-        settings: the report's settings.
-        ds: the dataset.
-        columns: (CSV column, header, decimals) of each column after the setting's own.
-
-    Returns:
-        The table's lines.
-    """
+    """The dataset's settings, one row each; ``columns``: (CSV column, header, decimals)."""
     head = ["method", "λ", "lr", "seeds", *(t for _, t, _ in columns)]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for reg in REGULARIZERS:
@@ -211,18 +196,14 @@ def dataset_table(
     return lines
 
 
-def _values(settings: Mapping[tuple, Setting], column: str) -> str:
-    """The values of a protocol column over the settings (``2000``, or ``300 or 2000``)."""
-    if column == "epochs":
-        seen = {s.epochs for s in settings.values()}
-    else:
-        seen = {s.protocol[column] for s in settings.values() if column in s.protocol}
-    return " or ".join(f"{v:,}" for v in sorted(seen)) or "?"
-
-
 def _protocol(settings: Mapping[tuple, Setting], readme: str | None) -> list[str]:
     def v(column: str) -> str:
-        return _values(settings, column)
+        """The values of a protocol column over the settings (``2000``, or ``300 or 2000``)."""
+        if column == "epochs":
+            seen = {s.epochs for s in settings.values()}
+        else:
+            seen = {s.protocol[column] for s in settings.values() if column in s.protocol}
+        return " or ".join(f"{x:,}" for x in sorted(seen)) or "?"
 
     restarts = v("strong_restarts")
     lines = [
@@ -287,17 +268,10 @@ def render(
     readme_link: str | None = None,
     images: Mapping[str, Sequence[tuple[str, str]]] | None = None,
 ) -> str:
-    """The markdown page.
+    """The markdown page of ``rows`` and their :func:`settings_from_rows`.
 
-    Args:
-        rows: all rows of the results file.
-        settings: :func:`settings_from_rows` of them.
-        results_link: the results file, relative to the page.
-        readme_link: the results file's README, relative to the page (None: not linked).
-        images: per dataset, (alt text, relative path) of its plots.
-
-    Returns:
-        The page's text.
+    Links and image paths are relative to the page; ``images``: per dataset, (alt, path) of its
+    plots; no README link without ``readme_link``.
     """
     sections, kmnist_table = claims(settings)
     checked, bad = ordering_violations(rows)
@@ -352,14 +326,8 @@ def render(
 
 
 def write_report(results: Path, out: Path, img_subdir: str = "img/results") -> list[Path]:
-    """Write ``<out>/results.md`` and its plots (``<out>/<img_subdir>/*.png``) from ``results``.
-
-    PNGs of that folder that this report does not draw (stale ones) are removed.
-
-    Args:
-        results: the sweep's CSV.
-        out: the folder of the page.
-        img_subdir: the plots' folder, relative to ``out``.
+    """Write ``<out>/results.md`` and its plots (``<out>/<img_subdir>/*.png``) from the sweep's
+    CSV; remove that folder's other (stale) PNGs.
 
     Returns:
         The page and the PNGs written.

@@ -1,5 +1,5 @@
-"""The paper's claims, decided from the report's settings by the rule of
-:mod:`pathnorm_experiments.report_data`, and the per-row ordering check.
+"""The paper's claims, decided by the rule of :mod:`pathnorm_experiments.report_data`, and the
+per-row ordering check.
 
 (a) sparsity falls with lam (both measures), SGD on the penalty gives (almost) no exact zero;
 (b) path beats L1 within clean-error budgets; (c) path is close to layer-wise linf;
@@ -57,9 +57,8 @@ __all__ = [
 
 
 # SGD on the penalty "gives no exact zero": a seed's share of exactly-zero weights stays under
-# ZERO_SHARE percent. Not "every weight nonzero": float rounding can land a few weights of
-# 158,800 on 0.0 (in docs/results/runs.csv up to 11 in one seed, 0.0069%, on MNIST with the
-# path penalty at lr 0.5), where Prox-SGD zeroes whole percents.
+# ZERO_SHARE percent, not "every weight nonzero": float rounding can land a few of 158,800
+# weights on 0.0 (docs/results/runs.csv: up to 11, 0.0069%, MNIST path penalty at lr 0.5).
 ZERO_SHARE = 0.01
 SGD_ZERO_TITLE = f"SGD on the penalty leaves under {ZERO_SHARE:g}% of the weights exactly zero"
 
@@ -90,7 +89,11 @@ def _describe(s: Setting | None, column: str) -> str:
 
 
 _OUTCOME = {"a": "path better", "b": "{other} better", "tie": "within noise", None: "–"}
-_OTHERS = (("l1", ("a",)), ("linf", ("a", "tie")))  # what counts for path in (b) and (c)
+# (b) and (c): what path is compared with, the outcomes that count for path, the claim
+_OTHERS = (
+    ("l1", ("a",), "1-path-norm beats L1 at equal clean error"),
+    ("linf", ("a", "tie"), "1-path-norm is close to layer-wise linf"),
+)
 
 
 def _budget_row(
@@ -100,21 +103,20 @@ def _budget_row(
     column: str,
     found: Mapping[str, list[str | None]],
 ) -> list[str]:
-    """One budget's cells: the best setting per regularizer and path's comparisons (appended
-    to ``found[other]``)."""
+    """One budget's cells: each regularizer's best setting, then path's comparisons (also
+    appended to ``found[other]``)."""
     best = {r: best_within(settings_of(settings, ds, r), limit, column) for r in COMPARED}
     cells = [_describe(best[r], column) for r in COMPARED]
-    for other, _ in _OTHERS:
-        p, o = best["path"], best[other]
-        d = decide(stat_of(p, column), stat_of(o, column))
+    for other, _, _ in _OTHERS:
+        d = decide(stat_of(best["path"], column), stat_of(best[other], column))
         found[other].append(d)
         cells.append(_OUTCOME[d].format(other=REG_LABELS[other]))
     return cells
 
 
 def tradeoff_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
-    """Claims (b) and (c): the best error within each clean-error budget, path against L1 and
-    path against linf, for every error kind at the verdict radii."""
+    """Claims (b) and (c): per error kind and verdict radius, path's best error within each
+    clean-error budget against L1's and linf's."""
     out = []
     for eps in VERDICT_EPS:
         for kind in KINDS:
@@ -132,33 +134,23 @@ def tradeoff_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
                 for budget in BUDGETS if base is not None else ():
                     limit = base.stats["clean_error"].mean + budget  # type: ignore[union-attr]
                     cells = _budget_row(settings, ds, limit, column, found)
-                    table.append(
-                        f"| {short_name(settings, ds)} | {limit:.2f} (+{budget:g}) | "
-                        + " | ".join(cells)
-                        + " |"
-                    )
-            for other, good in _OTHERS:
+                    head = [short_name(settings, ds), f"{limit:.2f} (+{budget:g})"]
+                    table.append("| " + " | ".join(head + cells) + " |")
+            for other, good, title in _OTHERS:
                 c = Counter(d for d in found[other] if d is not None)
-                claim = Claim(
-                    "1-path-norm beats L1 at equal clean error"
-                    if other == "l1"
-                    else "1-path-norm is close to layer-wise linf",
-                    measure,
-                    [d in good for d in found[other] if d is not None],
+                evidence = (
                     f"path better in {c['a']}, {REG_LABELS[other]} better in {c['b']}, within "
-                    f"noise in {c['tie']} of {sum(c.values())} cells",
-                    [*table, ""] if other == "l1" else [],
-                    c["a"],
-                    c["b"],
+                    f"noise in {c['tie']} of {sum(c.values())} cells"
                 )
-                out.append(claim)
+                outcomes = [d in good for d in found[other] if d is not None]
+                details = [*table, ""] if other == "l1" else []
+                out.append(Claim(title, measure, outcomes, evidence, details, c["a"], c["b"]))
     return out
 
 
 def sparsity_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
-    """Claim (a): Prox-SGD's share of nonzero weights falls with lam (no increase beyond the
-    noise between neighbouring lams, and the largest lam sparser than the smallest), on both
-    measures; and SGD on the penalty never sets a weight exactly to zero."""
+    """Claim (a): Prox-SGD's share of nonzero weights falls with lam, on both measures; SGD on
+    the penalty gives (almost) no exact zero."""
     out = []
     for reg in ("path", "l1"):
         for measure in ("nonzero", "nonzero_live"):
@@ -176,18 +168,13 @@ def sparsity_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
                     for x, y, a, b in zip(ss, ss[1:], st, st[1:], strict=False)
                     if decide(a, b) == "a"
                 ]
-                falls = decide(st[-1], st[0]) == "a"
-                if decide(st[-1], st[0]) is not None:
-                    claim.outcomes.append(falls and not ups)
+                d = decide(st[-1], st[0])
+                if d is not None:
+                    claim.outcomes.append(d == "a" and not ups)
+                rises = f"rises beyond noise: {'; '.join(ups)}" if ups else "no rise beyond noise"
                 notes.append(
                     f"{short_name(settings, ds)}: {st[0].fmt()} at λ {ss[0].lam:g} → "
-                    f"{st[-1].fmt()} at λ {ss[-1].lam:g} ({len(ss)} λ"
-                    + (
-                        f"; rises beyond noise: {'; '.join(ups)}"
-                        if ups
-                        else "; no rise beyond noise"
-                    )
-                    + ")"
+                    f"{st[-1].fmt()} at λ {ss[-1].lam:g} ({len(ss)} λ; {rises})"
                 )
             claim.evidence = "; ".join(notes) or "fewer than 3 λ with 2 seeds"
             out.append(claim)
@@ -209,13 +196,8 @@ def sparsity_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
 
 
 def sparsity_robustness_claims(settings: Mapping[tuple, Setting]) -> list[Claim]:
-    """Claim (d): path's sparsity correlates with robustness more than L1's.
-
-    Per dataset and measure: Spearman's rho between the share of nonzero weights and the PGD
-    robust error at eps 0.1 over the Prox-SGD lams whose clean error is within the widest
-    budget of the baseline, once per seed (the seed spread of rho). Path's rho must exceed
-    L1's beyond that spread.
-    """
+    """Claim (d): per dataset and measure, path's rho (:func:`_rho`, within the widest clean-error
+    budget) exceeds L1's beyond the seed spread."""
     out, robust = [], col("robust_error", 0.1)
     for measure in ("nonzero", "nonzero_live"):
         claim = Claim(
@@ -233,15 +215,15 @@ def sparsity_robustness_claims(settings: Mapping[tuple, Setting]) -> list[Claim]
                 claim.outcomes.append(d == "a")
             notes.append(
                 f"{short_name(settings, ds)}: ρ path "
-                + " vs L1 ".join(_fmt(rho[r], 2) for r in ("path", "l1"))
+                + " vs L1 ".join(_fmt(rho[r]) for r in ("path", "l1"))
             )
         claim.evidence = "; ".join(notes) or "no baseline"
         out.append(claim)
     return out
 
 
-def _fmt(s: Stat | None, digits: int = 1) -> str:
-    return "–" if s is None else s.fmt(digits)
+def _fmt(s: Stat | None) -> str:
+    return "–" if s is None else s.fmt(2)
 
 
 def _neg(s: Stat | None) -> Stat | None:
@@ -251,7 +233,8 @@ def _neg(s: Stat | None) -> Stat | None:
 def _rho(
     settings: Mapping[tuple, Setting], ds: str, reg: str, measure: str, robust: str, limit: float
 ) -> Stat | None:
-    """Spearman's rho of (measure, robust) over the lams, one per common seed."""
+    """Spearman's rho of (measure, robust) over the Prox-SGD lams with clean error <= ``limit``
+    (at least 3), one per common seed; None without any."""
     ss = [
         s
         for s in settings_of(settings, ds, reg, "prox")
@@ -277,13 +260,8 @@ def _rho(
 
 
 def kmnist_claims(settings: Mapping[tuple, Setting]) -> tuple[list[Claim], list[str]]:
-    """Claim (e): on KMNIST path struggles to get accuracy and sparsity together: within each
-    sparsity budget, L1 Prox-SGD reaches a lower clean error than path Prox-SGD (beyond the
-    noise). Decided on KMNIST; the other datasets' cells are shown for contrast.
-
-    Returns:
-        The claims (one per measure) and a markdown table of every dataset's cells.
-    """
+    """Claim (e), one per measure: within each sparsity budget, L1 Prox-SGD's least clean error
+    is lower than path's. Decided on KMNIST; returns also the table of every dataset's cells."""
     out = []
     table = [
         "| dataset | measure | nonzero ≤ % | 1-path-norm: least clean error | L1: least clean error | outcome |",
@@ -302,12 +280,10 @@ def kmnist_claims(settings: Mapping[tuple, Setting]) -> tuple[list[Claim], list[
                     ]
                     best[reg] = best_within(ss, math.inf, "clean_error")
                 p, l1 = best["path"], best["l1"]
-                d = decide(stat_of(l1, "clean_error"), stat_of(p, "clean_error"))
+                d = decide(stat_of(p, "clean_error"), stat_of(l1, "clean_error"))
                 if ds == "kmnist" and d is not None:
-                    claim.outcomes.append(d == "a")
-                outcome = {"a": "L1 better", "b": "path better", "tie": "within noise", None: "–"}[
-                    d
-                ]
+                    claim.outcomes.append(d == "b")
+                outcome = _OUTCOME[d].format(other="L1")
                 table.append(
                     f"| {short_name(settings, ds)} | {MEASURE_LABELS[measure]} | {budget:g} | "
                     f"{_sparse(p, measure)} | {_sparse(l1, measure)} | {outcome} |"
@@ -325,14 +301,8 @@ def _sparse(s: Setting | None, measure: str) -> str:
 
 
 def ordering_violations(rows: Iterable[Mapping[str, str]]) -> tuple[int, list[str]]:
-    """Where ``clean <= PGD <= strong <= certified`` (both certificates) fails.
-
-    Args:
-        rows: rows of :func:`~pathnorm_experiments.runs.read_rows`.
-
-    Returns:
-        The number of (row, eps) pairs checked and a description of each violation.
-    """
+    """The number of (row, eps) pairs checked, and where ``clean <= PGD <= strong <= certified``
+    (both certificates) fails."""
     checked, bad = 0, []
     for r in rows:
         for eps in SWEEP_EPS:

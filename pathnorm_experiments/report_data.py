@@ -1,14 +1,12 @@
 """The data layer of the results report: the sweep's rows, summarized per setting, and the rule.
 
-Reads the per-run rows of ``runs.csv`` (one per training run; only the selected lr's rows carry
-attacks and certificates) and summarizes each (dataset, regularizer, optimizer, lam) over its
-seeds. Torch-free (NumPy only), so the report can be redrawn without the training stack.
+Summarizes the selected runs of ``runs.csv`` per (dataset, regularizer, optimizer, lam) over
+their seeds. NumPy only, never torch, so the report can be redrawn without the training stack.
 
-The rule (:func:`decide`): setting A is better than setting B on a column when A's mean is
-lower than B's by more than the sum of both settings' seed spreads (max - min over seeds).
-A comparison needs at least two seeds on each side. A claim holds when it holds in every cell
-(dataset, budget) where both sides exist, holds in part when in some, does not hold when in
-none, and has not enough data when no cell has both sides (:func:`verdict`).
+The rule (:func:`decide`): setting A beats setting B on a column when A's mean is lower by
+more than the sum of both seed spreads (max - min), with at least two seeds on each side. A
+claim holds if it holds in every cell (dataset, budget) with both sides, holds in part if in
+some, does not hold if in none, and has not enough data if no cell has both (:func:`verdict`).
 """
 
 from __future__ import annotations
@@ -60,8 +58,7 @@ OPT_LABELS = {"prox": "Prox-SGD", "penalty": "SGD"}
 MEASURE_LABELS = {"nonzero": "raw nonzero", "nonzero_live": "live-path nonzero"}
 COMPACTED = "hidden_alive"  # the hidden units that compact keeps (empty in older rows)
 DATASET_ORDER = (*PAPER_DATASETS, "embedded")
-# a full training set after the sweep's validation split (_sweep_grid.VAL_SIZE, 5,000): fewer
-# training images mean a partial set (KMNIST's truncated file)
+# a full training set less the sweep's validation split (_sweep_grid.VAL_SIZE): fewer is partial
 SPLIT_TRAIN = FULL_TRAIN - 5000
 REQUIRED = COLUMNS  # a results file has the sweep's columns, checked by runs.read_rows
 _NUMERIC = (*COLUMNS[COLUMNS.index("val_error") : COLUMNS.index("machine")], "hidden_alive")
@@ -96,21 +93,17 @@ class Stat:
 
     @property
     def lo(self) -> float:
-        """The smallest value."""
         return min(self.values)
 
     @property
     def hi(self) -> float:
-        """The largest value."""
         return max(self.values)
 
     @property
     def spread(self) -> float:
-        """max - min over seeds."""
         return self.hi - self.lo
 
     def by_seed(self) -> dict[int, float]:
-        """The values keyed by seed."""
         return dict(zip(self.seeds, self.values, strict=True))
 
     def fmt(self, digits: int = 1) -> str:
@@ -141,13 +134,11 @@ class Setting:
         return s.seeds if s else ()
 
     def method(self) -> str:
-        """``L1 Prox-SGD``, ``layer-wise linf projection``, ``none`` ..."""
         return method_label(self.regularizer, self.optimizer)
 
 
 def method_label(reg: str, opt: str) -> str:
-    """How a regularizer is trained, in words: ``L1 Prox-SGD``, ``layer-wise linf projection``,
-    ``none``."""
+    """How a regularizer is trained: ``L1 Prox-SGD``, ``layer-wise linf projection``, ``none``."""
     r = TABLE[reg]
     if not r.regularized:
         return "none"
@@ -163,18 +154,12 @@ def parse_value(text: str) -> float | None:
 
 
 def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting]:
-    """The selected runs of each (dataset, regularizer, optimizer, lam), over their seeds.
-
-    Args:
-        rows: rows of :func:`~pathnorm_experiments.runs.read_rows`.
-
-    Returns:
-        Settings keyed by ``(dataset, regularizer, optimizer, lam)``.
+    """The selected runs of :func:`~pathnorm_experiments.runs.read_rows`' rows, keyed by
+    ``(dataset, regularizer, optimizer, lam)``.
 
     Raises:
-        ReportError: one dataset's rows differ in a setting of :data:`PROTOCOL` (epochs,
-            training-set size, evaluation sample ...), or one setting's selected rows have
-            different lrs.
+        ReportError: one dataset's rows differ in a :data:`PROTOCOL` column, or one setting's
+            selected rows have different lrs.
     """
     groups: dict[tuple, list[Mapping[str, str]]] = {}
     protocol: dict[tuple[str, str], set[str]] = {}
@@ -215,16 +200,8 @@ def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting
 
 
 def decide(a: Stat | None, b: Stat | None) -> str | None:
-    """Which of two settings is lower on a column, beyond the seed noise.
-
-    Args:
-        a: one setting's column.
-        b: the other's.
-
-    Returns:
-        ``"a"`` if ``a``'s mean is below ``b``'s by more than ``a.spread + b.spread``, ``"b"``
-        conversely, ``"tie"`` otherwise; None if either is missing or has under two seeds.
-    """
+    """``"a"`` or ``"b"``: which is lower beyond the seed noise; ``"tie"``: neither; None: either
+    is missing or has under two seeds."""
     if a is None or b is None or a.n < MIN_SEEDS or b.n < MIN_SEEDS:
         return None
     noise = a.spread + b.spread
@@ -240,8 +217,7 @@ def stat_of(s: Setting | None, column: str) -> Stat | None:
 
 
 def verdict(outcomes: Sequence[bool]) -> str:
-    """``holds`` (every cell), ``holds in part`` (some), ``does not hold`` (none), or
-    ``not enough data`` (no cell)."""
+    """The verdict of a claim's cell outcomes (the module docstring's rule)."""
     if not outcomes:
         return "not enough data"
     if all(outcomes):
@@ -299,8 +275,7 @@ def settings_of(
 
 
 def compacted_sizes(settings: Mapping[tuple, Setting], ds: str) -> bool:
-    """Whether a setting of ``ds`` records :data:`COMPACTED` (rows from before the column
-    leave it empty)."""
+    """Whether a setting of ``ds`` records :data:`COMPACTED` (older rows leave it empty)."""
     return any(k[0] == ds and COMPACTED in s.stats for k, s in settings.items())
 
 

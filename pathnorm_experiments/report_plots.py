@@ -39,12 +39,7 @@ SERIES = tuple(
     (r, o) for r in REGULARIZED for o in OPTIMIZERS if o == "prox" or not TABLE[r].constraint
 )
 _OPT_SHORT = {**OPT_LABELS, "prox": f"{OPT_LABELS['prox']} / projection"}
-METRIC_COLORS = {
-    "clean_error": "black",
-    "robust_error": "tab:red",
-    "certified_interval": "tab:blue",
-    "certified_lipschitz": "tab:purple",
-}
+MEASURE_COLORS = (("nonzero", "black"), ("nonzero_live", "tab:orange"))
 
 
 def _points(ss: Sequence[Setting], x: str, y: str) -> tuple[np.ndarray, ...] | None:
@@ -106,21 +101,34 @@ def _lam_axis(ax: Any, lams: Sequence[float]) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _lam_panel(ax: Any, reg: str, lams: Sequence[float]) -> None:
-    """A panel of one regularizer against lam: the axis, its label, title and grid."""
-    _lam_axis(ax, lams)
-    ax.set_xlabel("λ" + (" (radius 1/λ)" if reg == "linf" else ""))
-    ax.set_title(REG_LABELS[reg], fontsize=10)
-    ax.grid(alpha=0.3)
-
-
-def _draw_vs_lam(ax: Any, ss: Sequence[Setting], y: str, color: str, opt: str, label: str) -> None:
-    """``y`` (mean, min-max bars) against lam over the settings that have it."""
-    ok = [s for s in ss if y in s.stats]
-    pts = _points(ok, y, y)
-    if pts is not None:
-        lams = np.array([s.lam for s in ok])
-        _draw(ax, (lams, pts[1], pts[2], pts[3]), color, opt, label, xerr=False)
+def _vs_lam(
+    plt: Any,
+    settings: Mapping[tuple, Setting],
+    ds: str,
+    figsize: tuple[float, float],
+    series: Sequence[tuple[str, str, str]],
+) -> tuple[Any, Any]:
+    """One panel per regularizer: each of ``series`` (column, label, colour) against lam (mean,
+    min-max bars), per optimizer."""
+    fig, axes = plt.subplots(
+        1, len(REGULARIZED), figsize=figsize, layout="constrained", sharey=True
+    )
+    for ax, reg in zip(axes, REGULARIZED, strict=True):
+        lams: list[float] = []
+        for opt in OPTIMIZERS:
+            ss = settings_of(settings, ds, reg, opt)
+            lams += [s.lam for s in ss]
+            for c, name, color in series:
+                pts = _points(ss, c, c)
+                if pts is not None:
+                    x = np.array([s.lam for s in ss if c in s.stats])
+                    label = f"{name}, {_OPT_SHORT[opt]}"
+                    _draw(ax, (x, *pts[1:]), color, opt, label, xerr=False)
+        _lam_axis(ax, lams)
+        ax.set_xlabel("λ" + (" (radius 1/λ)" if reg == "linf" else ""))
+        ax.set_title(REG_LABELS[reg], fontsize=10)
+        ax.grid(alpha=0.3)
+    return fig, axes
 
 
 def _legend(fig: Any) -> None:
@@ -154,32 +162,18 @@ def _tradeoff(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
 
 
 def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
-    fig, axes = plt.subplots(
-        1, len(REGULARIZED), figsize=(16, 4.5), layout="constrained", sharey=True
+    series = (
+        ("clean_error", "clean", "black"),
+        (col("robust_error", 0.1), "PGD, eps 0.1", "tab:red"),
+        (col("certified_interval", 0.1), "not certified (interval), eps 0.1", "tab:blue"),
+        (col("certified_lipschitz", 0.1), "not certified (Lipschitz), eps 0.1", "tab:purple"),
     )
+    fig, axes = _vs_lam(plt, settings, ds, (16, 4.5), series)
     base = baseline(settings, ds)
-    metrics = (
-        ("clean_error", "clean"),
-        (col("robust_error", 0.1), "PGD, eps 0.1"),
-        (col("certified_interval", 0.1), "not certified (interval), eps 0.1"),
-        (col("certified_lipschitz", 0.1), "not certified (Lipschitz), eps 0.1"),
-    )
-    for ax, reg in zip(axes, REGULARIZED, strict=True):
-        lams: list[float] = []
-        for opt in OPTIMIZERS:
-            ss = settings_of(settings, ds, reg, opt)
-            lams += [s.lam for s in ss]
-            for c, name in metrics:
-                lab = f"{name}, {_OPT_SHORT[opt]}"
-                _draw_vs_lam(ax, ss, c, METRIC_COLORS[c.split("@")[0]], opt, lab)
-        if base is not None:
-            ax.axhline(
-                base.stats["clean_error"].mean,
-                color="gray",
-                lw=0.8,
-                label="clean, no regularization",
-            )
-        _lam_panel(ax, reg, lams)
+    if base is not None:
+        clean = base.stats["clean_error"].mean
+        for ax in axes:
+            ax.axhline(clean, color="gray", lw=0.8, label="clean, no regularization")
     axes[0].set_ylabel("error %")
     fig.suptitle(f"{dataset_label(ds)}: error vs λ")
     _legend(fig)
@@ -189,18 +183,9 @@ def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
 def _sparsity_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
     from matplotlib.ticker import FormatStrFormatter
 
-    fig, axes = plt.subplots(
-        1, len(REGULARIZED), figsize=(15, 4.2), layout="constrained", sharey=True
-    )
-    for ax, reg in zip(axes, REGULARIZED, strict=True):
-        lams: list[float] = []
-        for opt in OPTIMIZERS:
-            ss = settings_of(settings, ds, reg, opt)
-            lams += [s.lam for s in ss]
-            for c, color in (("nonzero", "black"), ("nonzero_live", "tab:orange")):
-                lab = f"{MEASURE_LABELS[c]}, {_OPT_SHORT[opt]}"
-                _draw_vs_lam(ax, ss, c, color, opt, lab)
-        _lam_panel(ax, reg, lams)
+    series = [(c, MEASURE_LABELS[c], color) for c, color in MEASURE_COLORS]
+    fig, axes = _vs_lam(plt, settings, ds, (15, 4.2), series)
+    for ax in axes:
         ax.set_yscale("log")
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     axes[0].set_ylabel("% of weights nonzero")
@@ -264,16 +249,9 @@ _FIGURES = (
 
 
 def plot_dataset(settings: Mapping[tuple, Setting], ds: str, img: Path) -> list[tuple[str, Path]]:
-    """Draw the dataset's figures into ``img`` (error vs compacted size only where a row records
-    ``hidden_alive``).
+    """Draw the dataset's figures into the folder ``img``; returns (alt text, path) of each PNG.
 
-    Args:
-        settings: the report's settings (:func:`~pathnorm_experiments.report.settings_from_rows`).
-        ds: the dataset.
-        img: the folder of the PNGs.
-
-    Returns:
-        (alt text, path) of each PNG written.
+    Error vs compacted size is drawn only where a row records ``hidden_alive``.
     """
     import matplotlib
 
@@ -283,7 +261,7 @@ def plot_dataset(settings: Mapping[tuple, Setting], ds: str, img: Path) -> list[
     written = []
     for stem, alt, draw in _FIGURES:
         if draw is _error_vs_compacted and not compacted_sizes(settings, ds):
-            continue  # no row records the compacted size (rows from before the column)
+            continue
         fig = draw(plt, settings, ds)
         path = img / f"{ds}_{stem}.png"
         fig.savefig(path, dpi=100)

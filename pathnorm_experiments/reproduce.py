@@ -1,12 +1,8 @@
 """``pathnorm-reproduce``: the paper's protocol end to end, then its report.
 
-The runs are those of the sweep engine (:mod:`pathnorm_experiments.sweep`): the paper's
-network and grid, the lr of each setting chosen on a validation split, three seeds at that
-lr, and both attacks and both certificates on one evaluation sample. The sweep appends one
-row per run to ``--results`` and is resumable: a rerun skips finished groups. Then the report
-(:mod:`pathnorm_experiments.report`) writes ``<out>/results.md`` and its plots from that file
-alone. ``--report-only`` writes only the report; it needs NumPy and matplotlib, not torch nor
-the data.
+Runs the resumable sweep (:mod:`pathnorm_experiments.sweep`) into ``--results``, then writes
+the report (:mod:`pathnorm_experiments.report`) from that file alone; :data:`DESCRIPTION` (the
+``--help`` text) says more. ``--report-only`` needs NumPy and matplotlib, not torch nor the data.
 """
 
 from __future__ import annotations
@@ -119,13 +115,8 @@ def sweep_config(args: argparse.Namespace) -> Any:
 
 
 def _check_existing(results: Path, cfg: Any, data: dict[str, Dataset]) -> None:
-    """Refuse a results file whose rows of these datasets were made with other settings
-    (epochs, evaluation sample, ...): the report compares one protocol per dataset.
-
-    Raises:
-        ValueError: naming the file, the dataset and the setting (a
-            :class:`~pathnorm_experiments.runs.ResultsError` for an unreadable file).
-    """
+    """Refuse (ValueError) a results file whose rows of these datasets have another protocol
+    (epochs, evaluation sample ...): the report compares one protocol per dataset."""
     from pathnorm_experiments.sweep import protocol, split_sizes
 
     rows = read_rows(results)
@@ -144,13 +135,8 @@ def _check_existing(results: Path, cfg: Any, data: dict[str, Dataset]) -> None:
 def preflight(args: argparse.Namespace, results: Path, out: Path) -> tuple[Any, dict[str, Dataset]]:
     """Check, before any training, everything the sweep and the report will need.
 
-    Args:
-        args: the command line.
-        results: the sweep's CSV.
-        out: the report's folder.
-
     Returns:
-        The sweep's configuration and the loaded datasets (None of both for ``--report-only``).
+        The sweep's configuration and the loaded datasets (None and {} for ``--report-only``).
 
     Raises:
         MissingDependency: torch (for training) or matplotlib (for the plots) is missing.
@@ -195,12 +181,11 @@ def run_sweep(
 
     prepared = {}
     for name, ds in data.items():
-        prepared[name] = sweep.prepare(ds, cfg)
+        prep = prepared[name] = sweep.prepare(ds, cfg)
         note = " (partial training set)" if ds.partial else ""
         print(
-            f"{name}{note}: {prepared[name].n_train} training, "
-            f"{prepared[name].x_val.shape[0]} validation, {prepared[name].x_eval.shape[0]} "
-            "test images attacked and certified",
+            f"{name}{note}: {prep.n_train} training, {prep.x_val.shape[0]} validation, "
+            f"{prep.x_eval.shape[0]} test images attacked and certified",
             flush=True,
         )
     return sweep.run_sweep(
@@ -213,16 +198,11 @@ def run_sweep(
     )
 
 
-def _paths(args: argparse.Namespace) -> tuple[Path, Path]:
-    out = Path(args.out or ("reproduce_out" if args.quick else "docs"))
-    results = Path(args.results) if args.results else out / "results" / "runs.csv"
-    return results, out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``pathnorm-reproduce``; returns the exit status."""
     args = build_parser().parse_args(argv)
-    results, out = _paths(args)
+    out = Path(args.out or ("reproduce_out" if args.quick else "docs"))
+    results = Path(args.results) if args.results else out / "results" / "runs.csv"
     t0 = time.perf_counter()
     try:  # every need is checked before the first run
         cfg, data = preflight(args, results, out)
