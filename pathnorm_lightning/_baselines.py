@@ -27,10 +27,9 @@ def project_rows(w: Tensor, radius: float) -> Tensor:
         return torch.zeros_like(w)
     if w.numel() == 0:  # no rows, or rows of no entries: nothing to project
         return w.detach().clone()
-    cd = compute_dtype(w.dtype)
     kernel = optional_module("pathnorm_lightning._kernel_ball")  # numba: 8x faster on CPU
     if kernel is not None and w.device.type == "cpu":
-        out = torch.empty(w.shape, dtype=cd).copy_(w.detach())
+        out = torch.empty(w.shape, dtype=compute_dtype(w.dtype)).copy_(w.detach())
         kernel.project_rows_(out, radius)
         return out.to(w.dtype)
     return project_rows_sort(w, radius)

@@ -18,11 +18,9 @@ if TYPE_CHECKING:
 
 
 class FiniteCheck:
-    """How an update checks that its weights are finite; this base class checks nothing.
-
-    An update calls the check on its target (:meth:`__call__`) unless it checks by itself
-    when :attr:`synchronous` is set (the prox's own ``check_finite``, free in the CPU kernel).
-    """
+    """How an update checks that its weights are finite; this base class checks nothing. An
+    update calls the check on its target unless :attr:`synchronous` is set: then it checks by
+    itself (the prox's own ``check_finite``, free in the CPU kernel)."""
 
     #: Whether a check at this step, waiting for the device, is wanted.
     synchronous = False
@@ -51,13 +49,10 @@ OnFalse = Callable[[int, str], None]
 
 class DeferredCheck(FiniteCheck):
     """Checks without stalling the GPU: an on-device flag per step is copied asynchronously
-    into a pinned host slot and read when it has arrived (a few steps later at most; every
-    pending flag is read by :meth:`collect` with ``keep=0``). The same queue carries other
-    on-device flags (:meth:`push`), e.g. whether a pair has a hidden unit left.
-
-    Args:
-        owner: the name errors start with.
-        step: returns the number of the step being checked.
+    into a pinned host slot and read when it has arrived (a few steps later at most; all of
+    them by :meth:`collect` with ``keep=0``). The same queue carries other on-device flags
+    (:meth:`push`), e.g. whether a pair has a hidden unit left. ``owner``: the name errors
+    start with; ``step()``: the number of the step being checked.
     """
 
     def __init__(self, owner: str, step: Callable[[], int]) -> None:

@@ -189,11 +189,9 @@ def unit_exponents(*blocks: Tensor) -> Tensor:
 
 
 def ldexp_rows(z: Tensor, e: Tensor) -> Tensor:
-    """``z[i, :] * 2^e[i]`` per row, exactly (barring under/overflow of the result).
-
-    The power of two is applied in two factors built from their bit patterns, so that each is
-    representable (``2^1074`` is not) and exact whatever the platform's ``exp2``.
-    """
+    """``z[i, :] * 2^e[i]`` per row, exactly (barring under/overflow of the result): in two
+    factors built from their bit patterns, each representable (``2^1074`` is not) and exact
+    whatever the platform's ``exp2``."""
     bits, mant = (52, torch.int64) if z.dtype == torch.float64 else (23, torch.int32)
     bias = 1023 if z.dtype == torch.float64 else 127
     e = e.to(torch.int64).clamp(-2 * (bias - 1), 2 * bias)  # (non-finite rows stay bounded)

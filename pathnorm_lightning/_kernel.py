@@ -29,7 +29,6 @@ def _compile() -> None:
     processes that compile different signatures at the same time (parallel test runs, several
     jobs on one machine) can then save one signature's code under another's name. Compiling
     the same list in the same order everywhere makes concurrent writers write the same thing.
-    Callees carry no cache of their own: their code is linked into the entry point's.
     """
     global _compiled
     with _COMPILE_LOCK:  # a second thread must not compile after the first disabled it
@@ -118,11 +117,11 @@ def prox_tensors(
 
 
 class PlannedProx:
-    """The kernel on one pair's weights as planned: the facade's checks ran once, when it was
-    built (:func:`pathnorm_lightning.functional.planned_prox`), and each call runs the compiled
-    entry on numpy views cached then, without numba's type dispatch. Valid while the weights
-    keep their storage, shape and dtype (the caller re-plans when they change). Acts only on
-    C-contiguous float32/64 CPU weights with ``p <= m`` (the short side ``w_out.T``).
+    """The kernel on one pair's weights as planned by
+    :func:`pathnorm_lightning.functional.planned_prox` (the facade's checks ran then): each call
+    runs the compiled entry on numpy views cached then, without numba's type dispatch. Valid
+    while the weights keep their storage, shape and dtype; only for C-contiguous float32/64 CPU
+    weights with ``p <= m`` (the short side ``w_out.T``).
     """
 
     __slots__ = ("_entry", "_long", "_short", "_sorted", "w_in", "w_out")

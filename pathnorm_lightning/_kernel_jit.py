@@ -7,17 +7,14 @@ minimiser's incoming support is ``{j : |y_j| > lam a*}`` with ``a* = ||v||_1``, 
 bounds on ``lam a*`` leave only a thin band of entries (usually none) whose membership is
 open. Per hidden unit:
 
-1. sort the short side ``|x|`` (p entries; numpy sorts all rows at once when p > 16), prefix
-   sums;
+1. sort the short side ``|x|`` (numpy sorts all rows at once when p > 16), prefix sums;
 2. one vectorised pass over ``|y|``: its norms, the count, sum and sum of squares of the
    entries above ``tau_hi = lam ||x||_1`` (always in the support), and the count of those
    within 1/16 below it;
-3. bounds ``tau_lo <= lam a* <= hi`` (:func:`_tau_lo`, and the fixed-point bounds in
-   :func:`_unit`): entries above the upper bound are in the support, entries at or below the
-   lower one are out;
-4. a second vectorised pass counts the band between them and the entries above it; only a
-   non-empty band is collected and sorted. The pass is skipped when pass 1 found no entry in
-   ``(15/16 tau_hi, tau_hi]`` and both bounds lie above ``15/16 tau_hi``;
+3. bounds ``tau_lo <= lam a* <= hi`` (:func:`_tau_lo`, :func:`_unit`): entries above the upper
+   bound are in the support, those at or below the lower one are out;
+4. a second pass counts the band between them (skipped in the usual case, see :func:`_unit`);
+   only a non-empty band is collected and sorted;
 5. for every ``k`` the largest feasible ``l`` in the band (bisection), the candidate's
    objective, and the first minimum in the tie order of ``_sort`` (:func:`_best`).
 
@@ -38,12 +35,9 @@ import math
 import numba
 import numpy as np
 
-# --- the long-row passes, vectorised by LLVM: per unit, _row_stats reads the row once (its
-# norms and the statistics of the entries above the support threshold tau); _above reads it
-# again when the bounds lower tau past an entry or leave a band, and _collect_band gathers
-# that band (only blocks holding an entry of it are scanned).
-# Reassociation lets LLVM vectorise the row reductions (the sums change in the last bits of a
-# float64, far below the tolerances); no "nnan"/"ninf": the finite check and inf must work.
+# --- the long-row passes, vectorised by LLVM: reassociation lets it vectorise the reductions
+# (the sums change in the last bits of a float64, far below the tolerances); no "nnan"/"ninf":
+# the finite check and inf must work.
 _FAST = {"reassoc", "nsz", "contract"}
 _BIG = 1.7976931348623157e308  # the largest float64
 
@@ -62,9 +56,8 @@ def _row_stats(
     row: np.ndarray, tau: float, near: float
 ) -> tuple[float, float, int, float, float, int]:  # pragma: no cover - compiled
     """Of ``|row|``: the sum and the sum of squares; the count, sum and sum of squares of the
-    entries above ``tau``; the number of entries in ``(near, tau]``. One vectorised pass (LLVM
-    vectorises it with float counters and masks as factors, not with selects). A NaN or inf
-    entry makes the sum NaN or inf."""
+    entries above ``tau``; the number of entries in ``(near, tau]`` (float counters and masks
+    as factors: LLVM vectorises those, not selects). NaN or inf makes the sum NaN or inf."""
     l1 = sq = 0.0
     c = s = q = above_near = 0.0
     for j in range(row.shape[0]):
@@ -119,7 +112,7 @@ def _above(
     row: np.ndarray, lo: float, hi: float
 ) -> tuple[int, int, float, float]:  # pragma: no cover
     """Of ``|row|``: the number of entries in ``(lo, hi]``, and the count, sum and sum of
-    squares of those above ``hi`` (one vectorised pass; float counters, as in :func:`_row_stats`)."""
+    squares of those above ``hi`` (float counters, as in :func:`_row_stats`)."""
     n_lo = 0.0
     c = 0.0
     s = 0.0
@@ -138,8 +131,7 @@ def _above(
 # Relative widening of the band bounds (as the tensor version's 64 eps of float32: the band
 # only needs to contain every entry that can change support, a wider band costs nothing).
 _MARGIN = 64 * 2.0**-23
-# Pass 1 also counts the entries within 1/16 below its threshold: when there are none (and
-# the bounds are closer than that), the band pass is skipped.
+# Pass 1 also counts the entries within 1/16 below tau_hi (none: the band pass may be skipped).
 _NEAR = 1 - 1 / 16
 
 
@@ -325,9 +317,7 @@ def _best(
         d = 1.0 - k * lf * lam2
         t_v = lam * max((ly - lf * lam * big_x) / d, 0.0)  # lam ||w||_1 of the candidate
         t_w = lam * max((big_x - k * lam * ly) / d, 0.0)  # lam ||v||_1 of the candidate
-        # The objective of the point these thresholds produce (up to 1/2 (|x|^2 + |y|^2)),
-        # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and
-        # the closed form of their objective could misrank nearly equal candidates.
+        # the objective from the point's own l1 norms (see _sort.candidate_objective)
         nv = max(big_x - k * t_v, 0.0)
         nw = max(ly - lf * t_w, 0.0)
         ly2 = q_hi + cb2[lo]
@@ -404,10 +394,9 @@ def _thresholds(
 ) -> int:  # pragma: no cover - compiled
     """Per unit ``i`` (row of ``x`` (n, p), row of ``y`` (n, m), p <= m) the soft-threshold
     levels of the prox: ``t_x[i]`` for ``x[i]`` and ``t_y[i]`` for ``y[i]`` (``inf``: all zero).
-    ``x_sorted``: ``|x|`` in float64, rows sorted descending, or an empty array (then each row
-    is sorted here). A unit whose largest entry lies outside ``[2^-400, 2^400]`` (float64
-    weights only) is solved scaled by a power of two (the prox is scale-equivariant), so that
-    no square overflows or underflows.
+    ``x_sorted``: ``|x|`` in float64, rows sorted descending, or empty (each row sorted here).
+    A unit whose largest entry lies outside ``[2^-400, 2^400]`` (float64 only) is solved scaled
+    by a power of two (the prox is scale-equivariant), so that no square overflows or underflows.
 
     Returns -1, or with ``check_finite`` the first unit holding a NaN or inf (and stops).
     """
@@ -454,7 +443,6 @@ def _thresholds(
     return -1
 
 
-# Units whose largest entry lies outside this range are solved scaled by a power of two.
 _SAFE_HI = 2.0**400
 _SAFE_LO = 2.0**-400
 

@@ -46,17 +46,12 @@ from pathnorm_lightning._common import ldexp_rows, unit_exponents
 
 
 def prox_rows(x: Tensor, y: Tensor, lam: float | Tensor) -> tuple[Tensor, Tensor]:
-    """Exact prox of every unit: rows of ``x`` (n, p) outgoing, ``y`` (n, m) incoming.
+    """The exact prox ``(v, w)`` (new tensors) of every unit: rows of ``x`` (n, p), its outgoing
+    weights (``w_out.T``), and of ``y`` (n, m), its incoming ones (``w_in``); float32 or float64.
 
-    Args:
-        x: outgoing weights per unit (``w_out.T``), float32 or float64.
-        y: incoming weights per unit (``w_in``), the same dtype.
-        lam: the prox step, in ``[0, 2]`` (larger steps give the same prox as 2), a float or a
-            0-d float64 tensor on the weights' device (the CUDA graph feeds it so): no Python
-            branch depends on its value, and it rounds as a Python float would.
-
-    Returns:
-        ``(v, w)``: the new outgoing and incoming weights, new tensors.
+    ``lam``: the prox step, in ``[0, 2]`` (larger steps give the same prox as 2), a float or a
+    0-d float64 tensor on the weights' device (the CUDA graph feeds it so): no Python branch
+    depends on its value, and it rounds as a Python float would.
     """
     e = unit_exponents(x, y)
     xn, yn = ldexp_rows(x, -e), ldexp_rows(y, -e)
@@ -68,10 +63,8 @@ def prox_rows(x: Tensor, y: Tensor, lam: float | Tensor) -> tuple[Tensor, Tensor
 
 
 def soft_threshold(z: Tensor, t: Tensor) -> Tensor:
-    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1); ``t = inf`` gives 0.
-
-    Computed as ``z - clip(z, -t, t)``: branch-free, and exact in the kept entries.
-    """
+    """``sign(z) max(|z| - t, 0)`` with a per-row threshold ``t`` (n, 1) (``inf`` gives 0), as
+    ``z - clip(z, -t, t)``: branch-free, and exact in the kept entries."""
     clipped = torch.maximum(z, -t)
     torch.minimum(clipped, t, out=clipped)
     return torch.sub(z, clipped, out=clipped)
@@ -81,10 +74,8 @@ def thresholds(
     s: Tensor, g: Tensor, lam: float | Tensor, short_is_out: bool
 ) -> tuple[Tensor, Tensor]:
     """Soft-threshold levels ``(t_s, t_g)`` (n, 1) of the prox for the short side ``s`` (n, p)
-    and the long side ``g`` (n, m), ``p <= m``; ``inf`` zeroes a side.
-
-    ``short_is_out``: whether ``s`` holds the outgoing weights (it fixes the tie order).
-    """
+    and the long side ``g`` (n, m), ``p <= m``; ``inf`` zeroes a side. ``short_is_out``: whether
+    ``s`` holds the outgoing weights (it fixes the tie order)."""
     n, p = s.shape
     m = g.shape[1]
     lam2 = lam * lam

@@ -20,14 +20,13 @@ class UnitViews:
     """A target's weights as the layer seam's unit matrices (:mod:`pathnorm_lightning.layers`),
     built when the hook plans, not at every step.
 
-    For a pair, ``(in_view, out_view)``: ``(n, m')``, row ``i`` unit ``i``'s incoming weights,
-    and ``(p', n)``, column ``i`` its outgoing weights; for one layer, ``(in_view,)``. Where a
-    matrix is a view of the weight (a Linear weight, a contiguous convolution's incoming
-    weights) it is kept in :attr:`cached` and the prox writes through it; where the layout
-    needs a copy (a convolution's outgoing weights, a Linear layer after a Flatten, a
-    channels-last weight) :attr:`cached` holds None: :meth:`matrices` copies the weight at each
-    step into a buffer planned with the views (:attr:`buffers`, contiguous) and
-    :meth:`write_back` writes the result into the weight.
+    For a pair, ``(in_view, out_view)``: ``(n, m')`` (row ``i``: unit ``i``'s incoming weights)
+    and ``(p', n)`` (column ``i``: its outgoing ones); for one layer, ``(in_view,)``. A matrix
+    that is a view of the weight (a Linear weight, a contiguous convolution's incoming weights)
+    is kept in :attr:`cached` and written through; one whose layout needs a copy (a
+    convolution's outgoing weights, a Linear after a Flatten, a channels-last weight) is copied
+    at each step into a planned contiguous buffer (:meth:`matrices`, :attr:`buffers`) and
+    written back (:meth:`write_back`).
     """
 
     entries: tuple[seam.LayerEntry, ...]
@@ -118,14 +117,13 @@ def _is_view(matrix: Tensor, weight: Tensor) -> bool:
 
 @dataclass
 class StepTarget:
-    """What one update acts on: a layer or a pair (its weights, in forward order) and a display
-    name used in error messages.
+    """What one update acts on: a layer or a pair (its weights, in forward order), and a name
+    for error messages.
 
-    ``layers`` names the modules the weights belong to, as ``(name, module)``: the hook then
-    follows them, reading each module's ``weight`` parameter at every step (a weight replaced
-    or parametrized during training is seen at the next step); without ``layers`` the
-    ``weights`` are taken as given. With ``unit_views`` (and ``layers``) the hook also plans
-    the seam's :class:`UnitViews` of the layers into ``views``, whenever it re-plans.
+    With ``layers`` (``(name, module)`` per weight) the hook follows the modules, reading each
+    ``weight`` parameter at every step (a weight replaced or parametrized is seen at the next
+    step), and with ``unit_views`` also plans their :class:`UnitViews` into ``views`` whenever
+    it re-plans; without ``layers`` the ``weights`` are taken as given.
     """
 
     name: str
@@ -138,8 +136,7 @@ class StepTarget:
 def pair_target(
     first_name: str, second_name: str, first: nn.Module, second: nn.Module
 ) -> StepTarget:
-    """The :class:`StepTarget` of a layer pair (followed: its modules' weights at each step,
-    seen through the seam's :class:`UnitViews`)."""
+    """The followed :class:`StepTarget` of a layer pair, with unit views."""
     return StepTarget(
         f"pair ({first_name!r}, {second_name!r})",
         (weight_parameter(first_name, first), weight_parameter(second_name, second)),

@@ -64,9 +64,7 @@ def _interpreting() -> bool:
 def available() -> bool:
     """Whether the kernel can run here: Triton imports, and there is a CUDA device or Triton's
     interpreter is on (``TRITON_INTERPRET=1``, for CPU tensors)."""
-    if not (_interpreting() or torch.cuda.is_available()):
-        return False
-    return optional_module("triton") is not None
+    return (_interpreting() or torch.cuda.is_available()) and optional_module("triton") is not None
 
 
 def supports(w_in: Tensor, w_out: Tensor) -> bool:
@@ -150,9 +148,8 @@ def prox_inplace(
         w_out: (p, n) weight of the second layer; overwritten. Same dtype and device.
         lam: the prox step, >= 0: a Python number, or a one-element floating tensor on the
             weights' device (read by the kernel; the caller keeps it finite and >= 0).
-        flag: optional int32 tensor on the weights' device: the kernel ORs 1 into ``flag[0]``
-            when ``w_in`` holds NaN or inf, 2 when ``w_out`` does (those units' results are
-            unspecified, the others exact). It is never cleared here.
+        flag: optional int32 tensor on the weights' device; ``flag[0]`` is ORed with 1 (NaN or
+            inf in ``w_in``) or 2 (in ``w_out``), never cleared here.
 
     Raises:
         ValueError: the pair is not one :func:`supports` accepts, or ``lam``/``flag`` is bad.

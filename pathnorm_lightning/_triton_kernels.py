@@ -1,18 +1,13 @@
-"""The device code of the Triton prox (:mod:`pathnorm_lightning._triton` checks and launches):
-the exact 1-path-norm prox as one Triton kernel, the maths of the shortest exact algorithm,
-:mod:`pathnorm_lightning._sort` (read that one first), laid out for registers.
-
-Notation as in :mod:`pathnorm_lightning._triton`: hidden unit ``i`` owns ``x = w_out[:, i]``
-(outgoing) and ``y = w_in[i, :]`` (incoming), and its prox is the minimiser over ``(v, w)`` of
-``1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam ||v||_1 ||w||_1``.
+"""The device code of the Triton prox (:mod:`pathnorm_lightning._triton` checks and launches;
+its notation): the maths of the shortest exact algorithm, :mod:`pathnorm_lightning._sort` (read
+that one first), as one Triton kernel laid out for registers.
 
 One program handles a block of units (one unit for wide layers), each loaded whole into
 registers (both sides, strided reads: no copies or transposes). Per unit, with the shorter side
 enumerated (``k`` entries kept) and the longer one searched (``l`` entries kept):
 
-1. the unit scaled by a power of two so that its largest magnitude lies in [1, 2): the prox is
-   scale-equivariant (``prox_lam(s x, s y) = s prox_lam(x, y)``, the same ``lam``), the
-   scaling is exact, and no square below can overflow or underflow at any finite weight;
+1. the unit scaled by a power of two (exact; the prox is scale-equivariant) so that its largest
+   magnitude lies in [1, 2): no square below can overflow or underflow at any finite weight;
 2. the short side sorted descending (a bitonic network in registers, the one of ``tl.sort``
    with each compare-and-swap done by one sum over its pair) and its prefix sums of values and
    squares, in float64 whatever the weights' dtype (the CPU kernel's guarantee: a float32
@@ -25,15 +20,9 @@ enumerated (``k`` entries kept) and the longer one searched (``l`` entries kept)
    the smallest entry above ``tau``. A block of units whose band has more than 63 entries is
    left untouched, and a second launch runs the full search on those units only: the whole
    long side sorted, every ``l`` a column (also the only search for shorter long sides);
-4. for every ``k``, ``L(k)``: the largest feasible ``l`` among the columns, from the tests of
-   all pairs ``(k, l)`` of a block of ``k`` at once (a tile; the feasible set is downward
-   closed, Lemma 4 of the paper, and the objective decreases along it, Lemma 8, so
-   ``(k, L(k))`` is the only candidate for ``k``). ``(k, l)`` is feasible iff
-   ``d = 1 - k l lam^2 > 0`` and the last kept entries of both candidate vectors are >= 0,
-   multiplied through by ``d`` (the tests of the tensor "sort" method and the CPU kernel)::
-
-       x_k + lam^2 l (X_k - k x_k) >= lam Y_l      y_l + lam^2 k (Y_l - l y_l) >= lam X_k
-
+4. for every ``k``, ``L(k)``: the largest feasible ``l`` among the columns, testing all pairs
+   ``(k, l)`` of a block of ``k`` at once (a tile; the tests of
+   :func:`pathnorm_lightning._sort._largest_feasible`);
 5. each candidate's objective in closed form from its own l1 norms, and the first minimum in
    the order ``(x, 0)``, ``(0, y)``, then ``(k, L(k))`` by increasing ``k`` (``k`` counts the
    kept entries of the shorter side), strict ``<``: the tie rule of the exhaustive reference;
@@ -74,15 +63,8 @@ _solve: Any = None
 
 
 def build(triton: Any) -> Any:
-    """The jitted kernel, with its helpers jitted into this module's globals.
-
-    Args:
-        triton: the imported ``triton`` module.
-
-    Returns:
-        The ``triton.jit`` kernel ``_prox_units``.
-    """
-    # The kernel finds its helpers among this module's globals when it is compiled.
+    """The jitted kernel ``_prox_units``, built with the imported ``triton``; its helpers are
+    jitted into this module's globals, where the kernel finds them when it is compiled."""
     jit = triton.jit
     globals().update(
         _sort_desc=jit(_sort_desc_fn),
@@ -120,12 +102,11 @@ def _flip_fn(N_DIMS: tl.constexpr, J: tl.constexpr):  # pragma: no cover - compi
 def _sort_desc_fn(
     x, N_DIMS: tl.constexpr, LOG_ROW: tl.constexpr
 ):  # pragma: no cover - compiled by Triton
-    """Rows of ``x`` (2^(N_DIMS - LOG_ROW), 2^LOG_ROW), integers >= 0, sorted descending: a bitonic network on
-    the hypercube view of the block, as ``tl.sort`` does, with each compare-and-swap taking the
-    partner entry from one sum over its size-2 axis (wrapping integer arithmetic, exact):
-    Triton's interpreter runs that as one numpy call, ``tl.sort``'s reduction as a Python loop
-    per entry (minutes for a test's layer). Bit patterns of floats >= 0 order as the floats.
-    """
+    """Rows of ``x`` (2^(N_DIMS - LOG_ROW), 2^LOG_ROW), integers >= 0, sorted descending: the
+    bitonic network of ``tl.sort`` on the hypercube view, each compare-and-swap taking the
+    partner from one sum over its size-2 axis (wrapping integer arithmetic, exact): Triton's
+    interpreter runs that as one numpy call, ``tl.sort``'s reduction as a Python loop per entry
+    (minutes for a test's layer)."""
     h = tl.reshape(x, [2] * N_DIMS)
     for stage in tl.static_range(1, LOG_ROW + 1):
         # Within a stage, runs of 2^stage entries are merged in alternating directions; the
@@ -189,8 +170,7 @@ def _search_fn(
         kf = (kidx + 1).to(tl.float64)[None, :]
         ax_k = big_x - kf * xk  # X_k - k x_k >= 0
         k_lam2 = kf * lam2
-        # (UNITS, BLOCK_K, NCOL): the pairs (k, l) of this block of k. Feasible iff the last
-        # kept entries of both candidate vectors are >= 0 and d = 1 - k l lam^2 > 0.
+        # (UNITS, BLOCK_K, NCOL): the feasibility of the pairs (k, l) of this block of k
         by = big_y - lcol * ycol  # Y_l - l y_l >= 0 (per block: fewer live registers)
         ok = (
             xk[:, :, None] + (lam2 * lcol)[:, None, :] * ax_k[:, :, None] >= lam * big_y[:, None, :]
@@ -208,9 +188,7 @@ def _search_fn(
         b = tl.maximum((ly - lf * lam * big_x) / d, 0.0)  # ||w||_1
         t_s = lam * b
         t_l = lam * a
-        # The objective (up to 1/2 (||x||^2 + ||y||^2)) of the point these thresholds produce,
-        # from its own l1 norms: near d = 0, a and b carry rounding amplified by 1/d, and the
-        # closed form in a, b could misrank nearly equal candidates.
+        # the objective from the point's own l1 norms (see _sort.candidate_objective)
         nv = tl.maximum(big_x - kf * t_s, 0.0)
         nw = tl.maximum(ly - lf * t_l, 0.0)
         h = 0.5 * (kf * t_s * t_s + lf * t_l * t_l - x2k - ly2) + lam * nv * nw
@@ -294,11 +272,8 @@ def _band_fn(
     units it leaves to the full search (mode 2, the next launch; marked in ``need_ptr``)."""
     f64 = tl.float64
     inf = float("inf")
-    # A non-trivial minimiser thresholds the long side at lam a <= lam ||x||_1 (a = ||v||_1),
-    # so its support holds every entry above tau > lam ||x||_1, and no zero (a zero stays zero
-    # only at a = 0, the point (0, y)): only the band (0, tau] needs sorting, with the smallest
-    # entry above tau (column 0: l = the count above tau). Taken when every unit's band fits
-    # BAND columns; else the units are left untouched for the full search.
+    # See the module doc, step 3 (no zero is in the support: a zero stays zero only at a = 0,
+    # the point (0, y)). Column 0: the smallest entry above tau, l = the count above tau.
     tau = lam * x1 * (1.0 + 1.0 / 65536)  # far above the rounding of a
     above = ya > tau[:, None]
     inband = (ya > 0.0) & (ya <= tau[:, None]) & l_mask

@@ -1,14 +1,12 @@
 """The prox after every real optimizer step, without a Trainer: :func:`attach` and its hook.
 
 Plain PyTorch and Lightning Fabric loops call :func:`attach` once; the Lightning callbacks in
-:mod:`pathnorm_lightning.callbacks` are built on the same :class:`StepHook`, which holds the
-invariant: **the prox runs exactly once per real update, on exactly the weights that update
-changed** (see :class:`StepHook`). The hook is an optimizer step post-hook
-(``torch.optim.Optimizer.register_step_post_hook``): a step that AMP's ``GradScaler`` skips
-either never calls ``step()`` or (fused optimizers) is recognised by the scaler's ``found_inf``,
-and gradient accumulation steps once per window. The prox step is ``lam * lr`` with ``lr`` read
-from the parameter group holding the weights at every step, so learning-rate schedules and
-per-group rates are honoured. Needs torch only (and numba for the CPU kernel): no Lightning.
+:mod:`pathnorm_lightning.callbacks` are built on the same :class:`StepHook`, an optimizer step
+post-hook (``register_step_post_hook``): a step that AMP's ``GradScaler`` skips either never
+calls ``step()`` or (fused optimizers) is recognised by the scaler's ``found_inf``, and gradient
+accumulation steps once per window. The prox step is ``lam * lr``, ``lr`` read from the
+weights' parameter group at every step (schedules and per-group rates are honoured). Needs
+torch only (and numba for the CPU kernel): no Lightning.
 
 Example::
 
@@ -70,8 +68,7 @@ __all__ = [
 #: An update: ``(target, lr, check) -> None``, in place on ``target.weights``.
 Update = Callable[[StepTarget, float, FiniteCheck], None]
 
-#: Every hook registered on an optimizer (for the check that no weight is regularized twice
-#: per step by two hooks).
+#: Every live hook (no weight may be regularized twice per step by two hooks).
 _LIVE: weakref.WeakSet[StepHook] = weakref.WeakSet()
 
 
@@ -79,18 +76,16 @@ class StepHook:
     """Runs an update on each target right after every real step of the given optimizers.
 
     The invariant, checked here and nowhere else: **the update runs exactly once per real
-    update, on exactly the weights that update changed.** At every step the hook reads what
-    the optimizer updates now (its parameter groups, compared by tensor identity) and what the
-    targets' modules hold now (their ``weight`` parameters), and re-plans when either changed
-    (a cheap identity key decides; the plan is cached otherwise). So:
+    update, on exactly the weights that update changed.** At every step the hook re-plans when
+    the optimizers' parameter groups or the targets' modules' ``weight`` parameters changed
+    (compared by identity; the plan is cached otherwise). So:
 
     * a step that did not update (a fused optimizer's step that ``GradScaler`` skipped on
       inf/NaN gradients; a target none of whose weights got a gradient) updates nothing and is
       not counted;
-    * an optimizer given twice is hooked once, and a weight that another live hook already
-      regularizes after the same optimizer's steps, or that two targets share (tied weights,
-      compared by storage), is refused with a ``ValueError`` before anything is written (the
-      same penalty twice; see ``penalty``);
+    * a weight that two targets share (tied, by storage), or that another live hook with the
+      same ``penalty`` regularizes after the same optimizer's steps, is refused with a
+      ``ValueError`` before anything is written;
     * a frozen target is left alone; a half-frozen one is skipped with a warning, whether or
       not its frozen weight is in an optimizer; a trainable weight no optimizer holds, or a
       target split across two optimizers, is refused;
@@ -106,21 +101,18 @@ class StepHook:
         check_finite: check the targets' weights after every step (raise
             :class:`NonFiniteWeightsError`); on CUDA without stalling the GPU.
         owner: the name error messages start with.
-        sparsity_chains: chains (forward order) of weights or of modules (their ``weight`` is
-            read when the metrics are computed) whose zeros and hidden units :meth:`metrics`
-            counts.
-        chain: every layer of the seam's types (``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``)
-            in forward order, for the network bounds (None: not a chain, no bounds). When the
-            last one is a convolution, its bounds depend on the positions it reads: a forward
-            pre-hook records them at each forward pass (no bounds before the first).
+        sparsity_chains: chains (forward order) of weights or modules (their ``weight`` read
+            then) whose zeros and hidden units :meth:`metrics` counts.
+        chain: every layer of the seam's types in forward order, for the network bounds (None:
+            no bounds). A last convolution's bounds depend on the positions it reads, recorded
+            by a forward pre-hook (no bounds before the first forward pass).
         num_steps: the step count to start from (a resumed run).
         penalty: what the update regularizes (``"path-norm"``, ``"l1"``, ...; default: the
             owner's name): two live hooks with the same penalty may not share a weight after one
-            optimizer's steps. Different penalties may (each update runs once per step, one
-            after the other: a composition of two proxes, not the prox of their sum).
+            optimizer's steps; different ones may (a composition of two proxes, not the prox of
+            their sum).
         watch_units: warn (once per target) when an update leaves a pair target no hidden
-            unit, checked at the hook's steps 1, 2, 4, ..., 32 and every 64th after (on CUDA
-            through the deferred flags, without stalling the GPU).
+            unit (checked at the steps of :func:`_watch_due`; on CUDA through deferred flags).
         forward_check: verifies ``"auto"`` pairs against the forward passes before the first
             step; finished (and its hooks removed) at that step, before any update.
     """
@@ -202,11 +194,9 @@ class StepHook:
 
     @torch.no_grad()
     def metrics(self) -> dict[str, float]:
-        """The current metric values as Python floats: ``sparsity`` and ``alive_units`` of the
-        regularized weights, ``path_norm_bound`` and ``product_bound`` of the network (when its
-        layers form a chain; a network ending in a convolution, once a forward pass showed the
-        positions that convolution reads). Read from the weights now, each once (one host sync on
-        CUDA)."""
+        """``sparsity`` and ``alive_units`` of the regularized weights, and ``path_norm_bound``
+        and ``product_bound`` of the network when its layers form a chain (see ``chain``), read
+        from the weights now (one host sync on CUDA)."""
         reuse = self.reuse()
         network = None if reuse is None else [_weight_of(layer) for layer in self.chain or ()]
         chains = [[_weight_of(w) for w in chain] for chain in self.sparsity_chains]
@@ -314,9 +304,8 @@ class StepHook:
 
     # --- the plan: what the optimizers update now ------------------------------------------
     def _replan(self) -> None:
-        """Rebuild the plan when the optimizers' parameter groups or the targets' weights
-        changed (identity, storage, requires_grad); a cached plan otherwise. The test costs
-        O(groups + targets), whatever the number of parameters (see :class:`~pathnorm_lightning._plan.Guard`)."""
+        """Rebuild the plan unless its :class:`~pathnorm_lightning._plan.Guard` holds (checked
+        in O(groups + targets), whatever the number of parameters)."""
         if self._guard is None or not self._guard.holds(self.optimizers, self.targets):
             self._guard = None
             self._plan = self._build_plan()
@@ -420,10 +409,9 @@ def _watch_due(step: int) -> bool:
 
 
 def _skipped_by_scaler(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether this step is one that ``GradScaler`` ran on inf/NaN gradients and the optimizer
-    skipped by itself: for optimizers that handle the scaling (``fused=True``), the scaler
-    calls ``step()`` with ``optimizer.found_inf`` set and the fused kernel updates nothing
-    (read at every step a fused optimizer takes under the scaler: one host sync on CUDA)."""
+    """Whether a fused optimizer (``fused=True``) skipped this step by itself: ``GradScaler``
+    calls its ``step()`` with ``optimizer.found_inf`` set on inf/NaN gradients (one host sync
+    on CUDA, at every step such an optimizer takes under the scaler)."""
     found_inf = getattr(optimizer, "found_inf", None)
     return isinstance(found_inf, Tensor) and bool(found_inf)
 
@@ -455,8 +443,7 @@ def attach(
             :meth:`StepHook.flush` to wait for every check).
 
     Returns:
-        The :class:`StepHook`: ``.remove()`` detaches it, ``.metrics()`` gives the sparsity and
-        the network's path-norm and product bounds, ``.num_steps`` counts the steps acted on.
+        The :class:`StepHook` (``.remove()``, ``.metrics()``, ``.num_steps``).
     """
     lam = _prefixed("attach", lambda v: check_scalar(v, "lam"), lam)
     if not isinstance(check_finite, bool):
@@ -487,11 +474,9 @@ def forward_check(pairs: Sequence[LayerPair]) -> ForwardCheck | None:
 
 
 def prox_pair(target: StepTarget, step: float, check: FiniteCheck) -> None:
-    """The path-norm prox of a pair target in place, with the finiteness ``check``: the prox's
-    own (free in the CPU kernel, before anything is written) when a synchronous check is
-    wanted, else ``check``. Runs on the target's planned unit views (copying the weights into
-    the planned buffers first and writing those back after), or on its weights as given (2-D
-    matrices) when it has none."""
+    """The path-norm prox of a pair target in place, on its planned unit views (copies written
+    back after) or its weights as given; a synchronous ``check`` is the prox's own (free in the
+    CPU kernel, before anything is written)."""
     if not check.synchronous:
         check(target)
     views = target.views
