@@ -1,16 +1,11 @@
 """What ``compact`` makes of a trained network: the main job's and the sweep's measures.
 
-``pathnorm-train`` compacts the network it trained (:func:`pathnorm_lightning.compact` in torch,
-:func:`pathnorm_tf.compact` in Keras), prints the hidden units, the parameters and the inference
-time per batch of 1,000 test images before and after, and records them in ``results.json``
-(:func:`measure`, :func:`format_compaction`). The sweep records :func:`hidden_alive` of every
-run in the ``hidden_alive`` column of ``runs.csv``.
-
-``compact`` is called on the model object with ``pairs="auto"``, whatever its layers (dense or
-convolutional pairs): the network is given the test images as the evaluation gives them.
-Times are medians of interleaved repeats in this process (the order of the two networks
-alternates between repeats), in eval mode without autograd in torch and in a ``tf.function``
-in Keras, on the threads the run was given.
+``pathnorm-train`` compacts the network it trained (:func:`pathnorm_lightning.compact` or
+:func:`pathnorm_tf.compact`, ``pairs="auto"``) and prints and records in ``results.json`` the
+hidden units, parameters and inference time per batch of 1,000 test images before and after
+(:func:`measure`, :func:`format_compaction`). The sweep records :func:`hidden_alive` in
+``runs.csv``. Times are medians of interleaved repeats in this process, in eval mode without
+autograd in torch and in a ``tf.function`` in Keras, on the threads the run was given.
 """
 
 from __future__ import annotations
@@ -54,12 +49,9 @@ class _Report(Protocol):
 
 
 def hidden_alive(report: _Report) -> int:
-    """The hidden units that ``compact`` keeps, over all pairs of its report (either backend).
-
-    A unit goes when its outgoing weights are all zero (``removed``) or its incoming ones are
-    and its constant output was folded into the next bias (``folded``); the rest stay. Where
-    every unit of a pair is dead, ``compact`` keeps one zero unit so the layers stay valid: it
-    is not counted here (0, where the report's ``units_after`` says 1).
+    """The hidden units that ``compact`` keeps, over all pairs of its report (either backend):
+    neither ``removed`` nor ``folded``. The one zero unit ``compact`` keeps where a pair's units
+    are all dead is not counted (0, where the report's ``units_after`` says 1).
     """
     pairs: tuple[_Pair, ...] = report.pairs
     return sum(p.units_before - p.removed - p.folded for p in pairs)
@@ -71,19 +63,13 @@ def time_calls(
     sample_s: float = SAMPLE_S,
     budget_s: float | None = None,
 ) -> tuple[dict[str, float], int]:
-    """Median seconds per call of each function, the functions timed in turn.
+    """Median seconds per call of each function of no arguments, the functions timed in turn.
 
-    Each is called once to warm up and once to size its samples, then ``repeats`` samples are
-    taken of each, in turns (the order reversed every other turn); a sample repeats its call
-    for at least ``sample_s``.
-
-    Args:
-        calls: name -> a function of no arguments.
-        repeats: samples per function (>= 1).
-        sample_s: the least length of one sample.
-        budget_s: fewer samples (down to :data:`MIN_REPEATS`, or ``repeats`` if less) where
-            ``repeats`` turns would take longer than this, as the sizing calls estimate; None:
-            ``repeats``.
+    Each is called once to warm up and once to size its samples, then ``repeats`` (>= 1)
+    samples are taken of each, in turns (the order reversed every other turn); a sample repeats
+    its call for at least ``sample_s``. ``budget_s``: fewer samples (down to
+    :data:`MIN_REPEATS`, or ``repeats`` if less) where ``repeats`` turns would take longer, as
+    the sizing calls estimate.
 
     Returns:
         (name -> median seconds per call, the samples taken of each).
@@ -141,8 +127,8 @@ def _torch(model: Any, x: np.ndarray, repeats: int) -> tuple[Any, dict[str, floa
 
     from pathnorm_lightning import compact
 
-    # a LightningModule that keeps its network in ``net`` (the main job's) is compacted
-    # through it: a copy of the whole module would copy its data too
+    # the main job's LightningModule is compacted through its ``net``: copying the whole
+    # module would copy its data too
     net = getattr(model, "net", None)
     net = net if isinstance(net, nn.Module) else model
     with _auto_pairs():
@@ -181,21 +167,19 @@ def measure(model: Any, x: np.ndarray, backend: str, repeats: int = REPEATS) -> 
     """Compact a trained network and measure both: units, parameters, inference time.
 
     Args:
-        model: the trained network: a torch ``nn.Module`` / ``LightningModule`` (``backend``
-            ``"torch"``) or a Keras model (``"tf"``); left unchanged.
-        x: test images, as the evaluation feeds them to the network; the first :data:`BATCH`
-            (cycled where there are fewer) are timed.
-        backend: ``"torch"`` or ``"tf"``.
+        model: a torch ``nn.Module`` / ``LightningModule`` (``backend="torch"``) or a Keras
+            model (``"tf"``); left unchanged.
+        x: test images, as the evaluation feeds them; the first :data:`BATCH` (cycled where
+            there are fewer) are timed.
         repeats: timed samples per network, at most: a slow network gets fewer (no fewer than
             :data:`MIN_REPEATS`), so the timing takes about :data:`BUDGET_S`.
 
     Returns:
-        ``pairs`` (the pairs compacted, ``"first -> second"``), ``hidden_before``,
-        ``hidden_after`` (as the report counts, a pair with all units dead keeping one zero
-        unit), ``hidden_alive`` (:func:`hidden_alive`), ``params_before``, ``params_after``
-        (the whole network's), ``ms_per_1000_before``, ``ms_per_1000_after``, ``speedup``,
-        ``max_abs_output_diff`` (on the timed batch), ``repeats`` (the samples taken); or ``error`` (why not)
-        where ``compact`` refuses the network.
+        ``pairs`` (``"first -> second"``), ``hidden_before``, ``hidden_after`` (as the report
+        counts), ``hidden_alive``, ``params_before``, ``params_after`` (the whole network's),
+        ``ms_per_1000_before``, ``ms_per_1000_after``, ``speedup``, ``max_abs_output_diff`` (on
+        the timed batch), ``repeats`` (the samples taken); or ``error`` (why not) where
+        ``compact`` refuses the network.
     """
     if backend not in ("torch", "tf"):
         raise ValueError(f"backend must be 'torch' or 'tf', got {backend!r}")

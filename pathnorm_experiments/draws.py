@@ -13,18 +13,12 @@ __all__ = ["initial_layer_weights", "initial_weights", "shuffle_orders"]
 
 
 def initial_weights(widths: Sequence[int], seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Initial ``(weight (out, in), bias (out,))`` per layer, float64, the same in both backends.
+    """Initial ``(weight (out, in), bias (out,))`` per layer of ``widths`` (input to output),
+    float64, the same in both backends.
 
     PyTorch's default ``nn.Linear`` distribution (Kaiming-uniform with ``a = sqrt(5)``): weights
     and biases uniform in ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``, drawn layer by layer (weight,
     then bias) from one NumPy generator seeded with ``(seed, 0)``.
-
-    Args:
-        widths: layer widths from input to output, e.g. (784, 200, 10).
-        seed: the run's seed.
-
-    Returns:
-        One (weight, bias) pair per layer, in torch layout.
     """
     return initial_layer_weights(
         [(fan_out, fan_in) for fan_in, fan_out in itertools.pairwise(widths)], seed

@@ -1,15 +1,12 @@
 """The torch engine of the main job: one training loop for ``pathnorm-train --engine loop`` and
-the sweep, and each regularizer's torch parts, written once.
+the sweep, and each regularizer's torch parts.
 
-A run is a :class:`~pathnorm_experiments.settings.TrainConfig` (the sweep's runs are made into
-one by ``_sweep_train``). :func:`run` trains it: an SGD step on the cross-entropy (plus
-``lam * g`` for ``method="penalty"``), then for ``method="prox"`` the library's prox with step
-``lr * lam`` (``pathnorm_lightning.functional``), or the row-wise l1-ball projection of radius
-``1/lam`` for a constraint; a layer pair's units come from the layer seam
-(``pathnorm_lightning.layers``), so the same step serves the conv network. The loop is bare
-torch (``torch.autograd.grad``, ``torch._foreach_add_``), the sweep's speed; the training curve
-is recorded only when asked. ``pathnorm-train --engine lightning`` trains the same network with
-the library's callbacks instead (:mod:`~pathnorm_experiments.lightning_module`).
+:func:`run` trains a :class:`~pathnorm_experiments.settings.TrainConfig`: an SGD step on the
+cross-entropy (plus ``lam * g`` for ``method="penalty"``), then for ``method="prox"`` the
+library's prox with step ``lr * lam`` (or the row-wise l1-ball projection of radius ``1/lam``
+for a constraint). A layer pair's units come from the layer seam (``pathnorm_lightning.layers``),
+so the same step serves the conv network. The loop is bare torch (``torch.autograd.grad``,
+``torch._foreach_add_``) for the sweep's speed.
 """
 
 from __future__ import annotations
@@ -81,11 +78,8 @@ def _prox_l1(layers: Sequence[WeightLayer], lam: float, lr: float) -> None:
         prox_l1_(layer.weight, lr * lam)
 
 
-# the seam's views of an nn.Linear are its weight: the sweep's layers skip the seam's lookups
-# (about 20 us a call, a tenth of the step)
-
-
 def _prox_path(layers: Sequence[WeightLayer], lam: float, lr: float) -> None:
+    # an nn.Linear's seam views are its weight: skip the seam's lookups (20 us, a tenth of a step)
     for first, second in zip(layers[::2], layers[1::2], strict=True):
         if type(first) is nn.Linear and type(second) is nn.Linear:
             prox_path_norm_(first.weight, second.weight, lr * lam, check_finite=False)
@@ -123,10 +117,9 @@ def _linf_callback(lam: float, prog_bar: bool) -> Callback:
 
 @dataclass(frozen=True)
 class TorchRegularizer:
-    """A regularizer's torch parts (its row in :mod:`~pathnorm_experiments.regularizers` says
-    what it is): the differentiable ``g`` (None: ``g = 0``), the in-place proximal step
-    ``(layers, lam, lr)`` after an SGD step of size ``lr``, and the library's Lightning callback
-    ``(lam, prog_bar)`` doing that step (None: no step)."""
+    """A regularizer's torch parts: the differentiable ``g`` (None: ``g = 0``), the in-place
+    proximal step ``(layers, lam, lr)`` after an SGD step of size ``lr``, and the library's
+    Lightning callback ``(lam, prog_bar)`` doing that step (None: no step)."""
 
     penalty: Callable[[Sequence[WeightLayer]], Tensor] | None
     prox: Callable[[Sequence[WeightLayer], float, float], None] | None
@@ -152,8 +145,7 @@ def penalty(layers: Sequence[WeightLayer], name: str) -> Tensor:
 
 @torch.no_grad()
 def apply_prox_(layers: Sequence[WeightLayer], name: str, lam: float, lr: float) -> None:
-    """The proximal step (or projection) of ``name`` after an SGD step of size ``lr``, in
-    place, with the library's functions."""
+    """The proximal step (or projection) of ``name`` after an SGD step of size ``lr``, in place."""
     step = TORCH[regularizer(name).name].prox
     if step is not None and lam != 0:
         step(layers, lam, lr)
@@ -200,18 +192,14 @@ def run(
     steps: int | None = None,
     progress: bool = False,
 ) -> Trained:
-    """Train ``cfg``'s network (seeded by ``cfg.seed``) on ``(x, y)`` in the epochs' orders of
-    :func:`~pathnorm_experiments.draws.shuffle_orders`, on ``x``'s device.
+    """Train ``cfg``'s network on ``(x, y)`` (inputs (n, 784) in ``cfg.dtype``) on ``x``'s
+    device, in the epochs' orders of :func:`~pathnorm_experiments.draws.shuffle_orders`.
 
     Args:
-        cfg: the run.
-        x: training inputs (n, 784), in ``cfg.dtype``.
-        y: their labels.
         curve: record the training curve (every ``cfg.log_every`` steps the mean batch
             objective and the sparsity; per epoch the objective on these examples); None: no
             curve (the sweep), no cost.
         steps: stop after this many steps (benchmarks, calibration); None: ``cfg.epochs``.
-        progress: a tqdm bar.
 
     Returns:
         The trained network, its curve and ``{"train_s", "iterations"}``.

@@ -52,13 +52,12 @@ def build_result(
     """The JSON-ready result: errors per eps, sparsity, bounds and the final objective.
 
     ``weights``/``biases`` are NumPy arrays in torch layout (out, in), a convolution a
-    :class:`~pathnorm_experiments.certify.ConvLayer` (the bounds and certificates are then of
-    the unrolled network, and ``layer_linf_norms`` its rows' largest l1 norm). ``clean_error`` is on
-    all test images; ``clean_error_attacked``, the PGD-robust and the certified errors are on
-    the same first ``n_adv`` test images, so these are comparable. Two certificates:
-    ``certified_error`` (the path-norm Lipschitz bound) and ``certified_error_interval``
-    (interval bound propagation with the [0, 1] pixel box); an example is certified when the
-    named certificate proves it, so each is an upper bound on any attack's error.
+    :class:`~pathnorm_experiments.certify.ConvLayer` (bounds, certificates and
+    ``layer_linf_norms`` are then the unrolled network's). ``clean_error`` is on all test
+    images; ``clean_error_attacked``, the robust and the certified errors on the same first
+    ``n_adv``, so these are comparable. Each certificate (``certified_error``: the path-norm
+    Lipschitz bound; ``certified_error_interval``: interval bound propagation in the [0, 1]
+    pixel box) bounds any attack's error from above.
     """
     g = regularizer_value(weights, cfg.regularizer)
     x_adv, y_adv = data.x_test[:n_adv], data.y_test[:n_adv]
@@ -94,11 +93,16 @@ def build_result(
 def format_summary(result: dict[str, Any]) -> str:
     """A human-readable table of one result."""
     cfg = result["config"]
+    if cfg.get("model", "mlp") == "conv":
+        kernel, stride = cfg["kernel_size"], cfg["stride"]
+        network = f"conv {cfg['hidden'][0]} channels, kernel {kernel}, stride {stride}"
+    else:
+        network = f"hidden={cfg['hidden']}"
     lines = [
         f"{result['dataset']} ({result['n_train']} train, {result['n_test']} test"
         f"{', PARTIAL train set' if result['partial_train_set'] else ''}) | backend "
         f"{result['backend']} | {cfg['regularizer']}/{cfg['method']} lam={cfg['lam']:g} "
-        f"lr={cfg['lr']:g} epochs={cfg['epochs']} {_network(cfg)}",
+        f"lr={cfg['lr']:g} epochs={cfg['epochs']} {network}",
         f"clean error {100 * result['clean_error']:.2f}% on all {result['n_test']} test images, "
         f"{100 * result['clean_error_attacked']:.2f}% on the first {result['n_attacked']}, "
         f"where robust (PGD-{cfg['pgd_steps']} on {cfg.get('attack', 'ce')}) and certified "
@@ -123,15 +127,6 @@ def format_summary(result: dict[str, Any]) -> str:
         f"{result['timings'].get('eval_s', 0):.1f} s",
     ]
     return "\n".join(lines)
-
-
-def _network(cfg: dict[str, Any]) -> str:
-    """The network of a result's config in a few words."""
-    if cfg.get("model", "mlp") == "conv":
-        return (
-            f"conv {cfg['hidden'][0]} channels, kernel {cfg['kernel_size']}, stride {cfg['stride']}"
-        )
-    return f"hidden={cfg['hidden']}"
 
 
 LEGEND_FONTSIZE = 9  # as large as the tick labels' 10 allows beside them
@@ -161,18 +156,12 @@ def place_legends(fig: Any) -> None:
 
 
 def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
-    """Write the run's training curves as a PNG (needs matplotlib).
+    """Write the training curves of a :func:`build_result` result as a PNG (needs matplotlib);
+    returns ``path``.
 
-    Left: the regularized loss ``cross-entropy + lam * g`` (its title says what g is), as the
-    minibatch mean between records and on the training set at each epoch's end. Right: the %
-    of nonzero weights, raw and on live paths.
-
-    Args:
-        result: a result of :func:`build_result`.
-        path: the PNG to write.
-
-    Returns:
-        ``path``.
+    Left: ``cross-entropy + lam * g`` (its title says what g is), the minibatch mean between
+    records and on the training set at each epoch's end. Right: the % of nonzero weights, raw
+    and on live paths.
     """
     import matplotlib
 

@@ -1,10 +1,7 @@
 """Lightning side of the main job (``pathnorm-train --engine lightning``): a
 ``LightningDataModule`` over the NumPy arrays and the paper's classifier as a
 ``LightningModule``; the prox is the library's callbacks. The network, the penalty, the curve
-and the evaluation are the torch engine's (:mod:`~pathnorm_experiments.engine`); only the loop
-is Lightning's.
-
-Imported only by the torch backend (this module imports ``lightning``).
+and the evaluation are :mod:`~pathnorm_experiments.engine`'s; only the loop is Lightning's.
 """
 
 from __future__ import annotations
@@ -39,8 +36,8 @@ __all__ = [
 
 
 class EpochOrderSampler(Sampler[int]):
-    """Each epoch's order as :func:`~pathnorm_experiments.draws.shuffle_orders` draws it (the
-    NumPy permutations the plain loop and the Keras backend train in), one per ``iter()``."""
+    """Each epoch's order as :func:`~pathnorm_experiments.draws.shuffle_orders` draws it (as the
+    plain loop and the Keras backend train), one per ``iter()``."""
 
     def __init__(self, n: int, seed: int) -> None:
         self.n = n
@@ -54,14 +51,8 @@ class EpochOrderSampler(Sampler[int]):
 
 
 class ArrayDataModule(pl.LightningDataModule):
-    """Train/test loaders over a :class:`~pathnorm_experiments.data.Dataset` (float32 in [0, 1]).
-
-    Args:
-        data: the arrays.
-        batch_size: minibatch size (the paper: 100).
-        seed: seed of the training shuffle.
-        n_train: use only the first ``n_train`` training samples (``None``: all).
-    """
+    """Train/test loaders over a :class:`~pathnorm_experiments.data.Dataset` (float32 in [0, 1]),
+    the training set shuffled with ``seed`` and cut to its first ``n_train`` (``None``: all)."""
 
     def __init__(
         self, data: Dataset, batch_size: int = 100, seed: int = 0, n_train: int | None = None
@@ -107,7 +98,7 @@ class ImageDataModule(ArrayDataModule):
         dataset: ``"embedded"`` (shipped with the package), ``"mnist"``, ``"fashion-mnist"``
             or ``"kmnist"``.
         data_dir: directory holding ``<dataset>/<file>``; ``None``: ``$PATHNORM_DATA_DIR``, else
-            the default (see :func:`pathnorm_experiments.data.default_data_dir`).
+            :func:`pathnorm_experiments.data.default_data_dir`.
         batch_size, seed, n_train: as for :class:`ArrayDataModule`.
         allow_partial: accept KMNIST's truncated training-image file (with a warning).
         verify: check the SHA-256 of the files whose original checksum is known.
@@ -143,20 +134,15 @@ class ImageDataModule(ArrayDataModule):
 
 
 class PaperMLP(pl.LightningModule):
-    """The paper's network (784-200-10 ELU by default), or its convolutional twin
-    (``cfg.model="conv"``), trained with constant-lr SGD.
-
-    With ``method="penalty"`` the loss is ``CE + lam * g`` (plain SGD through autograd); with
-    ``method="prox"`` the loss is the CE alone and a callback from
-    :func:`regularizer_callbacks` applies the prox after each step.
-    """
+    """``cfg``'s network trained with constant-lr SGD on ``CE + lam * g`` (``method="penalty"``)
+    or on the CE, a callback of :func:`regularizer_callbacks` applying the prox (``"prox"``)."""
 
     def __init__(
         self, cfg: TrainConfig, x_eval: Tensor | None = None, y_eval: Tensor | None = None
     ) -> None:
         super().__init__()
         self.cfg = cfg
-        # built in the run's dtype: Lightning's "64-true" would otherwise upcast float32 weights
+        # in the run's dtype: Lightning's "64-true" would otherwise upcast float32 weights
         self.net = build_network(cfg)
         self.history = History()
         self._acc, self._acc_n = 0.0, 0

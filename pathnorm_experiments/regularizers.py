@@ -3,12 +3,11 @@ three backends' tables (``engine.TORCH``: torch penalty, prox step, Lightning ca
 ``tf_backend.KERAS``: Keras penalty and optimizer; ``certify.G``: the certificates' numpy
 ``g``; each refuses to import without it), its update in the libraries, and its tests.
 
-Each row holds what the experiments need to know of a regularizer: its name (the CLI's and the
-results' vocabulary), its labels and colour (the report), what ``g`` is (the training curve),
-its sweep grid of lam, and its shape: ``pairs`` (it acts on consecutive layer pairs, so it needs
-an even number of weight layers) and ``constraint`` (lam sets the radius 1/lam of a hard
-constraint, so it has only the projection form, no penalty). This module imports neither torch
-nor TensorFlow.
+A row holds the name (the CLI's and the results' vocabulary), label and colour (the report),
+what ``g`` is (the training curve), the sweep's lam grid, and the shape: ``pairs`` (acts on
+consecutive layer pairs: needs an even number of weight layers) and ``constraint`` (lam sets the
+radius 1/lam of a hard constraint: projection only, no penalty). Imports neither torch nor
+TensorFlow.
 """
 
 from __future__ import annotations

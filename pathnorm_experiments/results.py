@@ -27,16 +27,8 @@ class History:
 
 
 def unwritable_dir(out: str | Path) -> str | None:
-    """Why files cannot be written in the directory ``out`` (made if missing), else None.
-
-    Nothing is left behind: the check writes a temporary file (or directory) and removes it.
-
-    Args:
-        out: the directory.
-
-    Returns:
-        The problem in words (``out`` is a file, lies under a file, or is not writable), or None.
-    """
+    """Why files cannot be written in the directory ``out`` (made if missing), in words, else
+    None. The check writes a temporary file (or directory) and removes it."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         return "is a file, not a directory"
@@ -57,19 +49,13 @@ def unwritable_dir(out: str | Path) -> str | None:
 
 
 def write_results(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
-    """Write ``result`` as ``<out>/results.json`` and the per-eps table ``<out>/results.csv``.
+    """Write a :func:`~pathnorm_experiments.evaluation.build_result` result as
+    ``<out>/results.json`` and the per-eps table ``<out>/results.csv`` (``out`` made if
+    missing); returns their paths.
 
     The CSV's error columns but the last share the attacked test images (``n_attacked``), so
-    ``clean_error_attacked <= robust_error <= certified_error`` on every row, and likewise for
-    ``certified_error_interval`` (interval bound propagation); the last column is the clean
-    error on all test images.
-
-    Args:
-        result: a result of :func:`~pathnorm_experiments.evaluation.build_result`.
-        out: the output directory (made if missing).
-
-    Returns:
-        The paths of the JSON and the CSV file.
+    ``clean_error_attacked <= robust_error <= certified_error`` (and ``<=
+    certified_error_interval``) on every row; the last is the clean error on all test images.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -39,15 +39,9 @@ N_CLASSES = 10
 def float_key(value: float) -> str:
     """The results key of an eps or lam: ``f"{value:g}"`` if it reads back exactly, else ``repr``.
 
-    ``{:g}`` keeps six digits, so 0.1 and 0.1000001 would share the key ``"0.1"``; ``repr`` is
-    the shortest text that reads back exactly. Distinct values thus always get distinct keys,
-    and the usual ones keep their short form (``"0.05"``, ``"1e-05"``).
-
-    Args:
-        value: the number.
-
-    Returns:
-        Its key.
+    ``{:g}`` keeps six digits (0.1 and 0.1000001 would share ``"0.1"``); ``repr`` is the
+    shortest text that reads back exactly. So distinct values get distinct keys, and the usual
+    ones keep their short form (``"0.05"``, ``"1e-05"``).
     """
     short = f"{value:g}"
     return short if float(short) == value else repr(float(value))
@@ -57,17 +51,13 @@ def float_key(value: float) -> str:
 class TrainConfig:
     """One training run: the paper's network, regularizer, optimiser and evaluation.
 
-    ``model``: ``mlp`` (the paper's network, ``784 -> hidden... -> 10``) or ``conv`` (its
-    convolutional twin: ``Conv2d(1, hidden[0], kernel_size, stride)`` without padding -> the
-    activation -> Flatten -> ``Linear(10)``, on the images as 1 x 28 x 28; ``hidden`` then holds
-    one entry, the convolution's channels; ``kernel_size`` and ``stride`` are the conv's only).
-
-    ``regularizer``: ``none``, ``l1`` (lam * sum |w|), ``path`` (lam * sum of the 1-path-norms of
-    consecutive layer pairs, the paper's multilayer extension) or ``linf`` (the layer-wise
-    constraint ``||W||_inf <= 1/lam`` for every layer, Parseval-style). ``method``: ``prox``
-    (proximal SGD: an SGD step on the cross-entropy, then the prox with step ``lr * lam``, or
-    the projection for ``linf``) or ``penalty`` (plain SGD on cross-entropy + lam * g, with
-    autograd's subgradient). ``linf`` is a hard constraint, so it has only the projection form.
+    ``model``: ``mlp`` (``784 -> hidden... -> 10``) or ``conv`` (``Conv2d(1, hidden[0],
+    kernel_size, stride)`` without padding -> activation -> Flatten -> ``Linear(10)`` on the
+    1 x 28 x 28 images; ``hidden`` then holds one entry, the channels). ``regularizer``: a row
+    of :mod:`~pathnorm_experiments.regularizers`. ``method``: ``prox`` (an SGD step on the
+    cross-entropy, then the prox with step ``lr * lam``, or for ``linf``, a hard constraint
+    ``||W||_inf <= 1/lam`` per layer, the projection) or ``penalty`` (SGD on cross-entropy +
+    lam * g, with autograd's subgradient; not for ``linf``).
     """
 
     regularizer: str = "path"
@@ -82,15 +72,13 @@ class TrainConfig:
     dtype: str = "float32"  # of weights and data in training and evaluation (float64: checks)
     eps: tuple[float, ...] = EPS
     pgd_steps: int = 40
-    attack: str = (
-        "ce"  # "ce": the paper's PGD; "ce+margin": also CW-margin PGD, error if either wins
-    )
+    attack: str = "ce"  # "ce": the paper's PGD; "ce+margin": also CW-margin PGD, either wins
     pgd_samples: int | None = 1000  # test images attacked (None: all); clean error uses all
     log_every: int = 10  # iterations between history records
     eval_train_samples: int | None = 10000  # train images for the regularized loss (None: all)
     model: str = "mlp"
     kernel_size: int = 5  # conv only: the convolution's square kernel
-    stride: int = 2  # conv only: its stride (no padding: R is the unrolled net's path norm)
+    stride: int = 2  # conv only: its stride (no padding: R is the unrolled net's path-norm)
 
     def __post_init__(self) -> None:
         row = regularizer(self.regularizer)

@@ -1,14 +1,14 @@
 """Torch side of the main job: the paper's MLP or its convolutional twin, its layers as the
 certificates take them, and the evaluation of a trained network (clean, PGD-robust and certified
-errors). The training is :mod:`~pathnorm_experiments.engine`'s (or, for ``--engine lightning``,
-:mod:`~pathnorm_experiments.lightning_module`'s); the attacks are
-:mod:`~pathnorm_experiments.attacks_torch`'s.
+errors). Training is :mod:`~pathnorm_experiments.engine`'s or
+:mod:`~pathnorm_experiments.lightning_module`'s.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any, TypeAlias, cast
 
 import numpy as np
@@ -51,19 +51,12 @@ def build_model(
     seed: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> nn.Sequential:
-    """MLP ``Linear -> act -> ... -> Linear``.
+    """MLP ``Linear -> act -> ... -> Linear`` of ``widths`` (input to output: 784, 200, 10).
 
     Args:
-        widths: layer widths from input to output, e.g. (784, 200, 10).
-        activation: ``"elu"``, ``"relu"`` or ``"tanh"``.
-        seed: draw the initial weights with
-            :func:`~pathnorm_experiments.draws.initial_weights` (PyTorch's default
-            distribution from a NumPy generator, the draw the Keras backend makes too);
-            ``None``: PyTorch's own initialisation from its global generator.
+        seed: draw the initial weights with :func:`~pathnorm_experiments.draws.initial_weights`
+            (the draw the Keras backend makes too); ``None``: PyTorch's own initialisation.
         dtype: the parameters' dtype (the NumPy draw is rounded to it once).
-
-    Returns:
-        The model.
     """
     if len(widths) < 2:
         raise ValueError(f"widths needs input and output sizes, got {widths}")
@@ -92,20 +85,8 @@ def build_conv_model(
     """The paper's network with a convolution for its hidden layer, on flat 784-pixel inputs:
     ``Unflatten(1, 28, 28) -> Conv2d(1, channels, kernel_size, stride) -> act -> Flatten ->
     Linear(channels * positions, 10)``. No padding: the pair's ``R`` is the unrolled network's
-    1-path-norm (docs/conv_units.md).
-
-    Args:
-        channels: the convolution's output channels (its hidden units).
-        kernel_size: its square kernel.
-        stride: its stride.
-        activation: ``"elu"``, ``"relu"`` or ``"tanh"``.
-        seed: draw the initial weights with
-            :func:`~pathnorm_experiments.draws.initial_layer_weights` (PyTorch's default
-            distribution, the draw the Keras backend makes too); ``None``: PyTorch's own.
-        dtype: the parameters' dtype.
-
-    Returns:
-        The model.
+    1-path-norm (docs/conv_units.md). ``seed`` and ``dtype`` as for :func:`build_model`, the draw
+    :func:`~pathnorm_experiments.draws.initial_layer_weights`'.
     """
     if activation not in _ACTS:
         raise ValueError(f"activation must be one of {sorted(_ACTS)}, got {activation!r}")
@@ -126,8 +107,7 @@ def build_conv_model(
 
 
 def build_network(cfg: TrainConfig) -> nn.Sequential:
-    """``cfg``'s network (``cfg.model``: the MLP or the conv network), seeded with ``cfg.seed``,
-    in ``cfg.dtype``."""
+    """``cfg``'s network (MLP or conv), seeded with ``cfg.seed``, in ``cfg.dtype``."""
     dtype = torch_dtype(cfg.dtype)
     if cfg.model == "conv":
         return build_conv_model(
@@ -155,8 +135,8 @@ def linear_layers(model: nn.Module) -> list[nn.Linear]:
 
 
 def weight_layers(model: nn.Module) -> list[WeightLayer]:
-    """The model's layers of the layer seam (``nn.Linear``, ``nn.Conv1d``, ``nn.Conv2d``) in
-    forward (module) order: the layers the regularizers act on."""
+    """The layers the regularizers act on (the layer seam's: ``nn.Linear``, ``nn.Conv1d``,
+    ``nn.Conv2d``), in module order."""
     return [cast(WeightLayer, m) for m in model.modules() if isinstance(m, tuple(seam.ENTRIES))]
 
 
@@ -231,21 +211,12 @@ def evaluate(
     with torch.no_grad():
         wrong_clean = model(x_te).argmax(1) != y_te
     n_adv = x_te.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_te.shape[0])
-    xa, ya = x_te[:n_adv], y_te[:n_adv]
+    attack = partial(robust_error, model, x_te[:n_adv], y_te[:n_adv], steps=cfg.pgd_steps)
     robust = {}
     for e in cfg.eps:
-        wrong = robust_error(model, xa, ya, e, steps=cfg.pgd_steps, seed=cfg.seed, return_mask=True)
+        wrong = attack(e, seed=cfg.seed, return_mask=True)
         if cfg.attack == "ce+margin":
-            wrong |= robust_error(
-                model,
-                xa,
-                ya,
-                e,
-                steps=cfg.pgd_steps,
-                seed=cfg.seed + 1,
-                loss="margin",
-                return_mask=True,
-            )
+            wrong |= attack(e, seed=cfg.seed + 1, loss="margin", return_mask=True)
         robust[float_key(e)] = float(wrong.double().mean())  # exact k/n, as NumPy gives
     x_tr, y_tr = torch.from_numpy(data.x_train).to(dtype), torch.from_numpy(data.y_train)
     if cfg.eval_train_samples is not None:

@@ -90,14 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=_Formatter,
     )
-    _training_args(p)
-    _data_args(p)
-    _evaluation_args(p)
-    _run_args(p)
-    return p
-
-
-def _training_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model and training")
     g.add_argument(
         "--backend",
@@ -147,8 +139,6 @@ def _training_args(p: argparse.ArgumentParser) -> None:
         help="weights and data in training and evaluation (float64: for checks, slower)",
     )
 
-
-def _data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--dataset", choices=DATASET_NAMES, default="embedded", help="the data")
     g.add_argument(
@@ -167,8 +157,6 @@ def _data_args(p: argparse.ArgumentParser) -> None:
         "--n-test", type=int, default=None, help="use only the first N test samples (None: all)"
     )
 
-
-def _evaluation_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("evaluation")
     g.add_argument("--eps", type=float, nargs="+", default=list(EPS), help="l_inf attack radii")
     g.add_argument("--pgd-steps", type=int, default=40, help="PGD steps (of eps/20 each)")
@@ -186,8 +174,6 @@ def _evaluation_args(p: argparse.ArgumentParser) -> None:
         help="test images attacked (0: all)",
     )
 
-
-def _run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("run")
     g.add_argument("--seed", type=int, default=0, help="seed of the initial weights and shuffle")
     g.add_argument(
@@ -202,14 +188,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--overwrite", action="store_true", help="replace the results already in --out")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
 
 
 def check_out(out: str | Path, overwrite: bool) -> None:
-    """Check before any training that ``out`` can take the results.
-
-    Args:
-        out: the output directory (made later if missing).
-        overwrite: allow replacing the results of an earlier run there.
+    """Check before any training that ``out`` (made later if missing) can take the results.
 
     Raises:
         OutputError: ``out`` is a file, lies under a file, is not writable, or holds results
@@ -243,14 +226,8 @@ def _backend(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Check the setup, load data, train, evaluate, print the summary, write results.
-
-    Args:
-        args: the parsed command line.
-
-    Returns:
-        The result dict (as written to ``results.json``).
-    """
+    """Check the setup, load data, train, evaluate, print the summary, write the results;
+    returns the result dict (as written to ``results.json``)."""
     conv = args.model == "conv"
     for option, value in (("--kernel-size", args.kernel_size), ("--stride", args.stride)):
         if value is not None and not conv:
