@@ -1,9 +1,8 @@
 """One run of the sweep: training (SGD, then the prox or projection; or SGD on the penalty),
 the metrics every run gets, the attacks and certificates of a selected run, and their timing.
 
-The training is the torch engine's (:mod:`~pathnorm_experiments.engine`), the loop of
-``pathnorm-train --engine loop``: a sweep run is a :class:`~pathnorm_experiments.settings.
-TrainConfig` (:func:`train_config`).
+Training is the torch engine's loop (:mod:`~pathnorm_experiments.engine`, ``pathnorm-train
+--engine loop``), given the run as a :class:`~pathnorm_experiments.settings.TrainConfig`.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -28,9 +26,7 @@ __all__ = ["calibrate", "estimate", "evaluate_run", "train_config", "train_metri
 
 
 def train_config(spec: RunSpec, cfg: SweepConfig) -> TrainConfig:
-    """The engine's spec of the sweep's run ``spec``: the main job's network (784-``cfg.hidden``
-    -10 ELU) at ``cfg``'s batch size, trained by ``spec``'s regularizer, optimizer, lam, lr,
-    seed and epochs."""
+    """The engine's spec of the run ``spec``: 784-``cfg.hidden``-10 ELU at ``cfg``'s batch size."""
     # TrainConfig's leading fields: regularizer, method, lam, lr, epochs, batch_size, hidden
     leading = (spec.regularizer, spec.optimizer, spec.lam, spec.lr, spec.epochs, cfg.batch_size)
     return TrainConfig(*leading, (cfg.hidden,), seed=spec.seed)
@@ -39,18 +35,11 @@ def train_config(spec: RunSpec, cfg: SweepConfig) -> TrainConfig:
 def train_run(
     spec: RunSpec, data: Prepared, cfg: SweepConfig, *, steps: int | None = None
 ) -> tuple[list[Tensor], list[Tensor]] | None:
-    """Train one run with the engine (:func:`~pathnorm_experiments.engine.run`, the main job's
-    loop: its initial weights and epoch orders, so a run is deterministic).
-
-    Args:
-        spec: the run.
-        data: its dataset's split.
-        cfg: batch size and hidden width.
-        steps: stop after this many SGD steps (benchmarks); None: ``spec.epochs`` epochs.
+    """Train one run with :func:`~pathnorm_experiments.engine.run` (deterministic: the main
+    job's initial weights and epoch orders) for ``spec.epochs`` epochs, or ``steps`` SGD steps.
 
     Returns:
-        The trained ``(weights, biases)`` (torch layout), or None when a weight became NaN or
-        infinite.
+        ``(weights, biases)`` (torch layout), or None when a weight became NaN or infinite.
     """
     try:
         model = run(train_config(spec, cfg), data.x_train, data.y_train, steps=steps).model
@@ -103,17 +92,9 @@ def _strong_restarts_(
     cfg: SweepConfig,
     gen: torch.Generator,
 ) -> None:
-    """The strong attack's margin-loss PGD restarts on the points not yet broken, in place.
-
-    Args:
-        model: the classifier.
-        x: evaluation inputs.
-        y: their labels.
-        eps: the l_inf radius.
-        strong: (n,) bool, the points broken so far; set where a restart breaks one.
-        cfg: PGD steps and the number of restarts.
-        gen: the restarts' random starts (advanced across radii).
-    """
+    """The strong attack's margin-loss PGD restarts at l_inf radius ``eps`` on the points not
+    yet broken: sets ``strong`` ((n,) bool) where a restart breaks one. ``gen`` (the random
+    starts) advances across radii."""
     for _ in range(cfg.strong_restarts):
         alive = torch.nonzero(~strong).flatten()
         if alive.numel() == 0:
@@ -132,40 +113,19 @@ def _strong_restarts_(
             strong[alive[model(xa).argmax(1) != y[alive]]] = True
 
 
-def _check_sound(k: str, broken: np.ndarray, cert_lip: np.ndarray, cert_ibp: np.ndarray) -> None:
-    """Raise if an attack broke a certified point.
-
-    A sound certificate never meets a successful attack: this is a bug, not a result.
-
-    Args:
-        k: the radius, as its result key.
-        broken: (n,) bool, the points an attack broke.
-        cert_lip: (n,) bool, the Lipschitz certificate's points.
-        cert_ibp: (n,) bool, the interval certificate's points.
-    """
-    if (broken & cert_lip).any() or (broken & cert_ibp).any():
-        raise RuntimeError(
-            f"eps {k}: an attack broke {int((broken & cert_lip).sum())} examples the "
-            f"Lipschitz certificate and {int((broken & cert_ibp).sum())} the "
-            "interval certificate certified"
-        )
-
-
 def evaluate_run(
     ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared, cfg: SweepConfig, seed: int
 ) -> dict[str, float]:
-    """Attacks and certificates of a selected run on the evaluation sample (errors in %).
-
-    Args:
-        ws: weights (out, in).
-        bs: biases.
-        data: the split (``x_eval``, ``y_eval``).
-        cfg: radii, PGD steps, the strong attack's restarts.
-        seed: the attacks' random starts.
+    """Attacks and certificates of a selected run (weights (out, in)) on ``data``'s evaluation
+    sample, the attacks' random starts from ``seed``.
 
     Returns:
-        ``{"robust_error@EPS", "robust_error_strong@EPS", "certified_lipschitz@EPS",
-        "certified_interval@EPS"}`` for every eps.
+        ``robust_error@EPS``, ``robust_error_strong@EPS``, ``certified_lipschitz@EPS`` and
+        ``certified_interval@EPS`` (in %) for every eps.
+
+    Raises:
+        RuntimeError: an attack broke a certified point (a bug: a sound certificate never
+            meets a successful attack).
     """
     model = _as_model(ws, bs)
     x, y = data.x_eval, data.y_eval
@@ -185,7 +145,13 @@ def evaluate_run(
             w_np, b_np, x_np, y_np, eps, "elu", logits=logits, lip=lip
         )
         cert_ibp = certify.interval_certified_mask(w_np, b_np, x_np, y_np, eps, "elu")
-        _check_sound(k, strong.cpu().numpy(), cert_lip, cert_ibp)
+        broken = strong.cpu().numpy()
+        if (broken & cert_lip).any() or (broken & cert_ibp).any():
+            raise RuntimeError(
+                f"eps {k}: an attack broke {int((broken & cert_lip).sum())} examples the "
+                f"Lipschitz certificate and {int((broken & cert_ibp).sum())} the "
+                "interval certificate certified"
+            )
         n = x.shape[0]
         out[f"robust_error@{k}"] = 100.0 * float(paper.sum()) / n
         out[f"robust_error_strong@{k}"] = 100.0 * float(strong.sum()) / n
@@ -195,15 +161,8 @@ def evaluate_run(
 
 
 def calibrate(cfg: SweepConfig, data: Prepared) -> dict[str, float]:
-    """Seconds per training step of each (regularizer, optimizer) and per evaluated run.
-
-    Args:
-        cfg: the sweep (batch size, width, PGD steps, restarts).
-        data: the dataset to time on (its evaluation sample sets the attacks' cost).
-
-    Returns:
-        ``{"REG/OPT": seconds per step, ..., "eval": seconds per selected run's evaluation}``.
-    """
+    """``{"REG/OPT": seconds per training step, ..., "eval": seconds per selected run's
+    evaluation}``, timed on ``data`` (its evaluation sample sets the attacks' cost)."""
     torch.set_num_threads(1)
     times = {}
     for reg, opt, lam in (
@@ -238,12 +197,8 @@ def estimate(
     times: Mapping[str, float],
     jobs: int,
 ) -> tuple[int, int, float]:
-    """The work of ``groups`` (those left to run: a group that only adds seeds has no
-    selection seeds), at the per-step times of :func:`calibrate`.
-
-    Returns:
-        ``(training runs, evaluated runs, seconds with jobs workers)``.
-    """
+    """``(training runs, evaluated runs, seconds with jobs workers)`` of ``groups`` (those left
+    to run: one that only adds seeds has no selection seeds), at :func:`calibrate`'s times."""
     runs = evals = 0
     seconds = 0.0
     for g in groups:
