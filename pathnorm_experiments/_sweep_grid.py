@@ -1,10 +1,9 @@
 """The sweep's grid and data split: the settings, the runs and lr-selection groups in the order
-they run, the lr selection and the rows of a finished group, and each dataset's train /
-validation / evaluation split.
+they run, the lr selection, the rows of a finished group, and each dataset's train / validation
+/ evaluation split (the protocol: :mod:`pathnorm_experiments.sweep`).
 
-A group is one (dataset, regularizer, optimizer, lam): every lr is trained with the selection
-seeds, and the other seeds run at the lr selected on validation. Groups hash to shards, so a
-group never spans two machines. See :mod:`pathnorm_experiments.sweep` for the protocol.
+A group is one (dataset, regularizer, optimizer, lam); groups hash to shards, so a group never
+spans two machines.
 """
 
 from __future__ import annotations
@@ -53,10 +52,10 @@ EVAL_SEED = 20191
 class SweepConfig:
     """The grid and the evaluation settings (defaults: the paper's protocol).
 
-    ``lams`` maps each regularizer to its lam grid (``none``: ``(0.0,)``). ``select_seeds`` are
-    the seeds every lr is trained with for the selection (a subset of ``seeds``).
-    ``eval_samples``: the size of the stratified test sample attacked and certified (None: all).
-    ``val_size``: validation images per 60,000 training images (scaled for a smaller set).
+    ``lams``: each regularizer's lam grid (``none``: ``(0.0,)``). ``select_seeds``: the seeds
+    every lr is trained with (a subset of ``seeds``). ``eval_samples``: the stratified test
+    sample attacked and certified (None: all). ``val_size``: validation images per 60,000
+    training images (scaled for a smaller set).
     """
 
     datasets: tuple[str, ...] = ("mnist", "fashion-mnist", "kmnist")
@@ -191,16 +190,12 @@ def coarse_to_fine(n: int) -> list[int]:
 
 
 def build_groups(cfg: SweepConfig, n_train: Mapping[str, int]) -> list[Group]:
-    """The grid's groups in the order they run: dataset by dataset, the baseline first, then
-    rounds that take one lam of every (regularizer, optimizer), coarse to fine over its grid.
+    """The grid's groups of the datasets in ``n_train`` (training images after the validation
+    split) in the order they run: dataset by dataset, the baseline first, then rounds that take
+    one lam of every (regularizer, optimizer), coarse to fine over its grid.
 
-    Args:
-        cfg: the grid.
-        n_train: training images (after the validation split) per dataset to sweep.
-
-    Returns:
-        The groups; ``none`` appears once (its optimizer is recorded as ``prox``: with lam 0
-        both are plain SGD), ``linf`` only with ``prox`` (its projection).
+    ``none`` appears once (recorded as ``prox``: with lam 0 both are plain SGD), ``linf`` only
+    with ``prox`` (its projection).
     """
     combos: list[tuple[str, str, list[float]]] = []
     for opt in cfg.optimizers:
@@ -226,19 +221,9 @@ def build_groups(cfg: SweepConfig, n_train: Mapping[str, int]) -> list[Group]:
 
 
 def stratified_indices(y: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """A class-stratified sample of ``n`` indices of ``y`` (sorted), deterministic in ``seed``.
-
-    Each class gets its share of ``n`` in proportion to its frequency (largest remainders
-    round), drawn without replacement.
-
-    Args:
-        y: integer labels.
-        n: sample size, 1 <= n <= len(y).
-        seed: the generator's seed.
-
-    Returns:
-        Sorted int64 indices.
-    """
+    """A class-stratified sample of ``n`` (1 <= n <= len(y)) indices of the labels ``y``, as
+    sorted int64, deterministic in ``seed``: each class gets its share of ``n`` in proportion
+    to its frequency (largest remainders round), drawn without replacement."""
     if not 1 <= n <= y.shape[0]:
         raise ValueError(f"sample size must be in [1, {y.shape[0]}], got {n}")
     classes, counts = np.unique(y, return_counts=True)
@@ -282,15 +267,8 @@ def split_sizes(cfg: SweepConfig, n: int, n_test: int) -> tuple[int, int, int]:
 
 
 def prepare(data: Dataset, cfg: SweepConfig) -> Prepared:
-    """Split ``data``'s training set into train and validation, and draw the test sample.
-
-    Args:
-        data: the dataset.
-        cfg: the sweep (``val_size`` per 60,000 training images, ``eval_samples``).
-
-    Returns:
-        The tensors.
-    """
+    """Split ``data``'s training set into train and validation (``cfg.val_size``), and draw
+    the test sample (``cfg.eval_samples``)."""
     n = data.x_train.shape[0]
     n_val, _, n_eval = split_sizes(cfg, n, data.x_test.shape[0])
     if n_val >= n:
@@ -328,17 +306,13 @@ class GroupState:
 
 
 def resume_state(group: Group, rows: Sequence[Mapping[str, str]], index: int) -> GroupState | None:
-    """What is left to run of ``group``, given its rows already written.
-
-    Args:
-        group: the group as the sweep's settings define it.
-        rows: its rows in the folder's results files (a row may appear in two files).
-        index: its place in the sweep's order.
+    """What is left to run of ``group`` (as the sweep's settings define it, ``index`` in its
+    order), given its rows in the folder's results files (a row may be in two files).
 
     Returns:
         The whole group (no rows yet); only the seeds missing at the recorded selected lr (a
         state in its final phase); or None when nothing is left (every seed is there, or every
-        lr diverged, so no seed is ever added).
+        lr diverged).
 
     Raises:
         ValueError: the rows were selected among other lrs, or with other selection seeds, or
@@ -394,9 +368,8 @@ def select_lr(state: GroupState) -> float | None:
 
 
 def protocol(cfg: SweepConfig, n_eval: int) -> dict[str, int]:
-    """The settings that define a run besides its key: the columns
-    :data:`~pathnorm_experiments.runs.PROTOCOL_COLUMNS`, for a dataset whose evaluation
-    sample holds ``n_eval`` test images (all of them if it has fewer than ``eval_samples``)."""
+    """The :data:`~pathnorm_experiments.runs.PROTOCOL_COLUMNS` of a dataset whose evaluation
+    sample holds ``n_eval`` test images."""
     values = {
         "batch_size": cfg.batch_size,
         "hidden": cfg.hidden,
@@ -411,16 +384,9 @@ def protocol(cfg: SweepConfig, n_eval: int) -> dict[str, int]:
 def group_rows(
     state: GroupState, machine: str, settings: Mapping[str, int]
 ) -> list[dict[str, Any]]:
-    """The CSV rows of a finished group, by lr and seed (a diverged run: NaN errors).
-
-    Args:
-        state: the group, its results (each with ``_lr`` and ``_seed``) and its selected lr.
-        machine: the ``machine`` column.
-        settings: the protocol columns (:func:`protocol`).
-
-    Returns:
-        Rows with the keys of :data:`~pathnorm_experiments.runs.COLUMNS`.
-    """
+    """The CSV rows (:data:`~pathnorm_experiments.runs.COLUMNS`) of a finished group, by lr
+    and seed (a diverged run: NaN errors). Each result of ``state`` holds ``_lr`` and ``_seed``;
+    ``settings``: the :func:`protocol` columns."""
     g = state.group
     rows = []
     for key, res in state.results.items():
