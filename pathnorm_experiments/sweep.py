@@ -9,17 +9,15 @@ are attacked (the paper's PGD, a stronger union of attacks) and certified (per-p
 interval bounds) on one stratified sample of the test set; every run records its clean error,
 sparsity and ``hidden_alive`` (the units ``compact`` keeps). Errors are in percent.
 
-Engineering: ``--jobs`` worker processes; a group's rows are appended in one locked write when
-it ends, finished runs of unfinished groups wait in ``<out>/.pending/`` so a rerun recomputes
-nothing, a rerun with other settings is refused with the setting named, more seeds are added at
-each group's recorded lr, groups are claimed in ``<out>/.claims/`` so two sweeps of one folder
-share them, ``--shard K/N`` takes the groups whose key hashes to K-1 mod N and ``merge`` joins
-shard files by run key.
+Engineering: ``--jobs`` worker processes; a rerun recomputes nothing (finished runs are
+cached), refuses other settings with the setting named, and adds more seeds at each group's
+recorded lr; two sweeps of one folder share its groups; ``--shard K/N`` takes the groups whose
+key hashes to K-1 mod N and ``merge`` joins shard files by run key.
 
 Where things live: the grid, its groups and the data split in ``_sweep_grid``; one run's
 training and evaluation in ``_sweep_train``; the workers and the scheduler in ``_sweep_run``;
 the results files, the pending cache and the claims in :mod:`~pathnorm_experiments.runs`
-(torch-free); the command line (the sweep, ``merge``, ``--dry-run``) here.
+(torch-free); the command line here.
 """
 
 from __future__ import annotations
@@ -86,9 +84,6 @@ __all__ = [
     "train_metrics",
     "train_run",
 ]
-
-
-# ---------------------------------------------------------------- CLI
 
 
 def _parse_shard(text: str) -> tuple[int, int]:
@@ -159,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _merge_main(paths: Sequence[str]) -> int:
-    """``merge OUT IN...``: join result files into OUT; returns the exit status."""
+    """``merge OUT IN...``: join result files into OUT; the exit status."""
     if len(paths) < 2:
         print(
             "usage: python -m pathnorm_experiments.sweep merge OUT.csv IN.csv...",
@@ -173,19 +168,6 @@ def _merge_main(paths: Sequence[str]) -> int:
         return 2
     print(f"wrote {n} rows to {paths[0]}")
     return 0
-
-
-def _config(args: argparse.Namespace) -> SweepConfig:
-    """The sweep of the command line (raises ValueError for a setting it refuses)."""
-    return SweepConfig(
-        datasets=tuple(args.datasets),
-        regularizers=tuple(args.regularizers),
-        lrs=tuple(args.lrs),
-        seeds=tuple(args.seeds),
-        select_seeds=tuple(args.select_seeds),
-        epochs=args.epochs,
-        eval_samples=args.eval_samples or None,
-    )
 
 
 def _load_data(cfg: SweepConfig, data_dir: str | None) -> dict[str, Prepared]:
@@ -213,11 +195,7 @@ def _dry_run(
     cfg: SweepConfig, data: Mapping[str, Prepared], out: Path, args: argparse.Namespace
 ) -> None:
     """Print the grid's size (in ``args.shard``), what ``out`` holds of it, and a time
-    estimate from timing this machine on the first dataset.
-
-    Raises:
-        ValueError: as :func:`run_sweep`, for a folder this sweep would refuse.
-    """
+    estimate timed on the first dataset; ValueError as :func:`run_sweep`."""
     plan = pending_groups(cfg, data, out, args.shard)
     groups, todo = plan.groups, [st.group for st in plan.todo]
     times = calibrate(cfg, next(iter(data.values())))
@@ -244,7 +222,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
         return 2
     try:
-        cfg = _config(args)
+        cfg = SweepConfig(
+            datasets=tuple(args.datasets),
+            regularizers=tuple(args.regularizers),
+            lrs=tuple(args.lrs),
+            seeds=tuple(args.seeds),
+            select_seeds=tuple(args.select_seeds),
+            epochs=args.epochs,
+            eval_samples=args.eval_samples or None,
+        )
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
