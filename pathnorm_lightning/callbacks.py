@@ -89,9 +89,8 @@ class AfterOptimizerStep(Callback):
             stalling the GPU (the flag reaches the host asynchronously; read at the latest at
             the epoch's end or before a checkpoint is saved). ``False``: not checked.
         log_prefix: the metrics' name prefix (``"pathnorm"``: ``pathnorm/sparsity``, ...). The
-            baselines log under the same names, so runs with different regularizers compare
-            directly; two such callbacks in one ``Trainer`` need different prefixes (checked at
-            fit start).
+            baselines log under the same names, so runs compare directly; two such callbacks in
+            one ``Trainer`` need different prefixes (checked at fit start).
         targets: the subclass's layer spec (``"auto"`` or names); it names the callback's
             checkpoint state when explicit, so several instances keep their own.
     """
@@ -151,7 +150,7 @@ class AfterOptimizerStep(Callback):
 
     def apply(self, target: StepTarget, lr: float, check: FiniteCheck) -> None:
         """Update ``target.weights`` in place after an optimizer step with learning rate ``lr``,
-        checking their finiteness with ``check`` (see :class:`~pathnorm_lightning.hook.FiniteCheck`)."""
+        checking their finiteness with ``check`` (a :class:`~pathnorm_lightning.FiniteCheck`)."""
         raise NotImplementedError
 
     def sparsity_chains(self) -> list[list[Tensor | nn.Module]]:

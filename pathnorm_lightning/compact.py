@@ -244,10 +244,6 @@ def _allowed_module(module: nn.Module) -> bool:
     return _pointwise_module(module) or role_of(module) in (Role.POOL, Role.FLATTEN)
 
 
-def _identity(x: Tensor) -> Tensor:
-    return x
-
-
 def _node_op(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> Op | None:
     """``node`` as an operation of ``value`` alone that the seam allows between a pair (at
     inference; a pooling or flatten function as its module), or None."""
@@ -258,7 +254,7 @@ def _node_op(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> Op | None:
         module = gm.get_submodule(str(node.target))
         return module if _allowed_module(module) and len(node.args) == 1 else None
     if node.op == "call_function" and node.target in _DROPOUTS:
-        return _identity
+        return nn.Identity()  # at inference
     if node.op == "call_function" and node.target in _FUNCTIONS:
         return functools.partial(_apply, node.target, node.args[1:], node.kwargs)
     if node.op == "call_function" and node.target in _POOLS:

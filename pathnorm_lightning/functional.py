@@ -113,10 +113,9 @@ def prox_path_norm_(
 ) -> tuple[Tensor, Tensor]:
     """In-place :func:`prox_path_norm`: overwrites ``w_in`` and ``w_out`` (parameters too).
 
-    As every in-place torch op, it moves the tensors' version counters, so a backward pass
-    through a graph that saved the old weights raises instead of using the new ones. Weights
-    that share memory (the same tensor twice, tied weights) or are expanded (stride 0) are
-    refused with a ``ValueError`` before anything is written.
+    It moves the tensors' version counters, so a backward pass through a graph that saved the
+    old weights raises. Weights that share memory (the same tensor twice, tied weights) or are
+    expanded (stride 0) are refused with a ``ValueError`` before anything is written.
     """
     return _prox(w_in, w_out, lam, check_finite, method, in_place=True)
 

@@ -3,34 +3,25 @@
 The prox is per hidden unit: unit ``i`` owns incoming weights ``y_i`` and outgoing weights
 ``x_i``, and the 1-path-norm is ``sum_i ||x_i||_1 ||y_i||_1``. A layer *pair* ``(first,
 second)`` shares its hidden units: the first layer's outputs (features or channels) are the
-second layer's inputs. A :class:`LayerEntry` maps one layer type to those units:
+second layer's inputs. A :class:`LayerEntry` maps one layer type to those units: ``in_view``
+``(weight) -> (n, m')`` (row ``i`` is ``y_i``: the ``w_in`` of
+:func:`~pathnorm_lightning.functional.prox_path_norm`) and ``out_view`` ``(weight, n_units,
+flatten) -> (p', n)`` (column ``i`` is ``x_i``: its ``w_out``), their inverses and in-place
+writes, the unit counts, the configurations it refuses (``check``), and the factor ``s``
+(``reuse``): how many times the unrolled network reads each outgoing weight of the second layer
+at most (docs/conv_units.md), so that its 1-path-norm is at most ``s * path_norm``.
 
-* :meth:`LayerEntry.in_view` ``(weight) -> (n, m')``: row ``i`` is ``y_i`` (the ``w_in`` of
-  :func:`~pathnorm_lightning.functional.prox_path_norm`); :meth:`LayerEntry.out_view`
-  ``(weight, n_units, flatten) -> (p', n)``: column ``i`` is ``x_i`` (its ``w_out``);
-* ``in_native`` / ``out_native`` map such matrices back to the weight's shape, and
-  ``write_in`` / ``write_out`` write them into the weight in place (a no-op where the matrix
-  already is a view of the weight);
-* ``units_out`` / ``units_in``: the unit count of a layer as the first / the second of a pair;
-  ``check`` refuses configurations the seam does not cover (grouped convolutions,
-  unmaterialized lazy weights);
-* :meth:`LayerEntry.reuse`: the factor ``s`` of the layer as the *second* of a pair: how many
-  times the unrolled network reads each outgoing weight at most (docs/conv_units.md), so that
-  the 1-path-norm of the unrolled network is at most ``s * path_norm``.
-
-The entries (:data:`ENTRIES`): ``nn.Linear`` (:class:`LinearEntry`) and ``nn.Conv1d`` /
-``nn.Conv2d`` (:class:`ConvEntry`). Layouts:
+Layouts of the entries (:data:`ENTRIES`):
 
 * ``Linear(m, n)`` weight (n, m): ``y_i = weight[i, :]``; as second layer ``Linear(n, p)``
   weight (p, n): ``x_i = weight[:, i]``. Both views are the weight itself.
-* ``Conv`` weight (C, C_in, *k): ``y_c = weight[c]`` flattened, ``in_view = weight.reshape(C,
-  -1)`` (a view of a contiguous weight); as second layer weight (C_out, C, *k2):
-  ``x_c = weight[:, c]``, ``out_view`` = the weight with ``C`` moved last, reshaped to
-  ``(C_out * prod(k2), C)`` (a copy: no strided view has that shape).
+* ``Conv1d`` / ``Conv2d`` weight (C, C_in, *k): ``in_view = weight.reshape(C, -1)`` (a view of
+  a contiguous weight); as second layer weight (C_out, C, *k2): ``x_c = weight[:, c]``,
+  ``out_view`` = the weight with ``C`` moved last, reshaped to ``(C_out * prod(k2), C)`` (a
+  copy: no strided view has that shape).
 * Conv -> Flatten -> Linear: ``nn.Flatten`` is channels first, so of a Linear weight
   (p, C * P) (``P`` positions per channel, the ``flatten`` argument) channel ``c`` owns the
-  columns ``c * P : (c + 1) * P``; ``out_view`` reshapes to (p, C, P) and moves the positions
-  into the rows: (p * P, C) (a copy).
+  columns ``c * P : (c + 1) * P``; ``out_view`` is (p * P, C) (a copy).
 
 Which modules may stand between the two layers of a pair is data (:data:`BETWEEN`, a role per
 module type) that :func:`check_between` reads; a module with parameters or buffers (BatchNorm,

@@ -14,7 +14,7 @@ so identical replicas report their common value.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -73,6 +73,8 @@ class _ChainBound(Metric):
 
     value_sum: Tensor
     count: Tensor
+    #: ``(chain, dtype, reuse) -> bound``: the bound of a checked chain, accumulated in ``dtype``
+    _bound: Callable[[list[Tensor], torch.dtype, int], Tensor]
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
@@ -80,10 +82,6 @@ class _ChainBound(Metric):
             "value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
         )
         self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:
-        """The bound of the chain, accumulated in ``dtype``, with the factor ``reuse``."""
-        raise NotImplementedError
 
     def update(self, weights: Sequence[Tensor], *, reuse: int | None = None) -> None:
         """Add the bound of the network ``W_L act(... act(W_1 x))`` given as ``[W_1, ..., W_L]``.
@@ -126,8 +124,7 @@ class PathNormBound(_ChainBound):
     between).
     """
 
-    def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:
-        return path_norm_bound(chain, dtype, reuse)
+    _bound = staticmethod(path_norm_bound)
 
 
 class ProductBound(_ChainBound):
@@ -137,5 +134,4 @@ class ProductBound(_ChainBound):
     constant, never below :class:`PathNormBound`.
     """
 
-    def _bound(self, chain: list[Tensor], dtype: torch.dtype, reuse: int) -> Tensor:
-        return product_bound(chain, dtype, reuse)
+    _bound = staticmethod(product_bound)

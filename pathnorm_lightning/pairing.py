@@ -102,8 +102,7 @@ def _lookup(model: nn.Module, name: str, what: str) -> nn.Module:
 
 def weight_parameter(name: str, layer: nn.Module) -> nn.Parameter:
     """The parameter ``layer.weight`` is, or a ``ValueError`` naming why it is computed instead
-    (a parametrization, pruning, the older weight/spectral norm hooks): the prox would write to
-    a tensor recomputed at every forward pass, not to the weights the optimizer trains."""
+    (a parametrization, pruning, the older weight/spectral norm hooks)."""
     weight = layer._parameters.get("weight")
     if isinstance(weight, nn.Parameter):
         return weight
@@ -194,11 +193,8 @@ def _check_chain(
 
 
 def normalize_pairs(pairs: PairsSpec) -> str | list[tuple[str, str]]:
-    """Check the *form* of a pairs spec (no model needed): ``"auto"`` or ``[(first, second), ...]``.
-
-    Raises:
-        ValueError / TypeError: anything else, an empty list, or an entry that is not two names.
-    """
+    """Check the *form* of a pairs spec (no model needed): ``"auto"`` or ``[(first, second), ...]``
+    (ValueError / TypeError for anything else, an empty list, or an entry not two names)."""
     if isinstance(pairs, str):
         if pairs != "auto":
             raise ValueError(
@@ -519,8 +515,8 @@ def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[
     module names) to ``(name, layer)``.
 
     Raises:
-        ValueError: unknown names, modules the seam does not know (or configured as it does
-            not take them), duplicates, or no layer at all.
+        ValueError: unknown names, modules (or configurations) the seam does not take,
+            duplicates, or no layer at all.
     """
     spec = normalize_layers(layers)
     if spec == "auto":
