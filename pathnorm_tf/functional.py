@@ -1,34 +1,27 @@
 """Pure TensorFlow functions: the exact 1-path-norm prox, its bounds and the paper's baselines.
 
-Layout (Keras, two ``Dense`` layers ``Dense(n) -> act -> Dense(p)`` on inputs of width m):
-``kernel_in`` is the first layer's kernel, shape (m, n); ``kernel_out`` the second's, shape
-(n, p). Hidden unit ``i`` owns the column ``kernel_in[:, i]`` (incoming) and the row
-``kernel_out[i, :]`` (outgoing). The 1-path-norm is
-``sum_i ||kernel_out[i, :]||_1 * ||kernel_in[:, i]||_1``; biases are not part of it.
-Internally the algorithms work in the backend-neutral layout of ``shared_spec``:
-``X = kernel_out`` (n, p) outgoing and ``Y = transpose(kernel_in)`` (n, m) incoming weights.
+Layout (Keras, ``Dense(n) -> act -> Dense(p)`` on inputs of width m): ``kernel_in`` (m, n) and
+``kernel_out`` (n, p); hidden unit ``i`` owns the column ``kernel_in[:, i]`` (incoming) and the
+row ``kernel_out[i, :]`` (outgoing). The 1-path-norm is
+``sum_i ||kernel_out[i, :]||_1 * ||kernel_in[:, i]||_1``; biases are not part of it. The
+algorithms work in ``shared_spec``'s neutral layout: ``X = kernel_out`` (n, p) outgoing and
+``Y = transpose(kernel_in)`` (n, m) incoming weights.
 
 The prox solves, separately for every hidden unit (x = outgoing, y = incoming weights)::
 
     min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
 
-exactly, by one of two methods with the same candidates and the same tie rule (the first
-candidate of least objective wins, in the order ``(x, 0)``, ``(0, y)``, then the stationary
-points by increasing support size of ``x``):
-
-* ``"sort"`` (:mod:`pathnorm_tf._sort`, the shortest exact algorithm: read it first);
-* ``"band"`` (:mod:`pathnorm_tf._band`, the default): sorts only the band of the long side
-  that can change support; a wider band than its block falls back to ``"sort"``.
-
-The prox is scale-equivariant (``prox(s x, s y) = s prox(x, y)`` for ``s > 0``, same lam), so
-every unit is scaled by a power of two (exact) that brings its largest entry near 1: the result
-is exact at every finite magnitude, subnormals included. Everything is tf ops over static
-shapes, so it runs eagerly, in ``tf.function`` and under XLA (``jit_compile=True``), on
-CPU and GPU. float16/bfloat16 are computed in float32.
+exactly, with the same candidates and tie rule by either method: ``"sort"``
+(:mod:`pathnorm_tf._sort`, the shortest exact algorithm: read it first) or ``"band"``
+(:mod:`pathnorm_tf._band`, the default), which sorts only the band of the long side that can
+change support. The prox is scale-equivariant (``prox(s x, s y) = s prox(x, y)``, ``s > 0``),
+so every unit is scaled by a power of two (exact) that brings its largest entry near 1: the
+result is exact at every finite magnitude, subnormals included. Static-shape tf ops throughout:
+eager, ``tf.function`` and XLA (``jit_compile=True``), CPU and GPU. float16/bfloat16 are
+computed in float32.
 
 The paper's layer-wise baselines, :func:`prox_l1`, :func:`project_rows_l1_ball` and
-:func:`project_linf_operator_norm`, live in :mod:`pathnorm_tf._baselines` (as the torch ones
-in ``pathnorm_lightning/_baselines.py``) and are public here.
+:func:`project_linf_operator_norm`, live in :mod:`pathnorm_tf._baselines` and are public here.
 """
 
 from __future__ import annotations
@@ -110,16 +103,6 @@ def prox_path_norm(
     return _prox_kernels(k_in, k_out, lam, method)
 
 
-def _lam_and_square(lam: float | tf.Tensor) -> tuple[float | tf.Tensor, float | tf.Tensor]:
-    """``lam`` capped at ``_LAM_CAP`` and its square, squared in float64 and rounded once (as
-    the torch side does with a Python lam)."""
-    if isinstance(lam, float):
-        lam = min(lam, _LAM_CAP)
-        return lam, lam * lam
-    lam64 = tf.minimum(tf.cast(lam, tf.float64), _LAM_CAP)
-    return lam64, lam64 * lam64
-
-
 def _scales(big: tf.Tensor, zero_to_one: bool) -> tf.Tensor:
     """Per unit a power of two ``s`` (``big``'s shape and dtype) that brings ``big`` (the
     unit's largest magnitude) into [1, 2), clipped to the normal numbers (into [2^-23, 4) or
@@ -137,13 +120,6 @@ def _scales(big: tf.Tensor, zero_to_one: bool) -> tf.Tensor:
         power = tf.where(tf.equal(exponent, 0), tf.constant(bias, int_t), power)
     (s,) = materialized(tf.bitcast(tf.bitwise.left_shift(power, tf.constant(mant, int_t)), dt))
     return s
-
-
-def _unit_scales(k_in: tf.Tensor, k_out: tf.Tensor) -> tf.Tensor:
-    """:func:`_scales` (n, 1) of each unit's largest magnitude over both kernels (a pass over
-    both: for the rare call whose sums leave the range)."""
-    big_in = reduce_units(tf.reduce_max, tf.abs(k_in), 1)
-    return _scales(tf.maximum(big_in, tf.reduce_max(tf.abs(k_out), 1, keepdims=True)), False)
 
 
 _T: TypeAlias = tf.Tensor  # (the overloads below, on one line each)
@@ -170,21 +146,25 @@ def _prox_kernels(
 ) -> tuple[tf.Tensor, ...]:
     """:func:`prox_path_norm` without input checks (Dense layout, static shapes); with
     ``verdict``, also whether every entry of both kernels is finite (0-d bool, see
-    :func:`_all_finite`): the new kernels are then those of today's prox where it is True and
-    undefined where it is False.
+    :func:`_all_finite`): the new kernels are undefined where it is False.
 
-    The per-unit work (the short side, the candidates) runs in float64, and the thresholds are
-    applied to the kernels by :func:`_soft_threshold_exact`, so that the result is the exact
-    prox rounded once to the weights' dtype. The prox is scale-equivariant (same lam): the
-    sort scales every unit by a power of two from its largest entry; the band, by one from its
-    short side's largest entry (applied inside its passes over the long side), after which
-    long-side squares that underflow are below the objective's resolution. A unit whose short
-    side is 0 keeps its long side (exact, whatever its sums). Units whose long-side sums still leave the range
-    (a long side beyond ~2^60 times its short side in float32, ~2^500 in float64) take the
-    sort method's thresholds, in a branch that runs only when there is such a unit.
+    The per-unit work (the short side, the candidates) runs in float64 and
+    :func:`_soft_threshold_exact` applies the thresholds to the kernels: the result is the exact
+    prox rounded once to the weights' dtype. The sort scales every unit by a power of two from
+    its largest entry; the band, by one from its short side's largest entry (applied inside its
+    passes over the long side), after which long-side squares that underflow are below the
+    objective's resolution. A unit whose short side is 0 keeps its long side (exact, whatever
+    its sums). Units whose long-side sums still leave the range (a long side beyond ~2^60 times
+    its short side in float32, ~2^500 in float64) take the sort's thresholds, in a branch that
+    runs only when there is such a unit.
     """
     ld = compute_dtype(k_in.dtype)  # the long side's storage
-    lam, lam2 = _lam_and_square(lam)
+    # lam capped (see _LAM_CAP); lam2 squared in float64 and rounded once, as torch squares a float
+    if isinstance(lam, float):
+        lam = min(lam, _LAM_CAP)
+    else:
+        lam = tf.minimum(tf.cast(lam, tf.float64), _LAM_CAP)
+    lam2 = lam * lam
     k_in_c = tf.cast(tf.stop_gradient(k_in), ld)  # (m, n): hidden unit i is column i
     k_out_c = tf.cast(tf.stop_gradient(k_out), ld)  # (n, p): hidden unit i is row i
     m, n = int(k_in_c.shape[0]), int(k_in_c.shape[1])
@@ -198,12 +178,20 @@ def _prox_kernels(
         short = tf.reduce_max(tf.abs(k_in_c), 0)[:, None] if p > m else k_out_c
         big = tf.reduce_max(tf.abs(short), 1, keepdims=True)
         s = _scales(big, True)
-        problem = _band_problem(k_in_c, k_out_c, lam, lam2, s)
-        t_out, t_in = _band_thresholds(problem)
+        s64 = tf.cast(s, tf.float64)
+        # The shorter side is enumerated (the problem is symmetric); the longer one stays in its
+        # Dense layout (no transpose), scaled inside the band's passes (no pass of its own).
+        if p > m:
+            x = tf.cast(tf.transpose(k_in_c), tf.float64) * s64
+            problem = band_setup(x, k_out_c, 0, lam, lam2, True, y_scale=s)
+        else:
+            x = tf.cast(k_out_c, tf.float64) * s64
+            problem = band_setup(x, k_in_c, 1, lam, lam2, y_scale=s)
+        t_x, t_y = prox_band(problem)
+        t_out, t_in = (t_y, t_x) if problem.swapped else (t_x, t_y)
         if verdict:
             finite = _all_finite(k_in_c, k_out_c, problem)
         # a zero short side: the long side stays (the minimiser is (x, 0) or (0, y))
-        s64 = tf.cast(s, tf.float64)
         t_out, t_in = (tf.where(big > 0, t / s64, tf.zeros_like(t)) for t in (t_out, t_in))
         valid = problem.in_range | tf.equal(big, 0)
 
@@ -223,12 +211,11 @@ def _all_finite(k_in: tf.Tensor, k_out: tf.Tensor, problem: Band | None) -> tf.T
     """Whether every entry of ``k_in`` and ``k_out`` is finite (0-d bool), read off the band
     ``problem``'s own sums where it can (``None``: one pass over both kernels).
 
-    The short side (``problem.x``, n per-unit rows of p or m entries) is checked entry by entry;
-    the long side by its per-unit sums of squares ``ysq``, which the band computes anyway: a
-    NaN or inf entry makes its unit's sum non-finite, so finite sums clear every entry (the
-    short side is scaled by a power of two, which keeps finite entries finite and non-finite
-    ones non-finite). Only where a sum is not finite, which finite entries can also cause
-    (the sum of squares overflows), a pass over both kernels decides, in a branch of its own."""
+    The short side ``problem.x`` is checked entry by entry (its power-of-two scale keeps finite
+    entries finite and the others not); the long side by its per-unit sums of squares ``ysq``,
+    which the band computes anyway and which a NaN or inf entry makes non-finite. Only where a
+    sum is not finite (finite entries can also overflow it) does a pass over both kernels
+    decide, in a branch of its own."""
 
     def exact() -> tf.Tensor:
         return tf.reduce_all([tf.reduce_all(tf.math.is_finite(k)) for k in (k_in, k_out)])
@@ -244,36 +231,13 @@ def _sort_thresholds(
     k_in: tf.Tensor, k_out: tf.Tensor, lam: float | tf.Tensor, lam2: float | tf.Tensor
 ) -> tuple[tf.Tensor, tf.Tensor]:
     """``(t_out, t_in)`` (n, 1) by the sort method, each unit scaled by a power of two from its
-    largest entry over both sides (exact at every finite magnitude)."""
-    s = _unit_scales(k_in, k_out)
+    largest entry over both sides (a pass over both kernels; exact at every finite magnitude)."""
+    big_in = reduce_units(tf.reduce_max, tf.abs(k_in), 1)
+    s = _scales(tf.maximum(big_in, tf.reduce_max(tf.abs(k_out), 1, keepdims=True)), False)
     x, y = tf.cast(k_out * s, tf.float64), tf.cast(tf.transpose(k_in) * s, tf.float64)
     t_out, t_in = prox_rows(x, y, lam, lam2)
     s64 = tf.cast(s, tf.float64)
     return t_out / s64, t_in / s64
-
-
-def _band_problem(
-    k_in: tf.Tensor,
-    k_out: tf.Tensor,
-    lam: float | tf.Tensor,
-    lam2: float | tf.Tensor,
-    scale: tf.Tensor,
-) -> Band:
-    """The band method's setup for two Dense kernels, each unit scaled by ``scale`` (n, 1): the
-    shorter side is enumerated (the problem is symmetric), the longer one stays in its Dense
-    layout (no transpose), scaled inside the band's passes (no pass of its own)."""
-    m, p = int(k_in.shape[0]), int(k_out.shape[1])
-    s64 = tf.cast(scale, tf.float64)
-    if p > m:
-        x = tf.cast(tf.transpose(k_in), tf.float64) * s64
-        return band_setup(x, k_out, 0, lam, lam2, True, y_scale=scale)
-    return band_setup(tf.cast(k_out, tf.float64) * s64, k_in, 1, lam, lam2, y_scale=scale)
-
-
-def _band_thresholds(problem: Band) -> tuple[tf.Tensor, tf.Tensor]:
-    """``(t_out, t_in)`` (n, 1) of :func:`_band_problem`'s problem."""
-    t_x, t_y = prox_band(problem)
-    return (t_y, t_x) if problem.swapped else (t_x, t_y)
 
 
 def _soft_threshold_exact(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
