@@ -25,12 +25,8 @@ def pgd_attack(
     loss: str = "ce",
     generator: torch.Generator | None = None,
 ) -> Tensor:
-    """l_inf PGD (Madry et al.): ascent on ``loss`` by signed gradients, projected on the eps-box
-    around ``x`` intersected with [0, 1]. Default step ``eps / 20`` as in the paper.
-
-    ``loss``: ``"ce"`` (cross-entropy, the paper's attack) or ``"margin"`` (Carlini-Wagner
-    margin ``max_{j != y} z_j - z_y``).
-    """
+    """Signed-gradient ascent on ``loss`` (``"ce"``, or ``"margin"``: ``max_{j != y} z_j - z_y``),
+    projected on the eps-box around ``x`` within [0, 1]; default step ``eps / 20``, the paper's."""
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}")
     if loss not in ("ce", "margin"):
@@ -71,7 +67,8 @@ def robust_error(
     chunk: int = 2000,
     return_mask: bool = False,
 ) -> Any:
-    """Fraction of examples misclassified at ``x`` or at any PGD restart's adversarial point."""
+    """Fraction of examples misclassified at ``x`` or at any PGD restart's adversarial point
+    (with ``return_mask``, the (N,) boolean tensor)."""
     g = torch.Generator(device=x.device).manual_seed(seed)
     was_training = model.training
     model.eval()
