@@ -29,14 +29,12 @@ from pathnorm_tf._xla import (
     unit_sums,
 )
 
-# Static width of the widest band block (a top_k); if a band is wider, the whole-row sort is
-# used.
+# Static width of the widest band block (a top_k); a wider band takes the whole-row sort.
 BAND_BLOCK = 32
-# Narrow bands (at most this many entries in every unit) are extracted by repeated max
-# reductions over the long side instead of a top_k (which XLA on CPU runs as a slow partial
-# sort of every row); each extra entry costs two reductions. The tiers are the ones the Keras
-# epoch benchmark takes (784-200-10 trained by PathNormSGD: bands of 0 to 4 entries in ~97% of
-# its steps); a wider band takes the top_k block.
+# Bands of at most this many entries in every unit are extracted by repeated max reductions over
+# the long side (two per entry) instead of a top_k, which XLA on CPU runs as a slow partial sort
+# of every row. The tiers fit the Keras epoch benchmark (784-200-10 trained by PathNormSGD: bands
+# of 0 to 4 entries in ~97% of its steps); a wider band takes the top_k block.
 FAST_TIERS = (0, 1, 2, 4)
 # Largest (n * p * (band + 1)) evaluated in one shot before bisecting instead (as torch).
 _BAND_FULL_LIMIT = 1 << 15
@@ -94,26 +92,17 @@ def band_setup(
     swapped: bool = False,
     y_scale: tf.Tensor | None = None,
 ) -> Band:
-    """Bounds ``tau_hi``, ``tau_lo`` and the band statistics.
+    """The band problem (:class:`Band`: bounds ``tau_hi``, ``tau_lo``, statistics) of the short
+    side ``x`` (n, p), float64, and the long side ``y``: (n, m) with ``unit_axis = 0`` or a Dense
+    kernel (m, n) with ``unit_axis = 1``, float32 or float64. ``lam`` is in [0, 2] and ``lam2 =
+    lam * lam``, rounded once; ``swapped``: ``x`` holds the incoming weights (only the tie order
+    depends on it); ``y_scale`` (n, 1) in ``y``'s dtype, or None, scales the long side per unit
+    inside the passes over it (never materialized).
 
     XLA on CPU does not fuse an elementwise producer into a reduction and runs one loop per
     fusion, so the long side is read in two passes: ``||y||^2`` with the sum of squares above
     ``tau_hi``, then (given ``tau_lo``) the packed counts with the sum above ``tau_hi``, each
     pair folded and reduced as one complex sum (:func:`pathnorm_tf._xla.unit_sums`).
-
-    Args:
-        x: the short side (n, p), float64.
-        y: the long side, (n, m) with ``unit_axis = 0`` or a Dense kernel (m, n) with
-            ``unit_axis = 1``; float32 or float64.
-        unit_axis: the axis of ``y`` that runs over the units.
-        lam: the prox step, in [0, 2].
-        lam2: ``lam * lam``, rounded once.
-        swapped: ``x`` holds the incoming weights (only the tie order depends on it).
-        y_scale: (n, 1) in ``y``'s dtype, or None: the long side is ``y`` times it, per unit
-            (applied inside the passes over ``y``, never materialized).
-
-    Returns:
-        The :class:`Band` of these kernels.
     """
     p = int(x.shape[1])
     m = int(y.shape[1 - unit_axis])
@@ -184,18 +173,11 @@ def _tau_lo(
     m: int,
     eps: float,
 ) -> tf.Tensor:
-    """A lower bound on ``lam ||v||_1`` of the minimiser (n, 1): no ``|y_j|`` at or below it is
-    in the incoming support.
-
-    Args:
-        ax: ``|x|`` (n, p); ``xs`` the same sorted descending; ``cx``, ``cx2`` the cumsums
-            of ``xs`` and ``xs^2``.
-        ysq: ``||y||^2`` per unit; ``r_sq`` the sum of ``(|y| - tau_hi)_+^2``.
-        lam: the prox step; ``m`` the long side's length; ``eps`` its unit roundoff.
-
-    Returns:
-        The bound, lowered by more than its rounding.
-    """
+    """A lower bound on ``lam ||v||_1`` of the minimiser (n, 1), lowered by more than its
+    rounding: no ``|y_j|`` at or below it is in the incoming support. ``ax`` is ``|x|`` (n, p),
+    ``xs`` the same sorted descending, ``cx``, ``cx2`` the cumsums of ``xs`` and ``xs^2``;
+    ``ysq`` is ``||y||^2`` and ``r_sq`` the sum of ``(|y| - tau_hi)_+^2`` per unit; ``m`` the
+    long side's length, ``eps`` its unit roundoff."""
     p, dt = int(ax.shape[1]), ax.dtype
     margin = 64 * eps
     x1, xsq = cx[:, p - 1 :], cx2[:, p - 1 :]
@@ -232,15 +214,14 @@ def _band_counts(
     dt: tf.DType,
 ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     """Per unit (n, 1) in ``dt``: how many ``|y|`` lie above ``tau_hi`` and in the band, and
-    the sum of ``r_hi = (|y| - tau_hi)_+``, from one pass over the long side (a pair of sums,
-    see :func:`pathnorm_tf._xla.unit_sums`; two where the counts do not pack: a float32 long
-    side of more than 4095 entries)."""
+    the sum of ``r_hi = (|y| - tau_hi)_+``, from one pass over the long side (see
+    :func:`pathnorm_tf._xla.unit_sums`; two where the counts do not pack: a float32 long side of
+    more than 4095 entries)."""
     ld = ay.dtype
     m = int(ay.shape[1 - unit_axis])
-    # Counts above tau_hi (c_hi) and in the band (count; tau_lo <= tau_hi) from one reduction
-    # of (|y| > tau_lo) + K (|y| > tau_hi), K a power of two > m: integers below 2^24 (2^53 in
-    # float64) sum exactly in any order. (|y| > t as 0/1 is sign(max(|y| - t, 0)) of torch:
-    # a - b > 0 iff a > b.)
+    # Both counts from one reduction of (|y| > tau_lo) + K (|y| > tau_hi), K a power of two > m
+    # (tau_lo <= tau_hi): integers below 2^24 (2^53 in float64) sum exactly in any order. The
+    # 0/1 |y| > t equals torch's sign(max(|y| - t, 0)): a - b > 0 iff a > b.
     in_hi = tf.cast(ay > unit(tau_hi_l, unit_axis), ld)
     above_lo = tf.cast(ay > unit(tau_lo_l, unit_axis), ld)
     pack = 2.0 ** math.ceil(math.log2(m + 1))
@@ -402,21 +383,10 @@ def wide_band(b: Band) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
 
 
 def prox_band(b: Band) -> tuple[tf.Tensor, tf.Tensor]:
-    """Exact prox thresholds ``(t_x, t_y)`` (n, 1) sorting only a band of the long side.
-
-    The minimiser is the trivial point ``(x, 0)``, ``(0, y)``, or a stationary point whose
-    incoming support contains every ``|y_j| > tau_hi = lam ||x||_1`` and no
-    ``|y_j| <= tau_lo``; only the band ``tau_lo < |y| <= tau_hi`` is sorted. It is extracted
-    by the cheapest tier that holds it: ``FAST_TIERS`` (repeated max reductions), then a
-    top_k block of ``BAND_BLOCK`` columns, then the whole-row sort of :mod:`pathnorm_tf._sort`.
-
-    Args:
-        b: :func:`band_setup` of the two sides.
-
-    Returns:
-        The soft-threshold levels of ``x`` and ``y`` per unit, (n, 1) each, float64
-        (``inf``: the unit's side becomes 0).
-    """
+    """Exact prox thresholds ``(t_x, t_y)`` (n, 1), float64 (``inf``: the unit's side becomes 0),
+    of :func:`band_setup`'s problem ``b``. The band is extracted by the cheapest tier that holds
+    it: :data:`FAST_TIERS` (repeated max reductions), then a top_k block of :data:`BAND_BLOCK`
+    columns, then the whole-row sort of :mod:`pathnorm_tf._sort`."""
     x, y, unit_axis, lam, lam2 = b.x, b.y, b.unit_axis, b.lam, b.lam2
 
     def neutral_y() -> tf.Tensor:

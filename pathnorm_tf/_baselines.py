@@ -1,12 +1,6 @@
 """The paper's layer-wise baselines: soft-thresholding (the l1 prox) and the l1-ball projections
 of rows or of a Dense kernel's columns (a bound on each layer's l_inf operator norm). Public
-through :mod:`pathnorm_tf.functional` and :mod:`pathnorm_tf`; the torch ones are in
-``pathnorm_lightning/_baselines.py``.
-
-On a Dense kernel the l_inf operator norm of the layer map ``u -> u @ kernel`` is the largest
-l1 norm of a *column* (one output unit's incoming weights): use
-:func:`project_linf_operator_norm` for the layer-wise constraint, not
-:func:`project_rows_l1_ball` (which is the generic row-wise projection).
+through :mod:`pathnorm_tf.functional`; the torch ones are in ``pathnorm_lightning/_baselines.py``.
 """
 
 from __future__ import annotations
@@ -51,8 +45,8 @@ def prox_l1(w: Any, lam: Scalar) -> tf.Tensor:
 def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
     """Project each row of ``w`` (shape (r, c)) onto ``{z : ||z||_1 <= radius}``.
 
-    Exact (sort-based), vectorised over rows. This is the generic row-wise projection; for
-    the l_inf operator-norm constraint of a Dense kernel (whose rows are *inputs*) use
+    Exact (sort-based), vectorised over rows: the generic row-wise projection. For the l_inf
+    operator-norm bound of a Dense kernel (whose rows are *inputs*) use
     :func:`project_linf_operator_norm`.
 
     Args:
@@ -67,11 +61,7 @@ def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
         Learning in High Dimensions*, ICML 2008.
     """
     radius = check_scalar(radius, "radius")
-    return _project_rows(as_matrix(w, "w", check_finite=False), radius)
-
-
-def _project_rows(t: tf.Tensor, radius: float | tf.Tensor) -> tf.Tensor:
-    """:func:`project_rows_l1_ball` without input checks."""
+    t = as_matrix(w, "w", check_finite=False)
     cd = compute_dtype(t.dtype)
     u = tf.cast(tf.stop_gradient(t), cd)
     if t.shape[1] == 0 or t.shape[0] == 0:

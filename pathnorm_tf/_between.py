@@ -1,9 +1,6 @@
-"""What may stand between the two layers of a pair (part of the layer seam,
-:mod:`pathnorm_tf.layers`, which re-exports these names): a role per layer type
-(:data:`BETWEEN`, data) and :func:`check_between`, which reads it. Pointwise activations and
-dropout anywhere; max/average pooling after a convolution, in its ``data_format``; one
-``Flatten`` (or a global pooling layer) between a convolution and a Dense layer, which that pair
-needs.
+"""What may stand between the two layers of a pair: a :class:`Role` per layer type
+(:data:`BETWEEN`) and :func:`check_between`, which reads it. Part of the layer seam,
+:mod:`pathnorm_tf.layers`, which re-exports these names.
 """
 
 from __future__ import annotations

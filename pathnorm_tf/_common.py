@@ -33,13 +33,12 @@ Scalar = Any  # a Python number or a 0-d tensor (tf.Tensor, tf.Variable)
 class NonFiniteWeightsError(tf.errors.InvalidArgumentError, ValueError):
     """A weight given to the prox holds NaN or inf (the prox is undefined there).
 
-    A ``ValueError``, as torch's ``pathnorm_lightning.NonFiniteWeightsError``, with the same
-    message shape. Inside a compiled TensorFlow graph (``tf.function`` without XLA) the check
-    is a graph assertion, and the runtime raises it as ``tf.errors.InvalidArgumentError`` with
-    this message: Python code cannot run there to raise another type, and Keras' ``fit``
-    re-raises what the runtime raised. Hence this class is also an ``InvalidArgumentError``:
-    ``except tf.errors.InvalidArgumentError`` catches every case, eager, graph and the deferred
-    XLA one (see :mod:`pathnorm_tf.optimizers`)."""
+    A ``ValueError`` with the message of torch's ``pathnorm_lightning.NonFiniteWeightsError``,
+    and also a ``tf.errors.InvalidArgumentError``: in a graph (``tf.function`` without XLA) the
+    check is an assertion, which the runtime raises as that type with this message (Python
+    cannot run there, and ``fit`` re-raises it), so ``except tf.errors.InvalidArgumentError``
+    catches every case: eager, graph and the deferred XLA one (see
+    :mod:`pathnorm_tf.optimizers`)."""
 
     def __init__(self, message: str) -> None:
         super().__init__(None, None, message)
@@ -81,19 +80,9 @@ def warn_if_xla(what: str, stacklevel: int = 3) -> None:
         )
 
 
-def _not_real(name: str, value: Any) -> TypeError:
-    return TypeError(f"{name} must be a real number (int or float), got {value!r}")
-
-
 def check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
-    """``value`` as a Python float (checked now) or a 0-d tensor (checked when the graph runs).
-
-    Args:
-        value: a Python or NumPy real, or a tensor holding one real.
-        name: the argument's name, for the messages.
-
-    Returns:
-        A float, or (for a symbolic tensor) the 0-d tensor with its run-time assertions.
+    """``value`` (a Python or NumPy real, or a tensor holding one) as a Python float, checked
+    now, or, for a symbolic tensor, as a 0-d tensor with run-time assertions.
 
     Raises:
         TypeError: ``value`` is not a real number.
@@ -114,7 +103,7 @@ def check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
             return t
         value = t.numpy().item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _not_real(name, value)
+        raise TypeError(f"{name} must be a real number (int or float), got {value!r}")
     value = float(value)
     if math.isnan(value) or math.isinf(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")

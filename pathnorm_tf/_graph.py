@@ -64,13 +64,12 @@ def not_consecutive(a: str, b: str, what: str) -> ValueError:
 def check_auto_pairs_in_model(
     model: Any, variables: Sequence[Any], pairs: Sequence[Sequence[Any]]
 ) -> None:
-    """Refuse an auto pair whose two layers have a layer with weights between them in
-    ``model``'s layer order, frozen ones included (the optimizer's variables cannot show a
-    layer whose weights are all frozen), one with a shared layer (called more often than its
-    partner), or one whose graph puts layers between the two that the seam does not allow
-    there (:func:`~pathnorm_tf.layers.check_between`: pooling between Dense layers, a missing
-    Flatten); warn about pairs that the model's graph does not confirm (the second layer fed
-    by the first through layers the seam knows only).
+    """Refuse an auto pair that ``model`` shows is no shallow network: a layer with weights
+    between its two layers in the layer order (frozen ones included: the optimizer's variables
+    cannot show a layer whose weights are all frozen), a shared layer (:func:`check_shared`), or
+    layers between them in the graph that the seam does not allow there
+    (:func:`~pathnorm_tf.layers.check_between`). Warn about pairs that the graph does not
+    confirm (the second layer fed by the first through layers the seam knows only).
 
     Args:
         model: the Keras model that trains ``variables``.

@@ -1,14 +1,12 @@
-"""The regularizers the Keras optimizers apply after each real step: one class per regularizer,
-the twins of the torch callbacks ``PathNormProx``, ``L1Prox`` and ``LayerwiseLinfProjection``
-(``pathnorm_lightning/callbacks.py``).
+"""The regularizers the Keras optimizers apply after each real step, one class each: the twins
+of the torch callbacks ``PathNormProx``, ``L1Prox`` and ``LayerwiseLinfProjection``.
 
-Each class says what it is configured by (:attr:`Regularizer.strength`: ``lam``, a prox step
-``lam * lr``, or ``radius``, a projection), what it acts on (:attr:`Regularizer.targets`:
-layer pairs or single layers) and how it updates one target (:meth:`Regularizer.update`: new
-kernel values from the current ones, tf ops over static shapes for eager, graph and XLA use).
-The optimizers (:mod:`pathnorm_tf.optimizers`) pick a class by the public name in
-:data:`REGULARIZERS` (``regularizer="path" | "l1" | "linf"``) and do the rest: resolving the
-targets, the once-per-real-update invariant, the finiteness check and the writes.
+Each class says what configures it (:attr:`Regularizer.strength`), what it acts on
+(:attr:`Regularizer.targets`) and how it updates one target (:meth:`Regularizer.update`: tf ops
+over static shapes, for eager, graph and XLA use). The optimizers (:mod:`pathnorm_tf.optimizers`)
+pick a class by its name in :data:`REGULARIZERS` (``regularizer="path" | "l1" | "linf"``) and
+do the rest: resolving the targets, the once-per-real-update invariant, the finiteness check
+and the writes.
 """
 
 from __future__ import annotations

@@ -12,15 +12,13 @@ objective over the candidates is the minimum. Ties: the first candidate of least
 in the order ``(x, 0)``, ``(0, y)``, then ``(k, L(k))`` by increasing k (the order of
 ``shared_spec.reference.prox_unit``).
 
-The contract differs from its torch twin, ``pathnorm_lightning/_sort.py``, on purpose (the
-mathematics, the candidates and the tie order are the same, held to the same exhaustive
-reference): :func:`prox_rows` here takes rows its caller already scaled (the facade,
-:func:`pathnorm_tf.functional._sort_thresholds`, scales each unit by a power of two with the
-helper the band method uses too) and returns the thresholds ``(t_v, t_w)``, which the caller applies to the kernels in
-their own dtype without a float64 pass over the long side; and :func:`largest_feasible_l`
-bisects with a fixed number of static steps, each a ``batch_dims`` gather, which XLA compiles
-well. The torch ``prox_rows`` scales its rows itself, returns the weights, and finds ``L(k)``
-by binary lifting from one stacked table (the cheapest form for eager torch).
+Unlike its torch twin ``pathnorm_lightning/_sort.py`` (same mathematics, candidates and tie
+order, held to the same exhaustive reference), :func:`prox_rows` takes rows its caller already
+scaled by a power of two (:func:`pathnorm_tf.functional._sort_thresholds`) and returns the
+thresholds ``(t_v, t_w)``, which the caller applies to the kernels in their own dtype (no
+float64 pass over the long side); and :func:`largest_feasible_l` bisects in a fixed number of
+static steps, each a ``batch_dims`` gather, which XLA compiles well (torch finds ``L(k)`` by
+binary lifting from one stacked table, the cheapest form for eager torch).
 
 References:
     Latorre, Rolland, Hallak, Cevher, *Efficient Proximal Mapping of the 1-path-norm of
@@ -76,19 +74,13 @@ def prox_rows(
     lam2: float | tf.Tensor,
     swapped: bool = False,
 ) -> tuple[tf.Tensor, tf.Tensor]:
-    """Exact prox per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights.
-
-    Args:
-        x: the outgoing weights (n, p), float.
-        y: the incoming weights (n, m), same dtype.
-        lam: the prox step, in [0, 2].
-        lam2: ``lam * lam``, rounded once.
-        swapped: ``x`` holds the incoming and ``y`` the outgoing weights (the caller swapped
-            them); only the tie order depends on it.
+    """Exact prox thresholds per row pair: ``x`` (n, p) outgoing, ``y`` (n, m) incoming weights
+    of one float dtype; ``lam`` in [0, 2] and ``lam2 = lam * lam``, rounded once; ``swapped``:
+    ``x`` holds the incoming weights (the caller swapped them; only the tie order depends on it).
 
     Returns:
-        The per-row soft-threshold levels ``(t_v, t_w)``, each (n, 1) (``inf``: the row
-        becomes 0): ``v = S(x, t_v)``, ``w = S(y, t_w)``.
+        ``(t_v, t_w)``, each (n, 1): ``v = S(x, t_v)``, ``w = S(y, t_w)`` (``inf``: the row
+        becomes 0).
     """
     p, m = int(x.shape[1]), int(y.shape[1])
     if p > m:  # enumerate the shorter side, bisect on the longer one (the problem is symmetric)
@@ -103,16 +95,15 @@ def prox_rows(
     # --- Candidates (k, L(k)) for k = 0..p: k is the column index. ---
     k_int = tf.range(p + 1)[tf.newaxis, :]
     k = tf.cast(k_int, dtype)  # (1, p + 1), broadcast against (n, p + 1)
-    kx = cx  # X_k for every k
     big_l = largest_feasible_l(cx, xk, cy, yl, lam, lam2)
 
     lf = tf.cast(big_l, dtype)
     d = 1.0 - k * lf * lam2
     ly = tf.gather(cy, big_l, axis=1, batch_dims=1)
-    a = tf.maximum((kx - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
-    b = tf.maximum((ly - lf * lam * kx) / d, 0.0)  # ||w||_1 of the candidate
+    a = tf.maximum((cx - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
+    b = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
     h = candidate_objective(
-        kx, tf.gather(cy2, big_l, axis=1, batch_dims=1), cx2, ly, k, lf, lam * b, lam * a, lam
+        cx, tf.gather(cy2, big_l, axis=1, batch_dims=1), cx2, ly, k, lf, lam * b, lam * a, lam
     )
 
     # --- The trivial point (x, 0); column 0 (k = 0, L(0) = m) is (0, y). ---
@@ -140,18 +131,11 @@ def largest_feasible_l(
     lam: float | tf.Tensor,
     lam2: float | tf.Tensor,
 ) -> tf.Tensor:
-    """``L(k)``, the largest feasible ``l`` in [0, m] for every k = 0..p, by bisection: l = 0
-    is always feasible and the feasible set is downward closed in l, so a fixed number of
-    halvings (``ceil(log2(m + 2))``, static) is exact.
-
-    Args:
-        cx, xk: :func:`prefix_sums` of ``|x|`` (sums and k-th largest), (n, p + 1).
-        cy, yl: the same of ``|y|``, (n, m + 1).
-        lam, lam2: the prox step and its square.
-
-    Returns:
-        ``L(k)`` as int32, (n, p + 1).
-    """
+    """``L(k)`` (int32, (n, p + 1)), the largest feasible ``l`` in [0, m] for every k = 0..p, by
+    bisection: l = 0 is always feasible and the feasible set is downward closed in l, so a fixed
+    number of halvings (``ceil(log2(m + 2))``, static) is exact. ``cx``, ``xk`` (n, p + 1) are
+    the :func:`prefix_sums` of ``|x|`` (sums, k-th largest); ``cy``, ``yl`` (n, m + 1) those of
+    ``|y|``."""
     m = int(cy.shape[1]) - 1
     k_int = tf.range(int(cx.shape[1]))[tf.newaxis, :]
     k = tf.cast(k_int, cx.dtype)

@@ -70,14 +70,12 @@ class StepUpdate:
     def _apply_regularizer(
         self, learning_rate: Any, updated: list[Any], is_real: tf.Tensor | None = None
     ) -> None:
-        """The prox (or projection) after a real update, on the targets that update changed.
-
-        The one place that decides what the regularizer acts on: called once per real update
-        (``is_real``: a tensor condition under gradient accumulation), with ``updated``, the
-        variables this update changed. A target is acted on when all its kernels are in
-        ``updated`` (by identity, ``_var_key``); a pair with one kernel there and one not (a
-        layer frozen after the optimizer was built) is skipped, with one warning. The set is
-        known when the step is traced: Keras traces again after ``compile``.
+        """The prox (or projection) after a real update, on the targets it changed: the one place
+        that decides what the regularizer acts on, called once per real update (``is_real``: a
+        tensor condition under gradient accumulation). A target is acted on when all its kernels
+        are in ``updated`` (by ``_var_key``); a pair with only one there (a layer frozen after
+        the optimizer was built) is skipped, with one warning. The set is known when the step is
+        traced: Keras traces again after ``compile``.
         """
         if self._unseen is not None:
             raise self._unseen

@@ -77,11 +77,9 @@ def at_least(h: tf.Tensor, *ts: tf.Tensor) -> tuple[tf.Tensor, ...]:
 
 def argmin_rows(h: tf.Tensor) -> tf.Tensor:
     """Per row the first index of the least value, as a column (n, 1) of int32 (``tf.argmin``).
-
-    Under XLA the same index from two plain reductions: the least value, then the least index
-    holding it (XLA on CPU runs an argmin as a slower variadic reduction of value and index).
-    A row whose least value is NaN gives the last index, as XLA's argmin does for a row of NaNs.
-    """
+    Under XLA from two plain reductions, the least value and the least index holding it (XLA on
+    CPU runs an argmin as a slower variadic reduction); a row whose least value is NaN gives the
+    last index, as XLA's argmin does for a row of NaNs."""
     if not tracing_for_xla():
         return tf.argmin(h, axis=1, output_type=tf.int32)[:, tf.newaxis]
     k = int(h.shape[1])
@@ -92,10 +90,10 @@ def argmin_rows(h: tf.Tensor) -> tf.Tensor:
 
 def cumsum_cols(a: tf.Tensor) -> tf.Tensor:
     """``tf.cumsum(a, axis=1)`` for the short rows of the band method (p, band widths). Under
-    XLA up to ``_UNROLL_CUMSUM`` columns are summed by one masked, fused reduction: XLA on
-    CPU runs a cumsum as a reduce-window thunk of its own, while a chain of adds becomes one
-    small thunk per column. (A non-finite entry
-    spoils its row's earlier sums too, through inf * 0; the prox of such a row is undefined.)"""
+    XLA up to ``_UNROLL_CUMSUM`` columns are summed by one masked, fused reduction (XLA on CPU
+    runs a cumsum as a reduce-window thunk of its own, a chain of adds as one thunk per column).
+    A non-finite entry spoils its row's earlier sums too (inf * 0); such a row's prox is
+    undefined anyway."""
     cols = int(a.shape[1])
     if cols > _UNROLL_CUMSUM or cols == 0 or not tracing_for_xla():
         return tf.cumsum(a, axis=1)
@@ -131,11 +129,10 @@ def sort_rows_desc(a: tf.Tensor) -> tf.Tensor:
 
 
 def _bitonic_sort_desc(a: tf.Tensor) -> tf.Tensor:
-    """Each row of ``a`` (>= 0, shape (n, q)) sorted descending by a bitonic network.
-
-    XLA on CPU sorts through a comparator-driven TopK, which is slow; the network is ``log2(q') (log2(q') + 1) / 2`` elementwise max/min
-    stages (``q'``: q rounded up to a power of two, padded with -1), exact like any sort.
-    """
+    """Each row of ``a`` (>= 0, shape (n, q)) sorted descending by a bitonic network (XLA on CPU
+    sorts through a slow comparator-driven TopK): ``log2(q') (log2(q') + 1) / 2`` elementwise
+    max/min stages (``q'``: q rounded up to a power of two, padded with -1), exact like any
+    sort."""
     n, q = int(a.shape[0]), int(a.shape[1])
     size = 1 << (q - 1).bit_length()
     if size > q:
@@ -180,14 +177,11 @@ def unit(t: tf.Tensor, unit_axis: int) -> tf.Tensor:
 
 
 def _fold(t: tf.Tensor, unit_axis: int, combine: Any) -> list[tf.Tensor]:
-    """Pieces of a long-side tensor whose reductions, combined, reduce ``t`` per unit.
-
-    XLA on CPU does not fuse an elementwise producer into a reduction: it writes the whole
-    producer out first (a pass over memory per reduced expression). An elementwise ``combine``
-    of ``_SPLITS`` slices is fused with the producer instead, so the long side is read once
-    and only a block of 1 / _SPLITS of its size is written (then reduced, with the few
-    remaining entries as a second piece).
-    """
+    """Pieces of a long-side tensor whose reductions, combined, reduce ``t`` per unit. XLA on CPU
+    does not fuse an elementwise producer into a reduction (it writes the producer out first: a
+    pass over memory per reduced expression) but fuses an elementwise ``combine`` of ``_SPLITS``
+    slices with it: the long side is read once and only a block of 1 / _SPLITS of its size is
+    written (then reduced, with the few remaining entries as a second piece)."""
     axis = 1 - unit_axis
     size = int(t.shape[axis])
     step = size // _SPLITS
@@ -217,11 +211,10 @@ def unit_sums(a: tf.Tensor, b: tf.Tensor, unit_axis: int) -> tuple[tf.Tensor, tf
     and imaginary parts of one folded, reduced complex tensor.
 
     A complex addition adds each part exactly as a real one would, so each part is a real sum
-    of its terms, in the order :func:`reduce_units` takes (within the rounding bound of any
-    order, ``(m - 1) eps`` relative to the sum of magnitudes). Under XLA on CPU, where a fusion
-    has one output and is one loop, the fold is one loop that computes and writes both parts;
-    the reduction stays complex because taking the parts before it would let XLA split the
-    fold into two loops, one per part (each a full pass over the long side).
+    in the order :func:`reduce_units` takes (within ``(m - 1) eps`` of the sum of magnitudes,
+    as any order). Under XLA on CPU a fusion has one output and is one loop, so the fold is one
+    loop writing both parts; the reduction stays complex since taking the parts first would let
+    XLA split the fold into two loops (each a full pass over the long side).
     """
     axis = 1 - unit_axis
     pieces = _fold(tf.complex(a, b), unit_axis, tf.add)
