@@ -83,36 +83,6 @@ def _as_model(ws: Sequence[Tensor], bs: Sequence[Tensor]) -> torch.nn.Module:
     return model.eval()
 
 
-def _strong_restarts_(
-    model: torch.nn.Module,
-    x: Tensor,
-    y: Tensor,
-    eps: float,
-    strong: Tensor,
-    cfg: SweepConfig,
-    gen: torch.Generator,
-) -> None:
-    """The strong attack's margin-loss PGD restarts at l_inf radius ``eps`` on the points not
-    yet broken: sets ``strong`` ((n,) bool) where a restart breaks one. ``gen`` (the random
-    starts) advances across radii."""
-    for _ in range(cfg.strong_restarts):
-        alive = torch.nonzero(~strong).flatten()
-        if alive.numel() == 0:
-            break
-        xa = pgd_attack(
-            model,
-            x[alive],
-            y[alive],
-            eps,
-            steps=cfg.pgd_steps,
-            step_size=eps / 10,
-            loss="margin",
-            generator=gen,
-        )
-        with torch.no_grad():
-            strong[alive[model(xa).argmax(1) != y[alive]]] = True
-
-
 def evaluate_run(
     ws: Sequence[Tensor], bs: Sequence[Tensor], data: Prepared, cfg: SweepConfig, seed: int
 ) -> dict[str, float]:
@@ -133,14 +103,30 @@ def evaluate_run(
     x_np, y_np = x.cpu().numpy(), y.cpu().numpy()
     logits = certify.forward(w_np, b_np, x_np, "elu")
     lip = certify.lipschitz_matrix(w_np)
-    gen = torch.Generator(device=x.device).manual_seed(seed + 1)
+    gen = torch.Generator(device=x.device).manual_seed(seed + 1)  # advanced across radii
     out: dict[str, float] = {}
     strong = torch.zeros(x.shape[0], dtype=torch.bool, device=x.device)
     for eps in sorted(cfg.eps):
         k = float_key(eps)
         paper = robust_error(model, x, y, eps, steps=cfg.pgd_steps, seed=seed, return_mask=True)
         strong |= paper  # a point found at a smaller eps lies in this ball too
-        _strong_restarts_(model, x, y, eps, strong, cfg, gen)
+        # the strong attack: margin-loss PGD restarts on the points not yet broken
+        for _ in range(cfg.strong_restarts):
+            alive = torch.nonzero(~strong).flatten()
+            if alive.numel() == 0:
+                break
+            xa = pgd_attack(
+                model,
+                x[alive],
+                y[alive],
+                eps,
+                steps=cfg.pgd_steps,
+                step_size=eps / 10,
+                loss="margin",
+                generator=gen,
+            )
+            with torch.no_grad():
+                strong[alive[model(xa).argmax(1) != y[alive]]] = True
         cert_lip = certify.certified_mask(
             w_np, b_np, x_np, y_np, eps, "elu", logits=logits, lip=lip
         )

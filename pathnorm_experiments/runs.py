@@ -58,7 +58,6 @@ KEY_COLUMNS = ("dataset", "regularizer", "optimizer", "lam", "lr", "seed", "epoc
 # eval_samples counts the test images of the evaluation sample (all of them if fewer)
 PROTOCOL_COLUMNS = ("batch_size", "hidden", "eval_samples", "pgd_steps", "strong_restarts")
 
-
 _EPS_KINDS = ("robust_error", "robust_error_strong", "certified_lipschitz", "certified_interval")
 COLUMNS = (
     *KEY_COLUMNS,
@@ -157,10 +156,8 @@ def _cell_problem(column: str, text: str) -> str | None:
         return None if int(text) >= low else f"{text} is below {low}"
     if column == "machine":
         return None
-    if column == "hidden_alive":
-        if text == "":  # a row from before the column, or a diverged run
-            return None
-        return None if re.fullmatch(r"[0-9]+", text) else f"{text!r} is not a whole number"
+    if column == "hidden_alive":  # empty: a row from before the column, or a diverged run
+        return None if re.fullmatch(r"[0-9]*", text) else f"{text!r} is not a whole number"
     if column in _PERCENT or column == "path_norm":
         if text in ("", "nan"):  # not measured (an unselected lr), or a diverged run
             return None
