@@ -292,7 +292,8 @@ def prox_float32_cases() -> list[dict[str, Any]]:
         prox_case(
             "f32_zeros_rows_and_entries",
             "float32 version of zeros_rows_and_entries.",
-            *map(f32, zeros()),
+            f32(zeros()[0]),
+            f32(zeros()[1]),
             float(np.float32(0.2)),
             dtype=fp32,
         ),
