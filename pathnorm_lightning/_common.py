@@ -3,12 +3,9 @@
 Every private topic module (``_sort``, ``_kernel``, ``_cuda_graph``, ``_baselines``) imports
 only this module, never the public facade :mod:`pathnorm_lightning.functional`.
 
-Exception types (the same in the Keras package):
-
-* a ``lam`` or ``radius`` that is not a real number (``str``, ``None``, ``bool``, complex, ...):
-  ``TypeError``;
-* a real that is NaN, inf or negative; a shape, dtype or device mismatch: ``ValueError``;
-* weights holding NaN or inf: :class:`NonFiniteWeightsError` (a ``ValueError``).
+Exception types (the same in the Keras package): ``TypeError`` for a ``lam`` or ``radius`` that
+is not a real number; ``ValueError`` for a NaN, inf or negative real and for a shape, dtype or
+device mismatch; :class:`NonFiniteWeightsError` (a ``ValueError``) for weights holding NaN or inf.
 """
 
 from __future__ import annotations

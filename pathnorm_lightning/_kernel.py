@@ -1,7 +1,5 @@
-"""The Python side of the compiled CPU prox (:mod:`._kernel_jit`, numba): the arguments as
-the compiled entry takes them, the planned entry of the step hook, and the one-time compile
-(every signature, in a fixed order, then no more compiling).
-"""
+"""The Python side of the compiled CPU prox (:mod:`._kernel_jit`, numba): the arguments as the
+compiled entry takes them, the step hook's planned entry, and the one-time compile."""
 
 from __future__ import annotations
 

@@ -32,11 +32,10 @@ Plan = dict[int, list[Planned]]
 
 @dataclass(frozen=True)
 class Guard:
-    """What a plan's validity is checked against at every step, in O(groups + targets): per
-    optimizer its ``param_groups`` list, its length and each group's ``params`` list and length
-    (held, so that their ids are never reused), the position of every planned weight in its
-    group's list, and every target's weights (identity, storage, trainability; see
-    :func:`followed`)."""
+    """What a plan's validity is checked against at every step, in O(groups + targets): each
+    optimizer's ``param_groups`` and each group's ``params`` with their lengths (the lists held,
+    so that their ids are never reused), every planned weight's position in its list, and every
+    target's weights (:func:`followed`)."""
 
     groups: tuple[tuple[list[Any], int, tuple[tuple[list[Any], int], ...]], ...]
     placed: tuple[tuple[list[Any], int, Tensor], ...]
@@ -94,9 +93,8 @@ class Guard:
 def followed(
     targets: Sequence[StepTarget],
 ) -> tuple[tuple[nn.Module | None, Tensor | None, int, bool], ...]:
-    """What a plan depends on in the targets, per weight: ``(module, weight, storage,
-    trainability)``, the weight read from its module now for a followed target (``module``
-    None for a weight taken as given)."""
+    """Per target weight: ``(module, weight, storage, trainability)``, the weight read from its
+    module now (``module`` None for a weight taken as given)."""
     found: list[tuple[nn.Module | None, Tensor | None, int, bool]] = []
     for target in targets:
         pairs: list[tuple[nn.Module | None, Tensor | None]] = (

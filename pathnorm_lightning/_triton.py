@@ -49,10 +49,9 @@ _KERNELS: dict[bool, Any] = {}  # the jitted kernel, per interpreter mode
 
 
 def _interpreting() -> bool:
-    """Whether Triton's interpreter runs the kernel: ``TRITON_INTERPRET=1``, and it was already
-    set when triton was imported (triton builds its language library for one mode at import;
-    set it before anything imports triton, e.g. Lightning, which imports it with torch's
-    compiler)."""
+    """Whether Triton's interpreter runs the kernel: ``TRITON_INTERPRET=1`` was set before triton
+    was imported (it builds its language library for one mode then; Lightning imports it with
+    torch's compiler)."""
     if os.environ.get("TRITON_INTERPRET", "0") != "1":
         return False
     triton = optional_module("triton")
@@ -68,10 +67,9 @@ def available() -> bool:
 
 
 def supports(w_in: Tensor, w_out: Tensor) -> bool:
-    """Whether :func:`prox_inplace` handles this pair: 2-D, paired shapes (``w_in`` (n, m),
-    ``w_out`` (p, n)), one floating dtype (float32/64, float16, bfloat16), one device (CUDA, or
-    CPU under the interpreter), both sides of a unit at most :data:`MAX_SIDE` long, no
-    overlapping (expanded) storage, and Triton available. Otherwise use another method."""
+    """Whether :func:`prox_inplace` handles this pair (else use another method): paired 2-D
+    weights of one dtype (float32/64, float16, bfloat16) and device (CUDA, or CPU under the
+    interpreter), sides of at most :data:`MAX_SIDE`, no expanded storage, Triton available."""
     if not (isinstance(w_in, Tensor) and isinstance(w_out, Tensor)):
         return False
     if w_in.dim() != 2 or w_out.dim() != 2 or w_in.shape[0] != w_out.shape[1]:
@@ -144,8 +142,7 @@ def prox_inplace(
     for these shapes).
 
     Args:
-        w_in: (n, m) weight of the first layer; overwritten.
-        w_out: (p, n) weight of the second layer; overwritten. Same dtype and device.
+        w_in, w_out: the (n, m) and (p, n) weights of the two layers (one dtype and device).
         lam: the prox step, >= 0: a Python number, or a one-element floating tensor on the
             weights' device (read by the kernel; the caller keeps it finite and >= 0).
         flag: optional int32 tensor on the weights' device; ``flag[0]`` is ORed with 1 (NaN or

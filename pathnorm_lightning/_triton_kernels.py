@@ -8,10 +8,10 @@ enumerated (``k`` entries kept) and the longer one searched (``l`` entries kept)
 
 1. the unit scaled by a power of two (exact; the prox is scale-equivariant) so that its largest
    magnitude lies in [1, 2): no square below can overflow or underflow at any finite weight;
-2. the short side sorted descending (a bitonic network in registers, the one of ``tl.sort``
-   with each compare-and-swap done by one sum over its pair) and its prefix sums of values and
-   squares, in float64 whatever the weights' dtype (the CPU kernel's guarantee: a float32
-   result is the float32 rounding of thresholds computed in float64);
+2. the short side sorted descending (a bitonic network in registers, :func:`_sort_desc_fn`)
+   and its prefix sums of values and squares, in float64 whatever the weights' dtype (the CPU
+   kernel's guarantee: a float32 result is the float32 rounding of thresholds computed in
+   float64);
 3. the long side's columns ``l`` with their last kept entry ``y_l``, prefix sums ``Y_l`` and
    sums of squares. Band search (long sides of 256 or more): a non-trivial minimiser
    thresholds the long side at ``lam a <= lam ||x||_1`` (``a = ||v||_1``), so its support holds
@@ -29,9 +29,6 @@ enumerated (``k`` entries kept) and the longer one searched (``l`` entries kept)
 6. the soft-thresholds, written in place: ``v = sign(x) max(|x| - lam b, 0)`` and
    ``w = sign(y) max(|y| - lam a, 0)`` (``b = ||w||_1``), computed in float64 and rounded
    once to the weights' dtype (half precision through float32, as torch casts).
-
-A unit holding NaN or inf gets an unspecified result (the flag reports it); the other units
-are exact.
 """
 
 from __future__ import annotations

@@ -101,8 +101,8 @@ class StepHook:
         check_finite: check the targets' weights after every step (raise
             :class:`NonFiniteWeightsError`); on CUDA without stalling the GPU.
         owner: the name error messages start with.
-        sparsity_chains: chains (forward order) of weights or modules (their ``weight`` read
-            then) whose zeros and hidden units :meth:`metrics` counts.
+        sparsity_chains: chains (forward order) of weights or of modules (``weight`` read at
+            each call) whose zeros and hidden units :meth:`metrics` counts.
         chain: every layer of the seam's types in forward order, for the network bounds (None:
             no bounds). A last convolution's bounds depend on the positions it reads, recorded
             by a forward pre-hook (no bounds before the first forward pass).
