@@ -54,6 +54,7 @@ from shared_spec.compaction import CompactionReport, PairCompaction
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
 
 Op = Callable[[Tensor], Tensor]
+_Conv = nn.Conv1d | nn.Conv2d
 
 
 # -- what compact does to each layer type --------------------------------------------------------
@@ -122,7 +123,7 @@ class _ConvUnits:
     (``weight[:, c]``)."""
 
     @staticmethod
-    def probe(layer: nn.Conv1d | nn.Conv2d) -> Tensor:
+    def probe(layer: _Conv) -> Tensor:
         """Zeros of the fewest positions that give an output."""
         size = [d * (k - 1) + 1 for k, d in zip(layer.kernel_size, layer.dilation, strict=True)]
         return layer.weight.new_zeros(1, layer.in_channels, *size)
@@ -132,30 +133,21 @@ class _ConvUnits:
         return output[0].reshape(output.shape[1], -1)[:, 0]
 
     @staticmethod
-    def input_shift(
-        layer: nn.Conv1d | nn.Conv2d, constants: Tensor, positions: int
-    ) -> Tensor | None:
+    def input_shift(layer: _Conv, constants: Tensor, positions: int) -> Tensor | None:
         """A constant input channel shifts every output position by the same amount only where
         every tap reads a real position or a copy of one: None with zero padding."""
         if layer.padding_mode == "zeros" and any(layer._reversed_padding_repeated_twice):
             return None
-        weight = layer.weight
-        return weight.reshape(weight.shape[0], weight.shape[1], -1).sum(2) @ constants.to(
-            weight.dtype
-        )
+        return layer.weight.flatten(2).sum(2) @ constants.to(layer.weight.dtype)
 
     @staticmethod
-    def keep_out(layer: nn.Conv1d | nn.Conv2d, keep: Tensor, zero: bool) -> None:
+    def keep_out(layer: _Conv, keep: Tensor, zero: bool) -> None:
         _keep_outputs(layer, keep, zero)
         layer.out_channels = len(keep)
 
     @staticmethod
     def keep_in(
-        layer: nn.Conv1d | nn.Conv2d,
-        keep: Tensor,
-        zero: bool,
-        shift: Tensor | None,
-        positions: int,
+        layer: _Conv, keep: Tensor, zero: bool, shift: Tensor | None, positions: int
     ) -> None:
         _keep_inputs(layer, keep, zero, shift)
         layer.in_channels = len(keep)

@@ -517,14 +517,12 @@ def prox_pair_(
     method: Method = "auto",
     check_finite: bool = True,
 ) -> tuple[Tensor, Tensor]:
-    """The exact path-norm prox of a layer pair, in place on both weights.
+    """The exact path-norm prox of a layer pair, in place on both weights; returns
+    ``(first.weight, second.weight)``.
 
     Runs :func:`~pathnorm_lightning.functional.prox_path_norm_` on the entries' views and
     writes back what a view could not hold. A convolution followed by a Linear layer reads a
     Flatten in between (channels first), its positions per channel taken from the shapes.
-
-    Returns:
-        ``(first.weight, second.weight)``.
 
     Raises:
         ValueError: unsupported layers or a pair whose units do not match, and whatever
