@@ -1,4 +1,4 @@
-"""Metrics of the regularized network, sparsity and the Lipschitz bounds, and a Keras callback
+"""Metrics of the regularized network: sparsity and the Lipschitz bounds, and a Keras callback
 that adds them to ``logs``.
 
 Keys (the same names and definitions as ``pathnorm_lightning``'s logged metrics):
@@ -21,14 +21,14 @@ The regularized kernels are those of the model's :class:`~pathnorm_tf.PathNormSG
 :class:`~pathnorm_tf.ProxOptimizer` (also inside a ``LossScaleOptimizer``): its pairs, or for
 the l1/l_inf baselines its kernels (alive units over runs of adjacent ones whose units chain).
 With another optimizer, or explicit ``pairs`` other than the optimizer's, the pairs are
-resolved over the model's *trainable* variables as the optimizer would resolve them
-(:mod:`pathnorm_tf.pairing`). The bounds cover every built Dense/Conv1D/Conv2D layer, frozen
-ones included, and are reported when they all chain (a feed-forward network; a Dense layer after
-a convolution reads it through a Flatten or global pooling) and, where the last is a
-convolution, its input size is known. Values are Python floats computed in float64 from the
-current weights. A regularized pair left with no alive hidden unit is warned about once per
-pair (with the model's path-norm optimizer, whose own check at the end of ``fit`` shares the
-record).
+resolved over the model's *trainable* variables as the optimizer would resolve them (frozen
+layers and recurrent cells skipped, :mod:`pathnorm_tf.pairing`). The bounds cover every built
+Dense/Conv1D/Conv2D layer, frozen ones included, and are reported when they all chain (a
+feed-forward network; a Dense layer after a convolution reads it through a Flatten or global
+pooling) and, where the last is a convolution, its input size is known. Values are Python
+floats computed in float64 from the current weights. A regularized pair left with no alive
+hidden unit is warned about once per pair (with the model's path-norm optimizer, whose own
+check at the end of ``fit`` shares the record).
 """
 
 from __future__ import annotations
