@@ -128,10 +128,9 @@ def coverage(rows: Sequence[Mapping[str, str]], settings: Mapping[tuple, Setting
         gone = [DATASET_LABELS[d] for d in PAPER_DATASETS if d not in present]
         if gone:
             lines.append(f"- No rows yet: {', '.join(gone)}.")
-    lines += ["", *density(settings)]
     machines = Counter(r["machine"] for r in rows).most_common()
     used = "; ".join(f"{m} ({n} rows)" for m, n in machines)
-    return [*lines, "", f"The `machine` column: {used}."]
+    return [*lines, "", *density(settings), "", f"The `machine` column: {used}."]
 
 
 def density(settings: Mapping[tuple, Setting], within: float = 1.0) -> list[str]:
@@ -299,8 +298,8 @@ def render(
         "",
         *summary_table(sections),
         "",
+        *claim_sections(sections, kmnist_table),
     ]
-    out += claim_sections(sections, kmnist_table)
     out += [
         "## Check: clean ≤ PGD ≤ strong attack ≤ certified",
         "",

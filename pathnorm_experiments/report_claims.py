@@ -77,7 +77,6 @@ class Claim:
 
     @property
     def verdict(self) -> str:
-        """The verdict of the outcomes."""
         return verdict(self.outcomes)
 
 

@@ -83,7 +83,6 @@ class Stat:
 
     @property
     def n(self) -> int:
-        """The number of seeds with a value."""
         return len(self.values)
 
     @property

@@ -157,7 +157,6 @@ def _tradeoff(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
     for ax in axes[-1]:
         ax.set_xlabel("clean error % (evaluation sample)")
     fig.suptitle(f"{dataset_label(ds)}: clean vs robust error, one point per λ")
-    _legend(fig)
     return fig
 
 
@@ -176,7 +175,6 @@ def _error_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
             ax.axhline(clean, color="gray", lw=0.8, label="clean, no regularization")
     axes[0].set_ylabel("error %")
     fig.suptitle(f"{dataset_label(ds)}: error vs λ")
-    _legend(fig)
     return fig
 
 
@@ -190,7 +188,6 @@ def _sparsity_vs_lam(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> An
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     axes[0].set_ylabel("% of weights nonzero")
     fig.suptitle(f"{dataset_label(ds)}: sparsity vs λ")
-    _legend(fig)
     return fig
 
 
@@ -215,7 +212,6 @@ def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> A
     fig.suptitle(
         f"{dataset_label(ds)}: error vs sparsity\nProx-SGD and the linf projection, one point per λ"
     )
-    _legend(fig)
     return fig
 
 
@@ -235,7 +231,6 @@ def _error_vs_compacted(plt: Any, settings: Mapping[tuple, Setting], ds: str) ->
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("error %")
     fig.suptitle(f"{dataset_label(ds)}: error vs compacted size\nProx-SGD and the linf projection")
-    _legend(fig)
     return fig
 
 
@@ -263,6 +258,7 @@ def plot_dataset(settings: Mapping[tuple, Setting], ds: str, img: Path) -> list[
         if draw is _error_vs_compacted and not compacted_sizes(settings, ds):
             continue
         fig = draw(plt, settings, ds)
+        _legend(fig)
         path = img / f"{ds}_{stem}.png"
         fig.savefig(path, dpi=100)
         plt.close(fig)
