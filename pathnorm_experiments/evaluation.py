@@ -25,13 +25,7 @@ from pathnorm_experiments.regularizers import regularizer
 from pathnorm_experiments.results import History
 from pathnorm_experiments.settings import TrainConfig, float_key
 
-__all__ = [
-    "build_result",
-    "format_summary",
-    "legend_below",
-    "place_legends",
-    "plot_training_curve",
-]
+__all__ = ["build_result", "format_summary", "legend_below", "place_legends", "plot_training_curve"]
 
 
 def build_result(

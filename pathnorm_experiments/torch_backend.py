@@ -197,11 +197,7 @@ def numpy_layers(model: nn.Module, n_inputs: int = 784) -> tuple[list[Layer], li
 
 
 def evaluate(
-    model: nn.Module,
-    cfg: TrainConfig,
-    data: Dataset,
-    history: History,
-    timings: dict[str, float],
+    model: nn.Module, cfg: TrainConfig, data: Dataset, history: History, timings: dict[str, float]
 ) -> dict[str, Any]:
     """Clean, PGD-robust and certified errors, bounds, sparsity and the final objective."""
     t0 = time.perf_counter()

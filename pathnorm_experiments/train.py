@@ -71,12 +71,11 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
 
 def _hidden(text: str) -> tuple[int, ...]:
     try:
-        widths = tuple(int(t) for t in text.split(",") if t.strip())
+        return tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--hidden takes comma-separated widths such as 200 or 200,100,50, got {text!r}"
         ) from None
-    return widths
 
 
 def build_parser() -> argparse.ArgumentParser:
