@@ -220,10 +220,11 @@ def _check_header(path: Path, header: Sequence[str]) -> None:
 def read_rows(path: Path) -> list[dict[str, str]]:
     """The rows of a results CSV as cell text, every cell checked; [] if missing or empty.
 
-    A torn last line (a writer killed mid-row) is left out, blank lines skipped. Everything else
-    must be as the sweep writes it: the header :data:`COLUMNS`, every column, known names,
-    numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), each run key on
-    one row. ``hidden_alive`` may be empty (older rows, diverged runs).
+    Read under a shared lock, so a group appended by :func:`append_rows` is read whole or not
+    at all. A torn last line (a writer killed mid-row) is left out, blank lines skipped.
+    Everything else must be as the sweep writes it: the header :data:`COLUMNS`, every column,
+    known names, numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), each
+    run key on one row. ``hidden_alive`` may be empty (older rows, diverged runs).
 
     Raises:
         ResultsError: the first problem, with the file, the line (1 is the header) and column.
