@@ -22,15 +22,9 @@ def soft_threshold(t: tf.Tensor, lam: float | tf.Tensor) -> tf.Tensor:
 
 @tf.autograph.experimental.do_not_convert
 def prox_l1(w: Any, lam: Scalar) -> tf.Tensor:
-    """Soft-thresholding ``sign(w) max(|w| - lam, 0)``: the prox of ``lam ||w||_1``.
-
-    Args:
-        w: a floating tensor of any shape.
-        lam: the threshold, finite and >= 0.
-
-    Returns:
-        A new tensor of ``w``'s shape and dtype.
-    """
+    """Soft-thresholding ``sign(w) max(|w| - lam, 0)``, the prox of ``lam ||w||_1``, for a
+    floating tensor ``w`` of any shape and ``lam`` finite and >= 0: a new tensor of ``w``'s shape
+    and dtype."""
     lam = check_scalar(lam, "lam")
     try:
         t = tf.convert_to_tensor(w)
@@ -82,19 +76,12 @@ def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
 
 @tf.autograph.experimental.do_not_convert
 def project_linf_operator_norm(kernel: Any, radius: Scalar) -> tf.Tensor:
-    """Project a Dense kernel (in, out) onto ``{K : ||K||_{inf -> inf} <= radius}``.
+    """Project a Dense kernel (in, out) onto ``{K : ||K||_{inf -> inf} <= radius}`` (``radius``
+    finite and >= 0): a new tensor of its shape and dtype.
 
-    The l_inf operator norm of ``u -> u @ K`` is the largest l1 norm of a column of ``K``
-    (the incoming weights of one output unit), so each *column* is projected onto the l1
-    ball: the layer-wise constraint of the paper's baseline, equal to
-    ``project_rows_l1_ball`` on the torch weight ``K.T``.
-
-    Args:
-        kernel: a Dense kernel (in, out).
-        radius: the bound on the operator norm, finite and >= 0.
-
-    Returns:
-        A new tensor of ``kernel``'s shape and dtype.
+    The l_inf operator norm of ``u -> u @ K`` is the largest l1 norm of a column of ``K`` (the
+    incoming weights of one output unit), so each *column* is projected onto the l1 ball: the
+    paper's layer-wise baseline, equal to ``project_rows_l1_ball`` on the torch weight ``K.T``.
     """
     t = as_matrix(kernel, "kernel", check_finite=False)
     return tf.transpose(project_rows_l1_ball(tf.transpose(t), radius))

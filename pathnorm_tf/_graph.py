@@ -1,9 +1,7 @@
-"""The model side of the pairing: a Keras model's layers, the layer that owns each weight, and
-its graph (which layers each call of a layer reads through, how often the graphs call a layer).
-
-:mod:`pathnorm_tf.pairing` resolves pairs from the trained variables; what only the model shows
-(a frozen or shared layer, the layers between a pair, a convolution's layer and its Flatten) is
-read here, when the optimizer is given the model (``model=``, ``verify_pairs(model)``) and by
+"""The model side of the pairing: a Keras model's layers, the owner of each weight, and its
+graph. :mod:`pathnorm_tf.pairing` resolves pairs from the trained variables; what only the model
+shows (a frozen or shared layer, the layers between a pair, a convolution's Flatten) is read
+here, when the optimizer has the model (``model=``, ``verify_pairs(model)``), and by
 :mod:`pathnorm_tf.compact` and :mod:`pathnorm_tf.metrics`, which always have it.
 """
 

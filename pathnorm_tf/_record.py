@@ -1,11 +1,10 @@
-"""The record of an explicit resolution, for an optimizer config that must resolve the same way
-after reload (the optimizer's ``"resolved"`` entry; :mod:`pathnorm_tf.pairing` makes and reads
-it).
+"""The record of an explicit resolution (the optimizer config's ``"resolved"`` entry, made and
+read by :mod:`pathnorm_tf.pairing`), so that a reloaded optimizer resolves the same way.
 
-A record is ``{"names": [...], "kernels": [[layer name, shape], ...], "targets": [position,
-...]}``: the names (pairs flattened), every trained layer kernel in variable order (a reloaded
-model has the same ones in the same order, the order Keras restores optimizer variables by),
-and the position in that list of each name's kernel. JSON-serializable.
+A record (JSON-serializable) is ``{"names": [...], "kernels": [[layer name, shape], ...],
+"targets": [position, ...]}``: the names (pairs flattened), every trained layer kernel in
+variable order (the order Keras restores optimizer variables by: a reloaded model has the same),
+and the position in that list of each name's kernel.
 """
 
 from __future__ import annotations

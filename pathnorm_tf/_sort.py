@@ -163,16 +163,11 @@ def largest_feasible_l(
 
 def tie_order(pairs: tf.Tensor, x_zero: tf.Tensor, swapped: bool) -> tf.Tensor:
     """Candidate columns in the order of the tie rule: ``(x, 0)``, ``(0, y)``, then the
-    stationary points by increasing support size of the outgoing weights.
-
-    Args:
-        pairs: (n, q + 1) per candidate ``(0, y)`` (column 0), then ``(k, L(k))`` for
-            k = 1..q of the enumerated side.
-        x_zero: (n, 1) the candidate ``(x, 0)`` (all of the enumerated side kept).
-        swapped: the enumerated side holds the *incoming* weights: then ``(0, y)`` and
-            ``(x, 0)`` of the original roles are ``x_zero`` and column 0, and increasing k of
-            the enumerated side is decreasing outgoing support.
-    """
+    stationary points by increasing support size of the outgoing weights. ``pairs`` (n, q + 1)
+    holds ``(0, y)`` (column 0), then ``(k, L(k))`` for k = 1..q of the enumerated side;
+    ``x_zero`` (n, 1) the candidate with all of the enumerated side kept. ``swapped``: the
+    enumerated side holds the *incoming* weights, so ``x_zero`` and column 0 trade roles and
+    increasing k is decreasing outgoing support."""
     if not swapped:
         return tf.concat([x_zero, pairs], 1)
     return tf.concat([pairs[:, :1], x_zero, tf.reverse(pairs[:, 1:], [1])], 1)

@@ -1,12 +1,11 @@
 """The XLA-friendly formulations the band and sort methods share.
 
-Each function here gives the same values (bit for bit, or as any exact sort would) as the plain
-TensorFlow op it stands for; under XLA on CPU (:func:`~pathnorm_tf._common.tracing_for_xla`)
-it picks the formulation XLA compiles to the fewest and cheapest loops: sorts of short rows by
-ranking or a bitonic network, small gathers and argmins by chains of selects, reductions over
-the long side folded into one pass (see :func:`fold`), per-unit values materialized so that they
-are not recomputed inside every loop that broadcasts them. Eagerly and in plain graphs the plain
-op is used.
+Each function gives the values of the plain TensorFlow op it stands for (bit for bit, or as any
+exact sort would), which it runs eagerly and in plain graphs; under XLA on CPU
+(:func:`~pathnorm_tf._common.tracing_for_xla`) it takes the form XLA compiles to the fewest and
+cheapest loops: sorts of short rows by ranking or a bitonic network, small gathers and argmins
+by chains of selects, reductions over the long side folded into one pass (:func:`_fold`),
+per-unit values materialized so that the loops that broadcast them do not recompute them.
 """
 
 from __future__ import annotations

@@ -1,27 +1,23 @@
 """Pure TensorFlow functions: the exact 1-path-norm prox, its bounds and the paper's baselines.
 
-Layout (Keras, ``Dense(n) -> act -> Dense(p)`` on inputs of width m): ``kernel_in`` (m, n) and
-``kernel_out`` (n, p); hidden unit ``i`` owns the column ``kernel_in[:, i]`` (incoming) and the
-row ``kernel_out[i, :]`` (outgoing). The 1-path-norm is
-``sum_i ||kernel_out[i, :]||_1 * ||kernel_in[:, i]||_1``; biases are not part of it. The
-algorithms work in ``shared_spec``'s neutral layout: ``X = kernel_out`` (n, p) outgoing and
-``Y = transpose(kernel_in)`` (n, m) incoming weights.
+Layout (Keras ``Dense(n) -> act -> Dense(p)`` on inputs of width m): hidden unit ``i`` owns the
+column ``kernel_in[:, i]`` (incoming) of ``kernel_in`` (m, n) and the row ``kernel_out[i, :]``
+(outgoing) of ``kernel_out`` (n, p); the 1-path-norm is ``sum_i ||kernel_out[i, :]||_1 *
+||kernel_in[:, i]||_1`` (biases are not part of it). The algorithms work in ``shared_spec``'s
+neutral layout: ``X = kernel_out`` (n, p), ``Y = transpose(kernel_in)`` (n, m).
 
 The prox solves, separately for every hidden unit (x = outgoing, y = incoming weights)::
 
     min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
 
-exactly, with the same candidates and tie rule by either method: ``"sort"``
-(:mod:`pathnorm_tf._sort`, the shortest exact algorithm: read it first) or ``"band"``
-(:mod:`pathnorm_tf._band`, the default), which sorts only the band of the long side that can
-change support. The prox is scale-equivariant (``prox(s x, s y) = s prox(x, y)``, ``s > 0``),
-so every unit is scaled by a power of two (exact) that brings its largest entry near 1: the
-result is exact at every finite magnitude, subnormals included. Static-shape tf ops throughout:
-eager, ``tf.function`` and XLA (``jit_compile=True``), CPU and GPU. float16/bfloat16 are
-computed in float32.
-
-The paper's layer-wise baselines, :func:`prox_l1`, :func:`project_rows_l1_ball` and
-:func:`project_linf_operator_norm`, live in :mod:`pathnorm_tf._baselines` and are public here.
+exactly, with the same candidates and tie rule by ``"sort"`` (:mod:`pathnorm_tf._sort`, the
+shortest exact algorithm: read it first) or ``"band"`` (:mod:`pathnorm_tf._band`, the default:
+it sorts only the band of the long side that can change support). The prox is
+scale-equivariant, so each unit is scaled by a power of two (exact) that brings its largest
+entry near 1: the result is exact at every finite magnitude, subnormals included. Static-shape
+tf ops: eager, ``tf.function`` and XLA (``jit_compile=True``), CPU and GPU; float16/bfloat16
+are computed in float32. The paper's layer-wise baselines live in :mod:`pathnorm_tf._baselines`
+and are public here.
 """
 
 from __future__ import annotations
@@ -267,17 +263,11 @@ def _soft_threshold_exact(z: tf.Tensor, t: tf.Tensor) -> tf.Tensor:
 
 @tf.autograph.experimental.do_not_convert
 def path_norm(kernel_in: Any, kernel_out: Any) -> tf.Tensor:
-    """1-path-norm ``sum_i ||kernel_out[i, :]||_1 ||kernel_in[:, i]||_1`` (0-d, differentiable).
+    """1-path-norm ``sum_i ||kernel_out[i, :]||_1 ||kernel_in[:, i]||_1`` of two Dense kernels
+    (m, n) and (n, p) of one dtype: a 0-d tensor of that dtype, differentiable.
 
     It upper-bounds the (l_inf, l_1) Lipschitz constant of ``u -> act(u @ K_in) @ K_out`` for
     any activation with slope in [0, 1] (Theorem 1 of the paper).
-
-    Args:
-        kernel_in: first Dense kernel (m, n).
-        kernel_out: second Dense kernel (n, p), of the same dtype.
-
-    Returns:
-        A 0-d tensor of the kernels' dtype.
     """
     k_in, k_out = check_pair(kernel_in, kernel_out, check_finite=False)
     return tf.reduce_sum(tf.reduce_sum(tf.abs(k_out), 1) * tf.reduce_sum(tf.abs(k_in), 0))
@@ -285,15 +275,9 @@ def path_norm(kernel_in: Any, kernel_out: Any) -> tf.Tensor:
 
 @tf.autograph.experimental.do_not_convert
 def product_bound(kernel_in: Any, kernel_out: Any) -> tf.Tensor:
-    """Layer-wise bound ``sum|K_out| * max_i ||K_in[:, i]||_1`` (l_inf operator norm of K_in).
-
-    Args:
-        kernel_in: first Dense kernel (m, n).
-        kernel_out: second Dense kernel (n, p), of the same dtype.
-
-    Returns:
-        A 0-d tensor of the kernels' dtype; 0 for an empty layer (n = 0).
-    """
+    """Layer-wise bound ``sum|K_out| * max_i ||K_in[:, i]||_1`` (l_inf operator norm of K_in) of
+    two Dense kernels (m, n) and (n, p) of one dtype: a 0-d tensor of that dtype; 0 for an empty
+    layer (n = 0)."""
     k_in, k_out = check_pair(kernel_in, kernel_out, check_finite=False)
     # (the max over no column is -inf; a layer with no unit maps everything to 0)
     col_norm = tf.reduce_max(
