@@ -53,7 +53,7 @@ def nonnegative_int(zero_means: str) -> Callable[[str], int]:
 
 DEFAULT_EPOCHS = 20  # the paper's
 OUTPUT_FILES = ("results.json", "results.csv", "training_curve.png")
-EXAMPLES = """examples (the embedded MNIST subset needs no download; about a minute on 2 cores):
+EXAMPLES = """examples (the embedded MNIST subset needs no download; 10-40 s each on 2 cores):
   pathnorm-train --regularizer path --lam 1e-3
   pathnorm-train --model conv --lam 1e-4
   pathnorm-train --backend tf --regularizer l1 --method penalty --lam 1e-4
