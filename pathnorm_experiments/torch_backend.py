@@ -85,8 +85,8 @@ def build_conv_model(
     """The paper's network with a convolution for its hidden layer, on flat 784-pixel inputs:
     ``Unflatten(1, 28, 28) -> Conv2d(1, channels, kernel_size, stride) -> act -> Flatten ->
     Linear(channels * positions, 10)``. No padding: the pair's ``R`` is the unrolled network's
-    1-path-norm (docs/conv_units.md). ``seed`` and ``dtype`` as for :func:`build_model`, the draw
-    :func:`~pathnorm_experiments.draws.initial_layer_weights`'.
+    1-path-norm (docs/conv_units.md). ``seed`` and ``dtype`` as in :func:`build_model` (the
+    seeded draw: :func:`~pathnorm_experiments.draws.initial_layer_weights`).
     """
     if activation not in _ACTS:
         raise ValueError(f"activation must be one of {sorted(_ACTS)}, got {activation!r}")
