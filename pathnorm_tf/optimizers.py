@@ -237,10 +237,10 @@ class _KernelRegularizer(StepUpdate):
     def regularized_chains(
         self, variables: list[Any], model: keras.Model | None = None
     ) -> list[pairing.Chain]:
-        """The kernels the regularizer acts on, as forward :class:`~pathnorm_tf.pairing.Chain` s
-        (for the metrics): the ``(kernel_in, kernel_out)`` pairs, or (baselines) runs of adjacent
-        kernels whose units chain. Once built, the optimizer's own targets; before, ``variables``
-        (of ``model``) resolved as ``build`` will resolve them."""
+        """The kernels the regularizer acts on, as forward chains (for the metrics, each a
+        :class:`~pathnorm_tf.pairing.Chain`): the ``(kernel_in, kernel_out)`` pairs, or
+        (baselines) runs of adjacent kernels whose units chain. Once built, the optimizer's own
+        targets; before, ``variables`` (of ``model``) resolved as ``build`` will resolve them."""
         tv, pairs, layers = self._trainable_variables, self._pairs, self._layers
         if not getattr(self, "built", False):
             tv = list(variables)
