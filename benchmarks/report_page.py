@@ -78,7 +78,8 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   not adopted): on 784-200-10 it went from 143 to 73 us back to back and from 185 to 97 us
   inside a plain torch training loop, called from the main thread; called from any other thread
   it took 130-235 us where the main thread took 64, and in `bench_overhead.py`, whose runs train
-  in threads of their own, the prox in the step stayed at 0.24-0.27 ms. A library default
+  in threads of their own, the prox in the step stayed at 0.24-0.27 ms (that was numba's
+  OpenMP layer; its own workqueue layer took 300-350 us from any thread). A library default
   cannot depend on which thread trains, nor on which threading layer numba finds.
 - **Keras under XLA**: no host work per step and no retracing; the extra is the prox inside
   the compiled step (0.36-0.38 ms a call in a compiled loop). The band setup's four per-unit
