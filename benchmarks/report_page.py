@@ -64,8 +64,8 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   outgoing weights, the bounds, one candidate per support size; about 45 us), and a second
   pass over the thin band between two bounds on the threshold, skipped by nearly every unit at
   a kernel lam of 1e-5 and taken by most at 1e-4. In training a call takes 160-190 us at 1
-  thread and 0.24-0.25 ms in the `bench_overhead.py` runs above (default threads).
-- **Lightning: the extra per step beyond the prox** (0.15-0.17 ms in the runs above, "hook's own
+  thread and 0.23 ms in the `bench_overhead.py` runs above (default threads).
+- **Lightning: the extra per step beyond the prox** (0.15-0.16 ms in the runs above, "hook's own
   cost"): the hook's Python around the kernel, about 20-25 us a step (the plan's validity check
   about 9 us, the learning-rate read, the planned call, the version counters; measured in a
   plain torch loop); Lightning's calls into any callback, 15-20 us; the metrics, about 13 us a
@@ -81,9 +81,9 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   in threads of their own, the prox in the step stayed at 0.24-0.27 ms (that was numba's
   OpenMP layer; its own workqueue layer took 300-350 us from any thread). A library default
   cannot depend on which thread trains, nor on which threading layer numba finds.
-- **Keras under XLA**: no host work per step and no retracing; the extra is the prox inside
-  the compiled step (0.36-0.38 ms a call in a compiled loop). The band setup's four per-unit
-  sums over `kernel_in` run as two loops (complex pairs). The finiteness check (on by default)
+- **Keras under XLA**: no host work per step and no retracing; the extra (0.41-0.43 ms in the
+  runs above) is mostly the prox inside the compiled step (0.32 ms a call in a compiled loop).
+  The band setup's four per-unit sums over `kernel_in` run as two loops (complex pairs). The finiteness check (on by default)
   takes its verdict from those sums: as a separate pass with a `tf.cond` around the prox it
   cost about 80 us a step (1.28x against 1.23x without the check, one A/B), from the sums
   about nothing (1.229x against 1.226x, one A/B at load 1.4-3.8). One loop for
