@@ -432,7 +432,7 @@ def _alive(holder: str) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
-        pass
+        return True
     return True
 
 

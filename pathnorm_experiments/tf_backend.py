@@ -18,6 +18,7 @@ so both backends compute the same function.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
@@ -410,11 +411,10 @@ def train_keras(
         FloatingPointError: training diverged (non-finite weights).
     """
     if threads:
-        try:
+        # TF already initialised in this process (RuntimeError): it keeps its setting
+        with contextlib.suppress(RuntimeError):
             tf.config.threading.set_intra_op_parallelism_threads(threads)
             tf.config.threading.set_inter_op_parallelism_threads(threads)
-        except RuntimeError:  # TF already initialised in this process: keep its setting
-            pass
     model = _compiled_model(cfg)
     x_train = data.x_train.astype(cfg.dtype)
     n, n_eval = x_train.shape[0], cfg.eval_train_samples
