@@ -99,9 +99,10 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
 
 ## One-time costs
 
-The compiled kernel compiles on its first call in a new environment (a few seconds; cached on
-disk, later processes load it in a fraction of a second: `bench_lightning_epoch.py` prints
-this load as "first prox call of the process"). The Keras prox compiles with the train step.
+The compiled kernel compiles on its first call in a new environment (12-13 s on 2 cores, quiet;
+cached on disk, later processes load it in about 0.3 s: `bench_overhead.py` and
+`bench_lightning_epoch.py` print this load as "first prox call of the process"). The Keras prox
+compiles with the train step.
 """
 
 GROUPS = (
