@@ -3,9 +3,9 @@
 The paper's network (784-200-10, ELU, SGD, batch 100; MNIST's 60,000 training images from
 ``--data-dir``, default ``$PATHNORM_DATA_DIR``, read by the checked loader of
 ``pathnorm_experiments.data``, or random data of that shape, said so in the output) trains
-twice in one process, in two threads that never run at once: a plain run and a run with the
-prox. They take turns in short windows of ``--window`` steps, the order swapped every pair;
-each run keeps its own data order, the same in both. Each window is timed from the moment its
+twice in one process and one thread, as two greenlets: a plain run and a run with the prox.
+They take turns in short windows of ``--window`` steps, the order swapped every pair; each run
+keeps its own data order, the same in both. Each window is timed from the moment its
 run resumes to the end of its last step's ``on_train_batch_end``: exactly ``--window`` full
 cycles of the training loop (data, step, callbacks, the loop's own work), no hand-off and no
 per-``fit`` cost counted. Wall and process CPU time are read for every window.
@@ -50,7 +50,6 @@ import argparse
 import logging
 import platform
 import statistics
-import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -58,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import greenlet
 import numpy as np
 
 ENV_DATA = os.environ.get("PATHNORM_DATA_DIR")
@@ -67,11 +67,17 @@ EPOCH_STEPS = 600
 
 # --- two runs taking turns -------------------------------------------------------------------
 class Lane:
-    """One training run in a thread of its own, paused between windows of ``window`` steps.
+    """One training run in a greenlet, paused between windows of ``window`` steps.
 
     The run's callback calls :meth:`begin` before its first step and :meth:`batch_end` after
-    every step; the main thread calls :meth:`run_window`. A window's clock starts when the run
-    resumes and stops at the end of its ``window``-th step.
+    every step; the caller's :meth:`run_window` switches to the run until its window ends. A
+    window's clock starts when the run resumes and stops at the end of its ``window``-th step.
+
+    Greenlets, not threads: both runs then train in the process's one OS thread, as a user's
+    ``fit`` does. A second OS thread that calls torch starts a second OpenMP team; with more
+    OpenMP threads than cores, GNU OpenMP stops spinning between parallel regions, every region
+    wakes a sleeping worker, and the plain Lightning step of this benchmark took 2.3 ms instead
+    of 1.2 ms (which made the prox's share look smaller than it is).
     """
 
     def __init__(self, name: str, window: int, train: Callable[[Lane], object]) -> None:
@@ -80,12 +86,12 @@ class Lane:
         self.cpu: list[float] = []
         self.stop = False
         self.error: BaseException | None = None
-        self._go, self._done = threading.Event(), threading.Event()
         self._count = 0
         self._t0 = self._c0 = 0.0
-        self._thread = threading.Thread(target=self._main, args=(train,), name=name, daemon=True)
-        self._thread.start()
-        self._wait()  # paused before its first step
+        self._caller = greenlet.getcurrent()
+        self._run = greenlet.greenlet(self._main)
+        self._run.switch(train)  # returns when the run pauses before its first step
+        self._check()
 
     def begin(self) -> None:
         self._pause()
@@ -100,40 +106,32 @@ class Lane:
         return self._pause()
 
     def run_window(self) -> None:
-        self._go.set()
-        self._wait()
+        self._run.switch()
+        self._check()
 
     def finish(self) -> None:
         self.stop = True
-        self._go.set()
-        self._thread.join()
+        if not self._run.dead:
+            self._run.switch()
         if self.error is not None:
             raise self.error
 
     def _pause(self) -> bool:
-        self._done.set()
-        self._go.wait()
-        self._go.clear()
+        self._caller.switch()
         self._t0, self._c0 = time.perf_counter(), time.process_time()
         return self.stop
 
-    def _wait(self) -> None:
-        while not self._done.wait(1.0):
-            if not self._thread.is_alive():
-                break
-        self._done.clear()
+    def _check(self) -> None:
         if self.error is not None:
             raise RuntimeError(f"the {self.name} run failed: {self.error!r}") from self.error
-        if not self._thread.is_alive():
+        if self._run.dead:
             raise RuntimeError(f"the {self.name} run ended before its windows were done")
 
     def _main(self, train: Callable[[Lane], object]) -> None:
         try:
             train(self)
-        except BaseException as err:  # reported by the main thread
+        except BaseException as err:  # reported by the caller
             self.error = err
-        finally:
-            self._done.set()
 
 
 @dataclass
