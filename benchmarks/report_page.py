@@ -63,26 +63,36 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   rows), the write pass (about 30 us), the work per unit on the short side (sorting the
   outgoing weights, the bounds, one candidate per support size; about 45 us), and a second
   pass over the thin band between two bounds on the threshold, skipped by nearly every unit at
-  a kernel lam of 1e-5 and taken by most at 1e-4. In training a call takes 160-190 us at 1
-  thread and 0.23 ms in the `bench_overhead.py` runs above (default threads).
-- **Lightning: the extra per step beyond the prox** (0.15-0.16 ms in the runs above, "hook's own
-  cost"): the hook's Python around the kernel, about 20-25 us a step (the plan's validity check
-  about 9 us, the learning-rate read, the planned call, the version counters; measured in a
-  plain torch loop); Lightning's calls into any callback, 15-20 us; the metrics, about 13 us a
-  step (one pass over each weight per log, about 0.7 ms every 50 steps); the unit watch, under
-  1 us. The rest is the kernel's effect on the step around it (caches): in one plain-loop run,
-  a bare post-step function that copies the weights and runs the same kernel, with none of the
-  hook, left 106 us above the kernel's own time, `attach` 62 us. The 1.10x target needs the
-  kernel itself about twice as fast in training.
-- **The kernel on two threads** (numba `parallel=True`, the units split in two halves; measured,
-  not adopted): on 784-200-10 it went from 143 to 73 us back to back and from 185 to 97 us
-  inside a plain torch training loop, called from the main thread; called from any other thread
-  it took 130-235 us where the main thread took 64, and in `bench_overhead.py`, whose runs train
-  in threads of their own, the prox in the step stayed at 0.24-0.27 ms (that was numba's
-  OpenMP layer; its own workqueue layer took 300-350 us from any thread). A library default
-  cannot depend on which thread trains, nor on which threading layer numba finds.
-- **Keras under XLA**: no host work per step and no retracing; the extra (0.41-0.43 ms in the
-  runs above) is mostly the prox inside the compiled step (0.32 ms a call in a compiled loop).
+  a kernel lam of 1e-5 and taken by most at 1e-4. In the `bench_overhead.py` runs above a call
+  inside the training step takes 0.117-0.127 ms on two threads (below); on one it took
+  0.187-0.189 ms in the same benchmark.
+- **The kernel on several threads.** Units are independent, so with torch on more than one
+  thread (its default: one per core) the kernel splits them in contiguous blocks, one per
+  thread (as many as torch's threads, at most numba's, one per 32 units), on layers of at least
+  32,768 weights; smaller layers, and a process set to one thread (such as the sweep's
+  workers), stay on one thread. The result is the same to the bit (tested against the
+  one-thread entry). With the units on two threads the Lightning epoch ratio of the runs above
+  went from 1.247x, 1.248x and 1.248x (one thread, recorded on the commit before) to
+  1.173-1.176x. It needs numba's OpenMP or TBB threading layer; where numba finds only its
+  workqueue layer (300-350 us on 784-200-10, slower than one thread, and it aborts the process
+  when two threads launch parallel code at once) the kernel keeps to one thread, as it does in
+  a forked child whose parent already ran it on several (numba ends such a child when it
+  launches parallel code). Called from a thread other than the one that trains, or with two
+  trainings in two threads, torch's and numba's OpenMP teams add up to more threads than cores
+  and both slow down (this benchmark measured a plain step of 2.3 ms when its two runs trained
+  in two threads).
+- **Lightning: the extra per step beyond the prox** (0.088-0.094 ms in the runs above, "hook's
+  own cost"): the hook's Python around the kernel, about 20-25 us a step (the plan's validity
+  check about 9 us, the learning-rate read, the planned call, the version counters; measured
+  in a plain torch loop); Lightning's calls into any callback, 15-20 us; the metrics, about
+  13 us a step (one pass over each weight per log, about 0.7 ms every 50 steps); the unit
+  watch, under 1 us. The rest is the kernel's effect on the step around it (caches): in one
+  plain-loop run, a bare post-step function that copies the weights and runs the same kernel,
+  with none of the hook, left 106 us above the kernel's own time, `attach` 62 us. The plain
+  step is 1.2 ms, so the 1.10x target leaves 0.12 ms a step for the prox and the hook
+  together; they take 0.21-0.22 ms.
+- **Keras under XLA**: no host work per step and no retracing; the extra (0.41-0.44 ms in the
+  runs above) is mostly the prox inside the compiled step (0.31 ms a call in a compiled loop).
   The band setup's four per-unit sums over `kernel_in` run as two loops (complex pairs). The finiteness check (on by default)
   takes its verdict from those sums: as a separate pass with a `tf.cond` around the prox it
   cost about 80 us a step (1.28x against 1.23x without the check, one A/B), from the sums
@@ -99,10 +109,11 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
 
 ## One-time costs
 
-The compiled kernel compiles on its first call in a new environment (12-13 s on 2 cores, quiet;
-cached on disk, later processes load it in about 0.3 s: `bench_overhead.py` and
-`bench_lightning_epoch.py` print this load as "first prox call of the process"). The Keras prox
-compiles with the train step.
+The compiled kernel compiles on its first call in a new environment (11.9 s on 2 cores, quiet),
+and its entry for several threads on the first call that uses it (8.6 s more): the Lightning
+quickstart took 24.6 s from an empty cache and 4.2 s after. Both are cached on disk; later
+processes load them in about 0.3 s (`bench_overhead.py` and `bench_lightning_epoch.py` print
+this load as "first prox call of the process"). The Keras prox compiles with the train step.
 """
 
 GROUPS = (
@@ -161,9 +172,15 @@ GROUPS = (
         "bench_overhead.py",
         "What the prox adds to a training step, with 95% bootstrap intervals: a plain run and "
         "a run with the prox (Lightning `PathNormProx`; Keras `PathNormSGD`, XLA) take turns "
-        "in one process, in short windows of the same steps, the order swapped every pair; "
-        "the prox alone is timed between pairs on the prox run's weights, and the hook's own "
-        "cost is the extra per step less the prox's time.",
+        "in one process and one thread (two greenlets, as a user's `fit` trains in one "
+        "thread), in short windows of the same steps, the order swapped every pair; the prox "
+        "alone is timed where it runs, in the prox run's steps (Keras: between pairs, on the "
+        "prox run's weights, in a compiled loop), and the hook's own cost is the extra per "
+        "step less the prox's time. Runs recorded before the runs shared one thread trained "
+        "in two threads: a second thread calling torch starts a second OpenMP team, GNU "
+        "OpenMP then stops spinning between parallel regions (3 threads on 2 cores), and the "
+        "plain Lightning step took 2.3 ms instead of 1.2 ms, which made the prox's share look "
+        "smaller (1.16-1.17x then).",
         tuple(
             Entry(f"overhead_{backend}{suffix}", f"{title}, run {run}", "")
             for backend, title in (("lightning", "Lightning"), ("keras", "Keras"))

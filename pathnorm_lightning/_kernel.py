@@ -3,6 +3,7 @@ compiled entry takes them, the step hook's planned entry, and the one-time compi
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
@@ -12,7 +13,7 @@ import torch
 from torch import Tensor
 
 from pathnorm_lightning._common import compute_dtype, non_finite
-from pathnorm_lightning._kernel_jit import _PRESORT, _prox_all
+from pathnorm_lightning._kernel_jit import _PRESORT, _prox_all, _prox_par
 
 _NOT_SORTED = np.empty((0, 0))
 _compiled = False
@@ -35,15 +36,81 @@ def _compile() -> None:
             _compiled = True
 
 
-def _compile_signatures(entry: Any) -> None:
+def _compile_signatures(entry: Any, layouts: str = "CF", chunks: bool = False) -> None:
+    """Compile ``entry`` for float32 and float64 and each layout of the short side (C: a
+    contiguous copy; F: the view w_out.T), with the thread count after ``lam`` if ``chunks``."""
     for dt in (numba.float32, numba.float64):
-        for short in (dt[:, ::1], dt[::1, :]):  # a contiguous copy, or the view w_out.T
-            flags = (numba.float64, numba.boolean, numba.boolean)
-            entry.compile((short, dt[:, ::1], *flags, _SORTED_TYPE))
+        for layout in layouts:
+            short = dt[:, ::1] if layout == "C" else dt[::1, :]
+            lam = (numba.float64, numba.intp) if chunks else (numba.float64,)
+            entry.compile((short, dt[:, ::1], *lam, numba.boolean, numba.boolean, _SORTED_TYPE))
     entry.disable_compile()
 
 
 _SORTED_TYPE = numba.float64[:, ::1]
+
+# A layer runs on several threads only from this many weights (n * m) and this many units per
+# thread: below, waking a thread costs more than it saves.
+_PARALLEL_WEIGHTS = 1 << 15
+_PARALLEL_UNITS = 32
+_parallel_pid: int | None = None  # the process that may run _prox_par (-1: none); see below
+
+
+def _chunks(n: int, m: int) -> int:
+    """Threads for the kernel on ``n`` units of ``m`` long-side weights: as many as torch's
+    intra-op threads (what the training step around it uses; 1 in a process set to one
+    thread), at most numba's thread count and one per ``_PARALLEL_UNITS`` units; 1 for a small
+    layer, or when numba's threading layer is its ``workqueue`` (slower than one thread here,
+    and it aborts the process when two threads launch parallel code at once)."""
+    if n * m < _PARALLEL_WEIGHTS:
+        return 1
+    k = min(torch.get_num_threads(), numba.get_num_threads(), n // _PARALLEL_UNITS)
+    if k < 2 or not _parallel_ok():
+        return 1
+    return k
+
+
+def _parallel_ok() -> bool:
+    """Whether this process may run :func:`_prox_par`: numba's threading layer (chosen at its
+    first parallel launch, which the first call makes after compiling or loading the entry, as
+    :func:`_compile`) is OpenMP or TBB, and this process launched it. GNU OpenMP's threads do
+    not survive a fork, and numba ends a forked child that launches parallel code after its
+    parent did: such a child keeps to one thread."""
+    global _parallel_pid
+    if _parallel_pid is None:
+        with _COMPILE_LOCK:
+            if _parallel_pid is None:
+                # Only the hook's layout, the short side w_out.T: each signature compiles in
+                # about 3 s; a C-contiguous short side runs on one thread.
+                _compile_signatures(_prox_par, layouts="F", chunks=True)
+                try:
+                    x = np.zeros((2, 2), order="F")
+                    _prox_par(x, np.zeros((2, 2)), 1.0, 2, False, True, _NOT_SORTED)
+                    ok = numba.threading_layer() in ("omp", "tbb")
+                except Exception:  # no threading layer loads: one thread
+                    ok = False
+                _parallel_pid = os.getpid() if ok else -1
+    return _parallel_pid == os.getpid()
+
+
+def _f_layout(short: np.ndarray) -> bool:
+    """Whether numba types ``short`` as F-contiguous, the one layout :func:`_prox_par` has."""
+    return bool(short.flags.f_contiguous and not short.flags.c_contiguous)
+
+
+def _run_parallel(
+    entry: Any, short: np.ndarray, long: np.ndarray, lam: float, chunks: int, *flags: Any
+) -> int:
+    """``entry`` (:func:`_prox_par`) on ``chunks`` of numba's threads (the calling thread's
+    numba thread count restored after)."""
+    threads = numba.get_num_threads()
+    if threads == chunks:
+        return int(entry(short, long, lam, chunks, *flags))
+    numba.set_num_threads(chunks)
+    try:
+        return int(entry(short, long, lam, chunks, *flags))
+    finally:
+        numba.set_num_threads(threads)
 
 
 def prox_inplace(
@@ -71,6 +138,11 @@ def prox_inplace(
         np.negative(x_sorted, out=x_sorted)
         x_sorted.sort(axis=1)
         np.negative(x_sorted, out=x_sorted)
+    chunks = _chunks(*long.shape) if _f_layout(short) else 1
+    if chunks > 1:
+        return _run_parallel(
+            _prox_par, short, long, lam, chunks, check_finite, short_is_out, x_sorted
+        )
     return int(_prox_all(short, long, lam, check_finite, short_is_out, x_sorted))
 
 
@@ -122,7 +194,7 @@ class PlannedProx:
     weights with ``p <= m`` (the short side ``w_out.T``).
     """
 
-    __slots__ = ("_entry", "_long", "_short", "_sorted", "w_in", "w_out")
+    __slots__ = ("_entry", "_long", "_par", "_short", "_sorted", "w_in", "w_out")
 
     def __init__(self, w_in: Tensor, w_out: Tensor) -> None:
         if not _compiled:
@@ -134,9 +206,9 @@ class PlannedProx:
             np.empty(self._short.shape) if self._short.shape[1] > _PRESORT else _NOT_SORTED
         )
         args = (self._short, self._long, 1.0, True, True, self._sorted)
-        compiled = _prox_all.overloads.get(tuple(numba.typeof(a) for a in args))
-        entry = getattr(compiled, "entry_point", None)  # skips numba's type dispatch
-        self._entry = _prox_all if entry is None else entry
+        self._entry = _entry_point(_prox_all, args)
+        # The parallel entry, looked up on its first use; False: not compiled for this layout.
+        self._par: Any = None if _f_layout(self._short) else False
 
     @staticmethod
     def applies(w_in: Tensor, w_out: Tensor) -> bool:
@@ -162,9 +234,27 @@ class PlannedProx:
             np.negative(x_sorted, out=x_sorted)
             x_sorted.sort(axis=1)
             np.negative(x_sorted, out=x_sorted)
-        bad = self._entry(short, self._long, lam, check_finite, True, self._sorted)
+        # torch's thread count may change between steps
+        chunks = 1 if self._par is False else _chunks(*self._long.shape)
+        if chunks > 1:
+            if self._par is None:
+                self._par = _entry_point(
+                    _prox_par, (short, self._long, lam, 2, True, True, self._sorted)
+                )
+            bad = _run_parallel(
+                self._par, short, self._long, lam, chunks, check_finite, True, self._sorted
+            )
+        else:
+            bad = self._entry(short, self._long, lam, check_finite, True, self._sorted)
         if bad >= 0:  # unit `bad` holds a NaN or inf; nothing was written
             raise non_finite("w_out" if bool(torch.isfinite(self.w_in[bad]).all()) else "w_in")
         torch.autograd.graph.increment_version(self.w_in)  # written by numba, behind
         torch.autograd.graph.increment_version(self.w_out)  # autograd's back
         return True
+
+
+def _entry_point(dispatcher: Any, args: tuple[Any, ...]) -> Any:
+    """The compiled function for ``args``, called without numba's type dispatch."""
+    compiled = dispatcher.overloads.get(tuple(numba.typeof(a) for a in args))
+    entry = getattr(compiled, "entry_point", None)
+    return dispatcher if entry is None else entry

@@ -20,7 +20,10 @@ open. Per hidden unit:
 
 All arithmetic is float64, whatever the weights' dtype. Every unit's thresholds are computed
 (reading only) before any weight is written, so non-finite weights are reported with nothing
-changed, and the prox can write straight into the parameters (in place).
+changed, and the prox can write straight into the parameters (in place). Units are
+independent: :func:`_prox_par` splits them in contiguous blocks over threads (the same code
+per unit, so the same bits), which ``_kernel`` uses on layers large enough to gain from it
+when torch trains on more than one thread.
 
 Every compiled function lives in this one file: numba's on-disk cache of the entry point
 (:func:`_prox_all`) is keyed on its file's source alone, and its callees' code is linked into
@@ -485,3 +488,49 @@ def _prox_all(
     _shrink_rows(short, t_short)
     _shrink_rows(long, t_long)
     return -1
+
+
+@numba.njit(cache=True, nogil=True, parallel=True)
+def _prox_par(
+    short: np.ndarray,
+    long: np.ndarray,
+    lam: float,
+    chunks: int,
+    check_finite: bool,
+    short_is_out: bool,
+    x_sorted: np.ndarray,
+) -> int:  # pragma: no cover - compiled
+    """:func:`_prox_all` with the units in ``chunks`` contiguous blocks, one per thread (the
+    same per-unit code, so the same bits; every threshold is found before any weight is
+    written, and the first non-finite unit is the one :func:`_prox_all` reports). The caller
+    sets numba's thread count to ``chunks``."""
+    n = short.shape[0]
+    t_short = np.empty(n)
+    t_long = np.empty(n)
+    bad = np.full(chunks, -1)
+    presorted = x_sorted.shape[0] > 0
+    for k in numba.prange(chunks):
+        lo, hi = k * n // chunks, (k + 1) * n // chunks
+        xs = x_sorted[lo:hi] if presorted else x_sorted
+        b = _thresholds(
+            short[lo:hi],
+            long[lo:hi],
+            lam,
+            check_finite,
+            short_is_out,
+            t_short[lo:hi],
+            t_long[lo:hi],
+            xs,
+        )
+        if b >= 0:
+            bad[k] = lo + b
+    first = -1
+    for k in range(chunks):
+        if first < 0 and bad[k] >= 0:
+            first = bad[k]
+    if first < 0:
+        for k in numba.prange(chunks):
+            lo, hi = k * n // chunks, (k + 1) * n // chunks
+            _shrink_rows(short[lo:hi], t_short[lo:hi])
+            _shrink_rows(long[lo:hi], t_long[lo:hi])
+    return first

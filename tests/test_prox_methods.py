@@ -397,3 +397,122 @@ def test_kernel_row_whose_sum_overflows_is_finite_and_solved_scaled() -> None:
         got_in, got_out = prox_path_norm(w_in, w_out, lam, method="kernel", check_finite=True)
         ref_in, ref_out = prox_path_norm(torch.tensor(y), torch.tensor(x.T), lam, method="kernel")
         assert torch.equal(got_in, ref_in * scale) and torch.equal(got_out, ref_out * scale)
+
+
+@pytest.fixture
+def two_torch_threads() -> Any:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _parallel_kernel() -> Any:
+    kernel = pytest.importorskip("pathnorm_lightning._kernel", reason="needs numba")
+    if not kernel._parallel_ok():
+        pytest.skip("numba's threading layer is its workqueue: the kernel runs on one thread")
+    return kernel
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("p", [2, 10, 40])  # 40: the short side presorted by numpy
+@pytest.mark.usefixtures("two_torch_threads")
+def test_kernel_on_several_threads_is_bit_identical_to_one(dtype: type, p: int) -> None:
+    # The units split in contiguous blocks, one per thread, each solved by the serial code.
+    kernel = _parallel_kernel()
+    rng = np.random.default_rng(p)
+    for case in range(6):
+        n, m = int(rng.integers(64, 300)), int(rng.integers(p, 900))
+        long = rng.uniform(-1, 1, size=(n, m)) / np.sqrt(m)
+        short = rng.uniform(-1, 1, size=(p, n)).T / np.sqrt(n)  # F-contiguous, as w_out.T
+        if case % 3 == 1:  # ties, also at the thresholds, and zeros
+            long, short = np.round(long, 2), np.round(short, 1)
+            long *= rng.random(size=long.shape) < 0.6
+        lam = float(10 ** rng.uniform(-4, -0.5))
+        long, short = long.astype(dtype), np.asfortranarray(short.astype(dtype))
+        x_sorted = -np.sort(-np.abs(short), axis=1).astype(np.float64) if p > 16 else None
+        want_s, want_l = short.copy(order="F"), long.copy()
+        assert kernel._prox_all(want_s, want_l, lam, True, True, kernel._NOT_SORTED) == -1
+        s, ll = short.copy(order="F"), long.copy()
+        assert kernel.prox_inplace(s, ll, lam, True, True) == -1  # parallel at 2 torch threads
+        assert np.array_equal(s, want_s) and np.array_equal(ll, want_l), case
+        s, ll = short.copy(order="C"), long.copy()  # a layout _prox_par has not: one thread
+        assert kernel.prox_inplace(s, ll, lam, True, True) == -1
+        assert np.array_equal(s, want_s) and np.array_equal(ll, want_l), case
+        for chunks in (2, 3, 7):
+            s, ll = short.copy(order="F"), long.copy()
+            pre = kernel._NOT_SORTED if x_sorted is None else x_sorted.copy()
+            assert kernel._prox_par(s, ll, lam, chunks, True, True, pre) == -1
+            assert np.array_equal(s, want_s) and np.array_equal(ll, want_l), (case, chunks)
+
+
+@pytest.mark.parametrize("where", ["w_in", "w_out"])
+@pytest.mark.parametrize("units", [[150], [10, 150], [199]], ids=["second", "both", "last"])
+@pytest.mark.usefixtures("two_torch_threads")
+def test_kernel_on_several_threads_reports_the_first_non_finite_unit(
+    where: str, units: list[int]
+) -> None:
+    kernel = _parallel_kernel()
+    g = torch.Generator().manual_seed(12)
+    w_in, w_out = torch.randn(200, 784, generator=g), torch.randn(10, 200, generator=g)
+    for u in units:
+        if where == "w_in":
+            w_in[u, 3] = math.nan
+        else:
+            w_out[4, u] = math.inf
+    kept_in, kept_out = w_in.clone(), w_out.clone()
+    short, long = w_out.numpy().T, w_in.numpy()
+    assert kernel._prox_par(short, long, 0.01, 2, True, True, kernel._NOT_SORTED) == units[0]
+    assert kernel._prox_all(short, long, 0.01, True, True, kernel._NOT_SORTED) == units[0]
+    torch.testing.assert_close(w_in, kept_in, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(w_out, kept_out, rtol=0, atol=0, equal_nan=True)
+    assert kernel._chunks(200, 784) == min(2, kernel.numba.get_num_threads())
+    with pytest.raises(NonFiniteWeightsError, match=f"{where} contains NaN or inf"):
+        prox_path_norm_(w_in, w_out, 0.01, method="kernel")
+    torch.testing.assert_close(w_in, kept_in, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.usefixtures("two_torch_threads")
+def test_kernel_threads_follow_torch_and_the_layer_size() -> None:
+    kernel = _parallel_kernel()
+    assert kernel._chunks(200, 784) == min(2, kernel.numba.get_num_threads())
+    assert kernel._chunks(200, 100) == 1  # too few weights to pay for waking a thread
+    assert kernel._chunks(40, 4000) == 1  # too few units for two blocks
+    torch.set_num_threads(1)  # a process set to one thread (a sweep's worker) keeps one
+    assert kernel._chunks(200, 784) == 1
+
+
+def _prox_in_child(w_in: torch.Tensor, w_out: torch.Tensor, queue: Any) -> None:
+    torch.set_num_threads(2)
+    prox_path_norm_(w_in, w_out, 1e-3, method="kernel")
+    queue.put((w_in.numpy().copy(), w_out.numpy().copy()))
+
+
+@pytest.mark.usefixtures("two_torch_threads")
+def test_kernel_in_a_forked_child_after_the_parent_ran_it_on_two_threads() -> None:
+    # numba ends (SIGTERM) a forked child that launches parallel code after its parent did
+    # with GNU OpenMP; the kernel keeps such a child to one thread, with the same result.
+    import multiprocessing
+    from queue import Empty
+
+    kernel = _parallel_kernel()
+    g = torch.Generator().manual_seed(13)
+    w_in, w_out = torch.randn(200, 784, generator=g) * 0.05, torch.randn(10, 200, generator=g)
+    want_in, want_out = w_in.clone(), w_out.clone()
+    assert kernel._chunks(200, 784) == min(2, kernel.numba.get_num_threads())
+    prox_path_norm_(want_in, want_out, 1e-3, method="kernel")  # the parent launches
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_prox_in_child, args=(w_in, w_out, queue))
+    child.start()
+    got = None
+    for _ in range(120):  # the result, unless the child died first
+        try:
+            got = queue.get(timeout=1)
+            break
+        except Empty:
+            if not child.is_alive():
+                break
+    child.join(timeout=60)
+    assert child.exitcode == 0 and got is not None
+    assert np.array_equal(got[0], want_in.numpy()) and np.array_equal(got[1], want_out.numpy())
