@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Any
 
 import numba
@@ -80,14 +81,20 @@ def _parallel_ok() -> bool:
     if _parallel_pid is None:
         with _COMPILE_LOCK:
             if _parallel_pid is None:
-                # Only the hook's layout, the short side w_out.T: each signature compiles in
-                # about 3 s; a C-contiguous short side runs on one thread.
-                _compile_signatures(_prox_par, layouts="F", chunks=True)
                 try:
+                    # Only the hook's layout, the short side w_out.T: each signature compiles
+                    # in about 3 s; a C-contiguous short side runs on one thread.
+                    _compile_signatures(_prox_par, layouts="F", chunks=True)
                     x = np.zeros((2, 2), order="F")
                     _prox_par(x, np.zeros((2, 2)), 1.0, 2, False, True, _NOT_SORTED)
                     ok = numba.threading_layer() in ("omp", "tbb")
-                except Exception:  # no threading layer loads: one thread
+                except Exception as err:  # the one-thread entry still works
+                    warnings.warn(
+                        f"pathnorm: the prox kernel's entry for several threads is not "
+                        f"available ({type(err).__name__}: {err}); it runs on one thread.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
                     ok = False
                 _parallel_pid = os.getpid() if ok else -1
     return _parallel_pid == os.getpid()

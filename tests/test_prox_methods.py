@@ -516,3 +516,24 @@ def test_kernel_in_a_forked_child_after_the_parent_ran_it_on_two_threads() -> No
     child.join(timeout=60)
     assert child.exitcode == 0 and got is not None
     assert np.array_equal(got[0], want_in.numpy()) and np.array_equal(got[1], want_out.numpy())
+
+
+@pytest.mark.usefixtures("two_torch_threads")
+def test_kernel_without_its_parallel_entry_warns_and_runs_on_one_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kernel = pytest.importorskip("pathnorm_lightning._kernel", reason="needs numba")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("no parallel backend")
+
+    monkeypatch.setattr(kernel, "_parallel_pid", None)
+    monkeypatch.setattr(kernel, "_compile_signatures", broken)
+    g = torch.Generator().manual_seed(14)
+    w_in, w_out = torch.randn(200, 784, generator=g) * 0.05, torch.randn(10, 200, generator=g)
+    want = prox_path_norm(w_in, w_out, 1e-3, method="sort")
+    with pytest.warns(RuntimeWarning, match="no parallel backend.*runs on one thread"):
+        got = prox_path_norm(w_in, w_out, 1e-3, method="kernel")
+    assert kernel._chunks(200, 784) == 1
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-7)
