@@ -537,3 +537,36 @@ def test_kernel_without_its_parallel_entry_warns_and_runs_on_one_thread(
     assert kernel._chunks(200, 784) == 1
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.usefixtures("two_torch_threads")
+def test_kernel_on_several_threads_called_from_several_threads_at_once() -> None:
+    # Each calling thread gets its own OpenMP team (and numba thread count): same bits.
+    import threading
+
+    _parallel_kernel()
+    g = torch.Generator().manual_seed(15)
+    layers = [
+        (torch.randn(200, 784, generator=g) * 0.05, torch.randn(10, 200, generator=g))
+        for _ in range(4)
+    ]
+    want = [prox_path_norm(a, b, 1e-3, method="kernel") for a, b in layers]
+    barrier = threading.Barrier(4)
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        barrier.wait()
+        try:
+            for _ in range(25):
+                a, b = layers[i][0].clone(), layers[i][1].clone()
+                prox_path_norm_(a, b, 1e-3, method="kernel")
+                assert torch.equal(a, want[i][0]) and torch.equal(b, want[i][1])
+        except BaseException as err:  # reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
