@@ -57,8 +57,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import greenlet
 import numpy as np
+
+try:
+    import greenlet
+except ModuleNotFoundError as err:  # the "bench" extra
+    raise SystemExit(
+        "bench_overhead.py needs greenlet (its two runs share one thread): "
+        'pip install -e ".[bench]" (or pip install greenlet)'
+    ) from err
 
 ENV_DATA = os.environ.get("PATHNORM_DATA_DIR")
 BATCH = 100
