@@ -65,10 +65,10 @@ def _chunks(n: int, m: int) -> int:
     and it aborts the process when two threads launch parallel code at once)."""
     if n * m < _PARALLEL_WEIGHTS:
         return 1
-    k = min(torch.get_num_threads(), numba.get_num_threads(), n // _PARALLEL_UNITS)
+    k = min(torch.get_num_threads(), n // _PARALLEL_UNITS)
     if k < 2 or not _parallel_ok():
         return 1
-    return k
+    return min(k, numba.get_num_threads())  # after the check: reading it starts numba's layer
 
 
 def _parallel_ok() -> bool:
