@@ -74,10 +74,10 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   one-thread entry). With the units on two threads the Lightning epoch ratio of the runs above
   went from 1.247x, 1.248x and 1.248x (three runs with the kernel on one thread, recorded
   just before the change) to 1.172-1.179x. It needs numba's OpenMP or TBB threading layer;
-  where numba finds only its workqueue layer (300-350 us on 784-200-10, slower than one thread, and it aborts the process
-  when two threads launch parallel code at once) the kernel keeps to one thread, as it does in
-  a forked child whose parent already ran it on several (numba ends such a child when it
-  launches parallel code). Called from a thread other than the one that trains, or with two
+  where numba finds only its workqueue layer (300-350 us on 784-200-10, slower than one
+  thread, and it aborts the process when two threads launch parallel code at once) the kernel
+  keeps to one thread, as it does in a forked child whose parent already ran it on several
+  (numba ends such a child when it launches parallel code). Called from a thread other than the one that trains, or with two
   trainings in two threads, torch's and numba's OpenMP teams add up to more threads than cores
   and both slow down (this benchmark measured a plain step of 2.3 ms when its two runs trained
   in two threads).
