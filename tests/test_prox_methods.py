@@ -503,7 +503,7 @@ def test_kernel_in_a_forked_child_after_the_parent_ran_it_on_two_threads() -> No
     prox_path_norm_(want_in, want_out, 1e-3, method="kernel")  # the parent launches
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    child = ctx.Process(target=_prox_in_child, args=(w_in, w_out, queue))
+    child = ctx.Process(target=_prox_in_child, args=(w_in, w_out, queue), daemon=True)
     child.start()
     got = None
     for _ in range(120):  # the result, unless the child died first
@@ -514,6 +514,8 @@ def test_kernel_in_a_forked_child_after_the_parent_ran_it_on_two_threads() -> No
             if not child.is_alive():
                 break
     child.join(timeout=60)
+    if child.is_alive():  # hung: never leave it behind
+        child.kill()
     assert child.exitcode == 0 and got is not None
     assert np.array_equal(got[0], want_in.numpy()) and np.array_equal(got[1], want_out.numpy())
 
