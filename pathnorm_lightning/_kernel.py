@@ -82,10 +82,11 @@ def _parallel_ok() -> bool:
         with _COMPILE_LOCK:
             if _parallel_pid is None:
                 try:
-                    # Only the hook's layout, the short side w_out.T: each signature compiles
-                    # in about 3 s; a C-contiguous short side runs on one thread.
-                    _compile_signatures(_prox_par, layouts="F", chunks=True)
-                    x = np.zeros((2, 2), order="F")
+                    # It takes the short side transposed, C-contiguous (w_out itself): two
+                    # signatures, about 4 s each; a short side that is a C-contiguous copy
+                    # (p > 1) runs on one thread.
+                    _compile_signatures(_prox_par, layouts="C", chunks=True)
+                    x = np.zeros((2, 2))
                     _prox_par(x, np.zeros((2, 2)), 1.0, 2, False, True, _NOT_SORTED)
                     ok = numba.threading_layer() in ("omp", "tbb")
                 except Exception as err:  # the one-thread entry still works
@@ -101,21 +102,21 @@ def _parallel_ok() -> bool:
 
 
 def _f_layout(short: np.ndarray) -> bool:
-    """Whether numba types ``short`` as F-contiguous, the one layout :func:`_prox_par` has."""
-    return bool(short.flags.f_contiguous and not short.flags.c_contiguous)
+    """Whether ``short.T`` is C-contiguous, the one layout :func:`_prox_par` takes it in."""
+    return bool(short.flags.f_contiguous)
 
 
 def _run_parallel(
     entry: Any, short: np.ndarray, long: np.ndarray, lam: float, chunks: int, *flags: Any
 ) -> int:
-    """``entry`` (:func:`_prox_par`) on ``chunks`` of numba's threads (the calling thread's
-    numba thread count restored after)."""
+    """``entry`` (:func:`_prox_par`, given ``short.T``) on ``chunks`` of numba's threads (the
+    calling thread's numba thread count restored after)."""
     threads = numba.get_num_threads()
     if threads == chunks:
-        return int(entry(short, long, lam, chunks, *flags))
+        return int(entry(short.T, long, lam, chunks, *flags))
     numba.set_num_threads(chunks)
     try:
-        return int(entry(short, long, lam, chunks, *flags))
+        return int(entry(short.T, long, lam, chunks, *flags))
     finally:
         numba.set_num_threads(threads)
 
@@ -246,7 +247,7 @@ class PlannedProx:
         if chunks > 1:
             if self._par is None:
                 self._par = _entry_point(
-                    _prox_par, (short, self._long, lam, 2, True, True, self._sorted)
+                    _prox_par, (short.T, self._long, lam, 2, True, True, self._sorted)
                 )
             bad = _run_parallel(
                 self._par, short, self._long, lam, chunks, check_finite, True, self._sorted

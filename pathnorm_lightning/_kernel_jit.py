@@ -492,7 +492,7 @@ def _prox_all(
 
 @numba.njit(cache=True, nogil=True, parallel=True)
 def _prox_par(
-    short: np.ndarray,
+    short_t: np.ndarray,
     long: np.ndarray,
     lam: float,
     chunks: int,
@@ -502,8 +502,10 @@ def _prox_par(
 ) -> int:  # pragma: no cover - compiled
     """:func:`_prox_all` with the units in ``chunks`` contiguous blocks, one per thread (the
     same per-unit code, so the same bits; every threshold is found before any weight is
-    written, and the first non-finite unit is the one :func:`_prox_all` reports). The caller
-    sets numba's thread count to ``chunks``."""
+    written, and the first non-finite unit is the one :func:`_prox_all` reports). It takes
+    the short side transposed, ``short_t`` (p, n): ``w_out`` itself, C-contiguous also when
+    p = 1. The caller sets numba's thread count to ``chunks``."""
+    short = short_t.T
     n = short.shape[0]
     t_short = np.empty(n)
     t_long = np.empty(n)

@@ -415,7 +415,7 @@ def _parallel_kernel() -> Any:
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("p", [2, 10, 40])  # 40: the short side presorted by numpy
+@pytest.mark.parametrize("p", [1, 10, 40])  # 40: the short side presorted by numpy
 @pytest.mark.usefixtures("two_torch_threads")
 def test_kernel_on_several_threads_is_bit_identical_to_one(dtype: type, p: int) -> None:
     # The units split in contiguous blocks, one per thread, each solved by the serial code.
@@ -436,13 +436,13 @@ def test_kernel_on_several_threads_is_bit_identical_to_one(dtype: type, p: int) 
         s, ll = short.copy(order="F"), long.copy()
         assert kernel.prox_inplace(s, ll, lam, True, True) == -1  # parallel at 2 torch threads
         assert np.array_equal(s, want_s) and np.array_equal(ll, want_l), case
-        s, ll = short.copy(order="C"), long.copy()  # a layout _prox_par has not: one thread
+        s, ll = short.copy(order="C"), long.copy()  # a C-contiguous copy: one thread if p > 1
         assert kernel.prox_inplace(s, ll, lam, True, True) == -1
         assert np.array_equal(s, want_s) and np.array_equal(ll, want_l), case
         for chunks in (2, 3, 7):
             s, ll = short.copy(order="F"), long.copy()
             pre = kernel._NOT_SORTED if x_sorted is None else x_sorted.copy()
-            assert kernel._prox_par(s, ll, lam, chunks, True, True, pre) == -1
+            assert kernel._prox_par(s.T, ll, lam, chunks, True, True, pre) == -1
             assert np.array_equal(s, want_s) and np.array_equal(ll, want_l), (case, chunks)
 
 
@@ -462,7 +462,9 @@ def test_kernel_on_several_threads_reports_the_first_non_finite_unit(
             w_out[4, u] = math.inf
     kept_in, kept_out = w_in.clone(), w_out.clone()
     short, long = w_out.numpy().T, w_in.numpy()
-    assert kernel._prox_par(short, long, 0.01, 2, True, True, kernel._NOT_SORTED) == units[0]
+    assert (
+        kernel._prox_par(w_out.numpy(), long, 0.01, 2, True, True, kernel._NOT_SORTED) == units[0]
+    )
     assert kernel._prox_all(short, long, 0.01, True, True, kernel._NOT_SORTED) == units[0]
     torch.testing.assert_close(w_in, kept_in, rtol=0, atol=0, equal_nan=True)
     torch.testing.assert_close(w_out, kept_out, rtol=0, atol=0, equal_nan=True)
