@@ -64,7 +64,7 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   outgoing weights, the bounds, one candidate per support size; about 45 us), and a second
   pass over the thin band between two bounds on the threshold, skipped by nearly every unit at
   a kernel lam of 1e-5 and taken by most at 1e-4. In the `bench_overhead.py` runs above a call
-  inside the training step takes 0.122-0.124 ms on two threads (below); on one it took
+  inside the training step takes 0.124-0.126 ms on two threads (below); on one it took
   0.187-0.189 ms in the same benchmark.
 - **The kernel on several threads.** Units are independent, so with torch on more than one
   thread (its default: one per core) the kernel splits them in contiguous blocks, one per
@@ -73,7 +73,7 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   workers), stay on one thread. The result is the same to the bit (tested against the
   one-thread entry). With the units on two threads the Lightning epoch ratio of the runs above
   went from 1.247x, 1.248x and 1.248x (three runs with the kernel on one thread, recorded
-  just before the change) to 1.172-1.179x. It needs numba's OpenMP or TBB threading layer;
+  just before the change) to 1.180-1.182x. It needs numba's OpenMP or TBB threading layer;
   where numba finds only its workqueue layer (300-350 us on 784-200-10, slower than one
   thread, and it aborts the process when two threads launch parallel code at once) the kernel
   keeps to one thread, as it does in a forked child whose parent already ran it on several
@@ -81,7 +81,7 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   trainings in two threads, torch's and numba's OpenMP teams add up to more threads than cores
   and both slow down (this benchmark measured a plain step of 2.3 ms when its two runs trained
   in two threads).
-- **Lightning: the extra per step beyond the prox** (0.090-0.100 ms in the runs above, "hook's
+- **Lightning: the extra per step beyond the prox** (0.098-0.100 ms in the runs above, "hook's
   own cost"): the hook's Python around the kernel, about 20-25 us a step (the plan's validity
   check about 9 us, the learning-rate read, the planned call, the version counters; measured
   in a plain torch loop); Lightning's calls into any callback, 15-20 us; the metrics, about
@@ -90,7 +90,7 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
   plain-loop run, a bare post-step function that copies the weights and runs the same kernel,
   with none of the hook, left 106 us above the kernel's own time, `attach` 62 us. The plain
   step is 1.2 ms, so the 1.10x target leaves 0.12 ms a step for the prox and the hook
-  together; they take 0.21-0.23 ms.
+  together; they take 0.22-0.23 ms.
 - **Keras under XLA**: no host work per step and no retracing; the extra (0.41-0.44 ms in the
   runs above) is mostly the prox inside the compiled step (0.31 ms a call in a compiled loop).
   The band setup's four per-unit sums over `kernel_in` run as two loops (complex pairs). The finiteness check (on by default)
@@ -131,6 +131,11 @@ GROUPS = (
                 "prox_cpu",
                 "CPU, 1 thread",
                 "The paper's shapes, then the time as `n`, `m` and `p` double from 784-200-10.",
+            ),
+            Entry(
+                "prox_cpu_2threads",
+                "CPU, 2 threads (torch's default here)",
+                "The kernel splits the units over both threads; the SGD step uses both too.",
             ),
         ),
     ),
