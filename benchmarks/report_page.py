@@ -109,9 +109,9 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
 
 ## One-time costs
 
-The compiled kernel compiles on its first call in a new environment (11.9 s on 2 cores, quiet),
-and its entry for several threads on the first call that uses it (8.6 s more): the Lightning
-quickstart took 24.6 s from an empty cache and 4.2 s after. Both are cached on disk; later
+The compiled kernel compiles on its first call in a new environment (11.9-12.0 s on 2 cores,
+quiet), and its entry for several threads on the first call that uses it (8.6 s more): the
+Lightning quickstart took 24.6-24.8 s from an empty cache and 4.2-4.4 s after (two runs each). Both are cached on disk; later
 processes load them in about 0.3 s (`bench_overhead.py` and `bench_lightning_epoch.py` print
 this load as "first prox call of the process"). The Keras prox compiles with the train step.
 """
