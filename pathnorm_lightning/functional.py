@@ -84,8 +84,9 @@ def prox_path_norm(
             accelerators may skip when the weights are known to be finite).
         method: ``"kernel"``: compiled by numba, a few passes over the weights (CPU only; on
             as many threads as torch uses for layers of 32,768+ weights; the first call of a
-            process loads it from numba's cache, or compiles it in 10-20 s). ``"sort"``: tensor ops, no host sync (any device; on CUDA replayed as a
-            CUDA graph from the second call with a layer shape, unless the environment sets
+            process loads it from numba's cache, or compiles it in 10-20 s). ``"sort"``:
+            tensor ops, no host sync (any device; on CUDA replayed as a CUDA graph from the
+            second call with a layer shape, unless the environment sets
             ``PATHNORM_CUDA_GRAPHS=0``). ``"triton"``: one Triton kernel (CUDA). ``"auto"``:
             ``"kernel"`` on CPU when numba is installed, ``"triton"`` on CUDA when Triton is,
             else ``"sort"``. All are exact and return the same minimiser (tie rule above).
