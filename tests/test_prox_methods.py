@@ -531,6 +531,7 @@ def test_kernel_without_its_parallel_entry_warns_and_runs_on_one_thread(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("no parallel backend")
 
+    kernel._compile()  # the one-thread entry, before compiling breaks
     monkeypatch.setattr(kernel, "_parallel_pid", None)
     monkeypatch.setattr(kernel, "_compile_signatures", broken)
     g = torch.Generator().manual_seed(14)
