@@ -410,7 +410,7 @@ def two_torch_threads() -> Any:
 def _parallel_kernel() -> Any:
     kernel = pytest.importorskip("pathnorm_lightning._kernel", reason="needs numba")
     if not kernel._parallel_ok():
-        pytest.skip("numba's threading layer is its workqueue: the kernel runs on one thread")
+        pytest.skip("the kernel runs on one thread here (numba's workqueue threading layer)")
     return kernel
 
 
