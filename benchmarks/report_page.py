@@ -199,6 +199,11 @@ GROUPS = (
         (
             Entry("epoch_lightning", "CPU, 1 thread", ""),
             Entry(
+                "epoch_lightning_2threads",
+                "CPU, 2 threads (torch's default here)",
+                "Whole epochs, a cross-check of `bench_overhead.py`'s windows.",
+            ),
+            Entry(
                 "epoch_lightning_gpu",
                 "GPU",
                 "With the callback's finiteness check (the default) and with `check_finite=False`.",
