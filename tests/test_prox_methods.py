@@ -9,6 +9,7 @@ at the k*l*lam^2 = 1 boundary, rows of zeros, huge dynamic range, and the kernel
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -299,36 +300,50 @@ def test_sort_with_lam_as_a_float64_tensor_equals_the_float(dtype: torch.dtype) 
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (x, y, lam)
 
 
+def _at_once(work: Callable[[int], None], n: int = 4) -> list[BaseException]:
+    """``work(0)`` ... ``work(n - 1)`` in ``n`` threads released together; their errors."""
+    import threading
+
+    barrier = threading.Barrier(n)
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            work(i)
+        except BaseException as err:  # reported by the caller
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
 def test_kernel_first_calls_from_several_threads_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # The first call compiles (or loads) every signature and then forbids compiling; a second
     # thread arriving meanwhile must wait for that, not compile after it ("compilation
     # disabled"). A reload gives the module a fresh, uncompiled state.
     import importlib
-    import threading
 
     kernel = pytest.importorskip("pathnorm_lightning._kernel")
     importlib.reload(importlib.import_module("pathnorm_lightning._kernel_jit"))  # new dispatchers
     importlib.reload(kernel)
-    barrier = threading.Barrier(4)
-    errors: list[BaseException] = []
     results: list[tuple[int, np.ndarray]] = []
-
-    def work(i: int) -> None:
+    cases = []
+    for _ in range(4):
         rng = np.random.default_rng(0)
         short = rng.standard_normal((20, 3)).astype(np.float32)
-        long = rng.standard_normal((20, 30)).astype(np.float32)
-        barrier.wait()
-        try:
-            kernel.prox_inplace(short, long, 1e-2, True, True)
-            results.append((i, long))
-        except BaseException as err:  # reported below
-            errors.append(err)
+        cases.append((short, rng.standard_normal((20, 30)).astype(np.float32)))
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def work(i: int) -> None:
+        short, long = cases[i]
+        kernel.prox_inplace(short, long, 1e-2, True, True)
+        results.append((i, long))
+
+    errors = _at_once(work)
     assert not errors
     assert len(results) == 4
     for _, long in results[1:]:
@@ -547,8 +562,6 @@ def test_kernel_without_its_parallel_entry_warns_and_runs_on_one_thread(
 @pytest.mark.usefixtures("two_torch_threads")
 def test_kernel_on_several_threads_called_from_several_threads_at_once() -> None:
     # Each calling thread gets its own OpenMP team (and numba thread count): same bits.
-    import threading
-
     _parallel_kernel()
     g = torch.Generator().manual_seed(15)
     layers = [
@@ -556,22 +569,12 @@ def test_kernel_on_several_threads_called_from_several_threads_at_once() -> None
         for _ in range(4)
     ]
     want = [prox_path_norm(a, b, 1e-3, method="kernel") for a, b in layers]
-    barrier = threading.Barrier(4)
-    errors: list[BaseException] = []
 
     def work(i: int) -> None:
-        barrier.wait()
-        try:
-            for _ in range(25):
-                a, b = layers[i][0].clone(), layers[i][1].clone()
-                prox_path_norm_(a, b, 1e-3, method="kernel")
-                assert torch.equal(a, want[i][0]) and torch.equal(b, want[i][1])
-        except BaseException as err:  # reported below
-            errors.append(err)
+        for _ in range(25):
+            a, b = layers[i][0].clone(), layers[i][1].clone()
+            prox_path_norm_(a, b, 1e-3, method="kernel")
+            assert torch.equal(a, want[i][0]) and torch.equal(b, want[i][1])
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    errors = _at_once(work)
     assert not errors
