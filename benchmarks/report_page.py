@@ -110,9 +110,11 @@ with a layer shape, `PATHNORM_CUDA_GRAPHS=0` turns graphs off). Keras runs the b
 ## One-time costs
 
 The compiled kernel compiles on its first call in a new environment (11.9-12.0 s on 2 cores,
-quiet), and its entry for several threads on the first call that uses it (8.6 s more): the
-Lightning quickstart took 24.6-24.8 s from an empty cache and 4.2-4.4 s after (two runs each). Both are cached on disk; later
-processes load them in about 0.3 s (`bench_overhead.py` and `bench_lightning_epoch.py` print
+quiet: `_kernel._compile()` timed with `NUMBA_CACHE_DIR` set to an empty folder), and its
+entry for several threads on the first call that uses it (8.6 s more, `_kernel._parallel_ok()`
+timed after it). `time python examples/lightning_quickstart.py` took 24.6-24.8 s with an empty
+`NUMBA_CACHE_DIR` and 4.2-4.4 s after (two runs each). Both are cached on disk; later
+processes load them in 0.25-0.45 s (`bench_overhead.py` and `bench_lightning_epoch.py` print
 this load as "first prox call of the process"). The Keras prox compiles with the train step.
 """
 
