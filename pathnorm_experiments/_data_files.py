@@ -99,8 +99,8 @@ def read_idx(path: str | Path, kind: str) -> np.ndarray:
     return _parse_idx(raw, path, kind)
 
 
-def read_truncated_idx_gz(path: str | Path, kind: str = "images") -> tuple[np.ndarray, int]:
-    """Decode the complete records of a truncated IDX ``.gz`` file; returns (array, header count).
+def read_truncated_idx_gz(path: str | Path, kind: str = "images") -> np.ndarray:
+    """Decode the complete records of a truncated IDX ``.gz`` file.
 
     ``gzip`` refuses a truncated stream; a ``zlib`` decompressor (gzip wrapper) returns what it
     holds.
@@ -113,9 +113,7 @@ def read_truncated_idx_gz(path: str | Path, kind: str = "images") -> tuple[np.nd
         raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(data)
     except zlib.error as e:
         raise DataError(f"{path}: corrupt deflate stream ({e})") from e
-    arr = _parse_idx(raw, path, kind, allow_short=True)
-    count = struct.unpack(">I", raw[4:8])[0]
-    return arr, count
+    return _parse_idx(raw, path, kind, allow_short=True)
 
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # what np.load takes for an npz archive

@@ -170,7 +170,8 @@ def _check(weights: Sequence[Layer], biases: Sequence[np.ndarray] | None = None)
             )
     if isinstance(weights[-1], ConvLayer):
         raise ValueError("the last layer must be a matrix (out, in), the read-out, not a ConvLayer")
-    if biases is not None and [b.shape for b in biases] != [(_units(w),) for w in weights]:
+    units = [(w.weight if isinstance(w, ConvLayer) else w).shape[:1] for w in weights]
+    if biases is not None and [b.shape for b in biases] != units:
         raise ValueError(
             "biases must have shapes (out,) matching the weights (a ConvLayer's: (channels,))"
         )
@@ -179,11 +180,6 @@ def _check(weights: Sequence[Layer], biases: Sequence[np.ndarray] | None = None)
 def _readout(weights: Sequence[Layer]) -> np.ndarray:
     """The last layer's matrix (out, in), float64 (:func:`_check` has refused a ConvLayer)."""
     return np.asarray(weights[-1], dtype=np.float64)
-
-
-def _units(layer: Layer) -> int:
-    """Output units (features, or a convolution's channels)."""
-    return int(layer.weight.shape[0] if isinstance(layer, ConvLayer) else layer.shape[0])
 
 
 def _apply(layer: Layer, h: np.ndarray, *, absolute: bool = False) -> np.ndarray:

@@ -229,7 +229,13 @@ def _find(
     return None
 
 
-def _load_file(spec: DatasetSpec, fs: FileSpec, path: Path, verify: bool) -> np.ndarray:
+def _read(spec: DatasetSpec, root: Path, split: str, verify: bool) -> np.ndarray:
+    """The checked array of ``split`` from the first of its alternative files found."""
+    alternatives: tuple[FileSpec, ...] = getattr(spec, split)
+    found = _find(spec, root, alternatives)
+    if found is None:
+        raise _missing(spec, root, alternatives)
+    fs, path = found
     if verify and fs.sha256 is not None:
         got = file_sha256(path)
         if got != fs.sha256:
@@ -281,7 +287,7 @@ def _load_partial_train_images(
         )
     if verify and part.sha256 is not None and file_sha256(ppath) != part.sha256:
         raise DataError(f"{ppath}: SHA-256 mismatch with the known truncated copy")
-    imgs, _ = read_truncated_idx_gz(ppath)
+    imgs = read_truncated_idx_gz(ppath)
     n = imgs.shape[0]
     warnings.warn(
         f"{spec.name}: using a PARTIAL training set: {n} of {part.count} training "
@@ -314,27 +320,23 @@ def load_dataset(
         raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASET_NAMES)}")
     spec = DATASETS[name]
     root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir()
-    arrays = {}
-    partial = False
-    for split in ("train_labels", "test_images", "test_labels", "train_images"):
-        alts: tuple[FileSpec, ...] = getattr(spec, split)
-        found = _find(spec, root, alts)
-        if found is None and split == "train_images" and spec.partial_train_images is not None:
-            arrays[split] = _load_partial_train_images(
-                spec, spec.partial_train_images, root, allow_partial=allow_partial, verify=verify
-            )
-            partial = True
-            continue
-        if found is None:
-            raise _missing(spec, root, alts)
-        arrays[split] = _load_file(spec, *found, verify=verify)
-    y_train = arrays["train_labels"][: arrays["train_images"].shape[0]]
+    train_labels, test_images, test_labels = (
+        _read(spec, root, split, verify) for split in ("train_labels", "test_images", "test_labels")
+    )
+    part, partial = spec.partial_train_images, False
+    if part is not None and _find(spec, root, spec.train_images) is None:
+        train_images = _load_partial_train_images(
+            spec, part, root, allow_partial=allow_partial, verify=verify
+        )
+        partial = True
+    else:
+        train_images = _read(spec, root, "train_images", verify)
     return Dataset(
         name=name,
-        x_train=_to_float(arrays["train_images"]),
-        y_train=y_train.astype(np.int64),
-        x_test=_to_float(arrays["test_images"]),
-        y_test=arrays["test_labels"].astype(np.int64),
+        x_train=_to_float(train_images),
+        y_train=train_labels[: train_images.shape[0]].astype(np.int64),
+        x_test=_to_float(test_images),
+        y_test=test_labels.astype(np.int64),
         source=str(root / spec.subdir),
         partial=partial,
     )
@@ -391,12 +393,8 @@ def make_subset(
     """Write the stratified MNIST subset (uint8, compressed npz); deterministic given ``seed``."""
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     spec = DATASETS["mnist"]
-    raw = {}
-    for split in ("train_images", "train_labels", "test_images", "test_labels"):
-        found = _find(spec, root, getattr(spec, split))
-        if found is None:
-            raise _missing(spec, root, getattr(spec, split))
-        raw[split] = _load_file(spec, *found, verify=True)
+    splits = ("train_images", "train_labels", "test_images", "test_labels")
+    raw = {split: _read(spec, root, split, verify=True) for split in splits}
     rng = np.random.default_rng(seed)
     tr = _stratified(raw["train_labels"], train_per_class, rng)
     te = _stratified(raw["test_labels"], test_per_class, rng)

@@ -82,8 +82,15 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         row = regularizer(self.regularizer)
-        if self.method not in OPTIMIZERS:
-            raise ValueError(f"method must be one of {OPTIMIZERS}, got {self.method!r}")
+        for name, allowed in (
+            ("method", OPTIMIZERS),
+            ("model", MODELS),
+            ("activation", ACTIVATIONS),
+            ("attack", ATTACKS),
+            ("dtype", DTYPES),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if row.constraint and self.method != "prox":
             raise ValueError(
                 f"{row.name} is a hard constraint of radius 1/lam; it has only the projection "
@@ -109,20 +116,14 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, or None for {all_of}; got {n}")
         if any(int(h) < 1 for h in self.hidden):
             raise ValueError(f"hidden widths must be >= 1, got {self.hidden}")
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.model == "conv":
             self._check_conv()
-        if self.activation not in ACTIVATIONS:
-            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         if row.pairs and len(self.hidden) % 2 != 1:
             raise ValueError(
                 f"the {row.name} regularizer pairs consecutive layers (the paper's multilayer "
                 f"extension), so it needs an even number of layers, i.e. an odd number of hidden "
                 f"layers; got hidden={self.hidden} ({len(self.hidden) + 1} layers)"
             )
-        if self.attack not in ATTACKS:
-            raise ValueError(f"attack must be one of {ATTACKS}, got {self.attack!r}")
         if any(not (0 <= e <= 1) for e in self.eps):
             raise ValueError(f"eps values must be in [0, 1] (pixels are in [0, 1]), got {self.eps}")
         repeated = sorted({e for e in self.eps if self.eps.count(e) > 1})
@@ -130,8 +131,6 @@ class TrainConfig:
             raise ValueError(f"eps values must be distinct, got {repeated} more than once")
         if int(self.seed) < 0:  # NumPy's generators take seeds >= 0
             raise ValueError(f"seed must be >= 0, got {self.seed}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
 
     def _check_conv(self) -> None:
         if len(self.hidden) != 1:
@@ -152,10 +151,8 @@ class TrainConfig:
     def conv_grid(self) -> tuple[int, int]:
         """The conv network's hidden positions (height, width): a valid (unpadded) convolution
         of ``kernel_size`` at ``stride`` on the 28 x 28 images."""
-        return (
-            (IMAGE_SHAPE[1] - self.kernel_size) // self.stride + 1,
-            (IMAGE_SHAPE[2] - self.kernel_size) // self.stride + 1,
-        )
+        height, width = ((size - self.kernel_size) // self.stride + 1 for size in IMAGE_SHAPE[1:])
+        return height, width
 
     @property
     def widths(self) -> tuple[int, ...]:

@@ -10,16 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pathnorm_experiments import deps
 from pathnorm_experiments.data import DATASET_NAMES, DataError, load_dataset
-from pathnorm_experiments.deps import (
-    BACKEND_MODULES,
-    MissingDependency,
-    default_backend,
-    pip_install,
-    require,
-    where,
-)
-from pathnorm_experiments.deps import missing as missing_modules
 from pathnorm_experiments.evaluation import format_summary
 from pathnorm_experiments.results import unwritable_dir, write_results
 from pathnorm_experiments.settings import (
@@ -149,12 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="accept a partial training set (KMNIST offline copy)",
     )
     g.add_argument("--no-verify", action="store_true", help="skip SHA-256 checks of data files")
-    g.add_argument(
-        "--n-train", type=int, default=None, help="use only the first N train samples (None: all)"
-    )
-    g.add_argument(
-        "--n-test", type=int, default=None, help="use only the first N test samples (None: all)"
-    )
+    for split in ("train", "test"):
+        help_ = f"use only the first N {split} samples (None: all)"
+        g.add_argument(f"--n-{split}", type=int, default=None, help=help_)
 
     g = p.add_argument_group("evaluation")
     g.add_argument("--eps", type=float, nargs="+", default=list(EPS), help="l_inf attack radii")
@@ -211,16 +200,17 @@ def check_out(out: str | Path, overwrite: bool) -> None:
 
 def _backend(args: argparse.Namespace) -> str:
     """The backend to run (``auto`` resolved), after checking its packages are installed."""
-    if args.backend == "auto" and missing_modules(("torch",)) and missing_modules(("tensorflow",)):
-        raise MissingDependency(
-            f"pathnorm-train needs a backend, and neither is installed: {pip_install('torch')} "
-            f"(PyTorch) or {pip_install('tf-cpu')} (TensorFlow and Keras){where()}"
+    if args.backend == "auto" and deps.missing(("torch",)) and deps.missing(("tensorflow",)):
+        raise deps.MissingDependency(
+            "pathnorm-train needs a backend, and neither is installed: "
+            f"{deps.pip_install('torch')} (PyTorch) or {deps.pip_install('tf-cpu')} (TensorFlow "
+            f"and Keras){deps.where()}"
         )
-    backend = default_backend() if args.backend == "auto" else args.backend
+    backend = deps.default_backend() if args.backend == "auto" else args.backend
     if backend == "torch" and args.engine == "lightning":
-        require(("torch", "lightning"), "--backend torch (with --engine lightning)")
+        deps.require(("torch", "lightning"), "--backend torch (with --engine lightning)")
     else:
-        require(BACKEND_MODULES[backend], f"--backend {backend}")
+        deps.require(deps.BACKEND_MODULES[backend], f"--backend {backend}")
     return backend
 
 
@@ -297,7 +287,7 @@ def _write(result: dict[str, Any], out: Path) -> None:
     try:
         jpath, cpath = write_results(result, out)
         png = out / "training_curve.png"
-        if missing_modules(("matplotlib",)):
+        if deps.missing(("matplotlib",)):
             png.unlink(missing_ok=True)  # an earlier run's plot would not match these results
             print(
                 f"wrote {jpath} and {cpath} (no training-curve plot: matplotlib is not installed; "
@@ -319,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         run(args)
-    except (DataError, ValueError, FloatingPointError, MissingDependency) as e:
+    except (DataError, ValueError, FloatingPointError, deps.MissingDependency) as e:
         print(f"pathnorm-train: error: {e}", file=sys.stderr)
         return 2
     return 0
