@@ -9,6 +9,7 @@ spans two machines.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -75,12 +76,10 @@ class SweepConfig:
     val_size: int = VAL_SIZE
 
     def __post_init__(self) -> None:
-        bad = [r for r in self.regularizers if r not in REGULARIZERS]
-        if bad:
-            raise ValueError(f"regularizers must be among {REGULARIZERS}, got {bad}")
-        bad = [o for o in self.optimizers if o not in OPTIMIZERS]
-        if bad:
-            raise ValueError(f"optimizers must be among {OPTIMIZERS}, got {bad}")
+        for name, allowed in (("regularizers", REGULARIZERS), ("optimizers", OPTIMIZERS)):
+            bad = [v for v in getattr(self, name) if v not in allowed]
+            if bad:
+                raise ValueError(f"{name} must be among {allowed}, got {bad}")
         for reg in self.regularizers:
             lams = self.lams.get(reg)
             if not lams:
@@ -197,27 +196,25 @@ def build_groups(cfg: SweepConfig, n_train: Mapping[str, int]) -> list[Group]:
     ``none`` appears once (recorded as ``prox``: with lam 0 both are plain SGD), ``linf`` only
     with ``prox`` (its projection).
     """
-    combos: list[tuple[str, str, list[float]]] = []
+    combos: list[list[tuple[str, str, float]]] = []  # per (regularizer, optimizer), in order
     for opt in cfg.optimizers:
         for reg in cfg.regularizers:
             if reg == "none" or (reg == "linf" and opt != "prox"):
                 continue
             lams = sorted(cfg.lams[reg])
-            combos.append((reg, opt, [lams[i] for i in coarse_to_fine(len(lams))]))
-    groups = []
-    for ds in cfg.datasets:
-        if ds not in n_train:
-            continue
-
-        def group(reg: str, opt: str, lam: float, ds: str = ds) -> Group:
-            grid = (tuple(cfg.lrs), tuple(cfg.seeds), tuple(cfg.select_seeds))
-            return Group(ds, reg, opt, float(lam), cfg.epochs, n_train[ds], *grid)
-
-        if "none" in cfg.regularizers:
-            groups += [group("none", "prox", lam) for lam in cfg.lams["none"]]
-        for r in range(max((len(c[2]) for c in combos), default=0)):
-            groups += [group(reg, opt, lams[r]) for reg, opt, lams in combos if r < len(lams)]
-    return groups
+            combos.append([(reg, opt, lams[i]) for i in coarse_to_fine(len(lams))])
+    order: list[tuple[str, str, float]] = []
+    if "none" in cfg.regularizers:
+        order += [("none", "prox", lam) for lam in cfg.lams["none"]]
+    for one_round in itertools.zip_longest(*combos):  # one lam of each (regularizer, optimizer)
+        order += [c for c in one_round if c is not None]
+    grid = (tuple(cfg.lrs), tuple(cfg.seeds), tuple(cfg.select_seeds))
+    return [
+        Group(ds, reg, opt, float(lam), cfg.epochs, n_train[ds], *grid)
+        for ds in cfg.datasets
+        if ds in n_train
+        for reg, opt, lam in order
+    ]
 
 
 def stratified_indices(y: np.ndarray, n: int, seed: int) -> np.ndarray:
@@ -276,21 +273,9 @@ def prepare(data: Dataset, cfg: SweepConfig) -> Prepared:
     val = stratified_indices(data.y_train, n_val, VAL_SEED)
     train = np.setdiff1d(np.arange(n), val)
     ev = stratified_indices(data.y_test, n_eval, EVAL_SEED)
-
-    def t(a: np.ndarray) -> Tensor:
-        return torch.from_numpy(np.ascontiguousarray(a))
-
-    return Prepared(
-        data.name,
-        t(data.x_train[train]),
-        t(data.y_train[train]),
-        t(data.x_train[val]),
-        t(data.y_train[val]),
-        t(data.x_test[ev]),
-        t(data.y_test[ev]),
-        t(data.x_test),
-        t(data.y_test),
-    )
+    split = (data.x_train[train], data.y_train[train], data.x_train[val], data.y_train[val])
+    test = (data.x_test[ev], data.y_test[ev], data.x_test, data.y_test)
+    return Prepared(data.name, *(torch.from_numpy(np.ascontiguousarray(a)) for a in split + test))
 
 
 @dataclass
@@ -356,29 +341,18 @@ def select_lr(state: GroupState) -> float | None:
     """The lr of the lowest mean validation error over the selection seeds (ties: the smaller
     lr); an lr with a diverged run is never chosen. None when every lr diverged."""
     g = state.group
-    best: tuple[float, float] | None = None
+    scores = []
     for lr in g.lrs:
         vals = [state.results[g.run(lr, s).key].get("val_error", math.nan) for s in g.select_seeds]
-        if any(math.isnan(v) for v in vals):
-            continue  # a diverged run: this lr is not chosen
-        score = (float(np.mean(vals)), lr)
-        if best is None or score < best:
-            best = score
-    return None if best is None else best[1]
+        if not any(math.isnan(v) for v in vals):  # a diverged run: this lr is not chosen
+            scores.append((float(np.mean(vals)), lr))
+    return min(scores)[1] if scores else None
 
 
 def protocol(cfg: SweepConfig, n_eval: int) -> dict[str, int]:
     """The :data:`~pathnorm_experiments.runs.PROTOCOL_COLUMNS` of a dataset whose evaluation
     sample holds ``n_eval`` test images."""
-    values = {
-        "batch_size": cfg.batch_size,
-        "hidden": cfg.hidden,
-        "eval_samples": n_eval,
-        "pgd_steps": cfg.pgd_steps,
-        "strong_restarts": cfg.strong_restarts,
-    }
-    assert tuple(values) == PROTOCOL_COLUMNS
-    return values
+    return {c: n_eval if c == "eval_samples" else getattr(cfg, c) for c in PROTOCOL_COLUMNS}
 
 
 def group_rows(
@@ -408,8 +382,7 @@ def group_rows(
             **settings,
         )
         if res.get("diverged"):
-            for c in ("val_error", "clean_error", "clean_error_full"):
-                row[c] = math.nan
+            row.update(dict.fromkeys(("val_error", "clean_error", "clean_error_full"), math.nan))
         else:
             row.update({c: res[c] for c in COLUMNS if c in res})
         rows.append(row)

@@ -363,8 +363,7 @@ class _Scheduler:
         g = st.group
         append_rows(self.results, group_rows(st, self.machine, self.settings[g.dataset]))
         for key in st.results:
-            lr, seed = st.results[key]["_lr"], st.results[key]["_seed"]
-            pending_path(self.out, g.run(lr, seed).key).unlink(missing_ok=True)
+            pending_path(self.out, key).unlink(missing_ok=True)
         self._release(g.key)
         del self.active[st.index]
         counts = self.counts
