@@ -108,24 +108,15 @@ def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     for row in rows:
         writer.writerow({c: _fmt(row[c]) for c in COLUMNS})
-    with path.open("a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            if size:
-                f.seek(0)
-                cut = f.read().rfind(b"\n") + 1
-                if cut != size:
-                    f.truncate(cut)
-                    size = cut
-            head = "" if size else ",".join(COLUMNS) + "\n"
-            f.seek(0, os.SEEK_END)
-            f.write((head + buf.getvalue()).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with path.open("a+b") as f:  # appending: every write goes to the end
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        f.seek(0)
+        cut = f.read().rfind(b"\n") + 1
+        f.truncate(cut)
+        head = "" if cut else ",".join(COLUMNS) + "\n"
+        f.write((head + buf.getvalue()).encode())
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class ResultsError(ValueError):
@@ -158,9 +149,8 @@ def _cell_problem(column: str, text: str) -> str | None:
         return None
     if column == "hidden_alive":  # empty: a row from before the column, or a diverged run
         return None if re.fullmatch(r"[0-9]*", text) else f"{text!r} is not a whole number"
-    if column in _PERCENT or column == "path_norm":
-        if text in ("", "nan"):  # not measured (an unselected lr), or a diverged run
-            return None
+    if column in (*_PERCENT, "path_norm") and text in ("", "nan"):
+        return None  # not measured (an unselected lr), or a diverged run
     try:
         v = float(text)
     except ValueError:
@@ -169,12 +159,9 @@ def _cell_problem(column: str, text: str) -> str | None:
         return None if 0 <= v <= 100 else f"{text} is not a percentage in [0, 100]"
     if column == "path_norm":
         return None if v >= 0 else f"{text} is negative"
-    low_ok = v >= 0 if column == "lam" else v > 0  # lam, lr
-    return (
-        None
-        if math.isfinite(v) and low_ok
-        else f"{text} is not a finite number " + (">= 0" if column == "lam" else "> 0")
-    )
+    if math.isfinite(v) and (v >= 0 if column == "lam" else v > 0):  # lam, lr
+        return None
+    return f"{text} is not a finite number " + (">= 0" if column == "lam" else "> 0")
 
 
 def _row_problem(row: Mapping[str, str]) -> tuple[str, str] | None:
@@ -195,16 +182,14 @@ def _check_header(path: Path, header: Sequence[str]) -> None:
         return
     gone = [c for c in COLUMNS if c not in header]
     if gone:
-        fixes = []
-        if set(gone) <= {*PROTOCOL_COLUMNS, *LATER_COLUMNS}:
+        hint = ""
+        if set(gone) <= {*PROTOCOL_COLUMNS, *LATER_COLUMNS}:  # an older sweep's file
             if set(gone) & set(PROTOCOL_COLUMNS):
-                fixes.append(
-                    "the columns that record the protocol: append them with the values its "
-                    "sweep used"
-                )
+                hint += "; the file predates the columns that record the protocol: append them "
+                hint += "with the values its sweep used"
             if set(gone) & set(LATER_COLUMNS):
-                fixes.append("the column hidden_alive: append it last, empty in every row")
-        hint = "".join(f"; the file predates {f}" for f in fixes)
+                hint += "; the file predates the column hidden_alive: append it last, empty in "
+                hint += "every row"
         raise ResultsError(
             f"{path}: not a results file of the sweep: {len(gone)} columns missing "
             f"({', '.join(gone[:4])}{', ...' if len(gone) > 4 else ''}){hint}"
@@ -233,13 +218,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return []
     with path.open("rb") as f:  # shared: an append (exclusive) is seen whole or not at all
         fcntl.flock(f, fcntl.LOCK_SH)
-        try:
-            text = f.read().decode()
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-    if text and not text.endswith("\n"):
-        text = text[: text.rfind("\n") + 1]
-    reader = csv.reader(io.StringIO(text))
+        text = f.read().decode()
+    reader = csv.reader(io.StringIO(text[: text.rfind("\n") + 1]))  # without a torn last line
     header = next(reader, None)
     if header is None:
         return []
@@ -310,11 +290,9 @@ def merge(inputs: Sequence[Path], output: Path) -> int:
             raise FileNotFoundError(f"{p}: no such results file")
         for r in read_rows(p):
             k = row_key(r)
-            old = rows.get(k)
-            if old is None:
-                rows[k] = r
-            elif any(old[c] != r[c] for c in COLUMNS if c != "machine"):
-                diff = [c for c in COLUMNS if c != "machine" and old[c] != r[c]]
+            old = rows.setdefault(k, r)
+            diff = [c for c in COLUMNS if c != "machine" and old[c] != r[c]]
+            if diff:
                 raise ValueError(
                     f"run {k} appears twice with different values ({', '.join(diff[:5])}; "
                     f"machines {old['machine']!r} and {r['machine']!r}); keep one file's row"
@@ -333,9 +311,7 @@ def merge(inputs: Sequence[Path], output: Path) -> int:
 
     tmp = output.with_name(f"{output.name}.{os.getpid()}.tmp")
     tmp.unlink(missing_ok=True)
-    append_rows(tmp, sorted(rows.values(), key=order))
-    if not rows:
-        tmp.write_text(",".join(COLUMNS) + "\n")
+    append_rows(tmp, sorted(rows.values(), key=order))  # a new file: the header, even alone
     os.replace(tmp, output)
     return len(rows)
 
@@ -412,11 +388,8 @@ def _claims_locked(out: Path) -> Iterator[None]:
     folder = out / ".claims"
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "lock").open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _alive(holder: str) -> bool:
