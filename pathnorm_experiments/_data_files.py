@@ -35,6 +35,8 @@ LABEL_MAGIC = 2049
 IMAGE_SHAPE = (28, 28)
 N_PIXELS = 784
 N_CLASSES = 10
+# an IDX file of each kind: (magic number, header bytes, bytes per item)
+_IDX_LAYOUT = {"images": (IMAGE_MAGIC, 16, N_PIXELS), "labels": (LABEL_MAGIC, 8, 1)}
 
 
 class DataError(ValueError):
@@ -52,8 +54,7 @@ def file_sha256(path: Path) -> str:
 
 def _parse_idx(raw: bytes, path: Path, kind: str, *, allow_short: bool = False) -> np.ndarray:
     """Decode an uncompressed IDX byte string into uint8 (N, 28, 28) images or (N,) labels."""
-    magic_expected = IMAGE_MAGIC if kind == "images" else LABEL_MAGIC
-    head = 16 if kind == "images" else 8
+    magic_expected, head, item = _IDX_LAYOUT[kind]
     if len(raw) < head:
         raise DataError(f"{path}: truncated IDX file ({len(raw)} bytes, header needs {head})")
     magic, count = struct.unpack(">II", raw[:8])
@@ -66,9 +67,6 @@ def _parse_idx(raw: bytes, path: Path, kind: str, *, allow_short: bool = False) 
         rows, cols = struct.unpack(">II", raw[8:16])
         if (rows, cols) != IMAGE_SHAPE:
             raise DataError(f"{path}: images are {rows}x{cols}, expected 28x28")
-        item = N_PIXELS
-    else:
-        item = 1
     body = memoryview(raw)[head:]
     n_avail = len(body) // item
     if n_avail < count and not allow_short:

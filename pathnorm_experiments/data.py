@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -198,14 +198,12 @@ class Dataset:
         for n, what in ((n_train, "n_train"), (n_test, "n_test")):
             if n is not None and n < 1:
                 raise ValueError(f"{what} must be >= 1 or None, got {n}")
-        return Dataset(
-            self.name,
-            self.x_train[:n_train],
-            self.y_train[:n_train],
-            self.x_test[:n_test],
-            self.y_test[:n_test],
-            self.source,
-            self.partial,
+        return replace(
+            self,
+            x_train=self.x_train[:n_train],
+            y_train=self.y_train[:n_train],
+            x_test=self.x_test[:n_test],
+            y_test=self.y_test[:n_test],
         )
 
 

@@ -1,13 +1,9 @@
-"""The regularizers of the main job, one table: adding one means a row here, its parts in the
-three backends' tables (``engine.TORCH``: torch penalty, prox step, Lightning callback;
-``tf_backend.KERAS``: Keras penalty and optimizer; ``certify.G``: the certificates' numpy
-``g``; each refuses to import without it), its update in the libraries, and its tests.
+"""The regularizers of the main job, one table; imports neither torch nor TensorFlow.
 
-A row holds the name (the CLI's and the results' vocabulary), label and colour (the report),
-what ``g`` is (the training curve), the sweep's lam grid, and the shape: ``pairs`` (acts on
-consecutive layer pairs: needs an even number of weight layers) and ``constraint`` (lam sets the
-radius 1/lam of a hard constraint: projection only, no penalty). Imports neither torch nor
-TensorFlow.
+Adding one means a row here, its parts in the three backends' tables (``engine.TORCH``: torch
+penalty, prox step, Lightning callback; ``tf_backend.KERAS``: Keras penalty and optimizer;
+``certify.G``: the certificates' numpy ``g``; each refuses to import without it), its update in
+the libraries, and its tests.
 """
 
 from __future__ import annotations
@@ -19,14 +15,14 @@ __all__ = ["OPTIMIZERS", "REGULARIZERS", "TABLE", "Regularizer", "regularizer"]
 
 @dataclass(frozen=True)
 class Regularizer:
-    """One regularizer of the main job (see the module docstring)."""
+    """One regularizer of the main job: its vocabulary, its report's style and its shape."""
 
-    name: str
+    name: str  # the CLI's and the results' vocabulary
     label: str  # in the report's tables and plots
     colour: str  # matplotlib colour of its series
     penalty_text: str  # what g is in the training curve's "cross-entropy + lam * g"
     lams: tuple[float, ...]  # the sweep's grid (linf: lam = 1 / radius)
-    pairs: bool = False  # acts on consecutive layer pairs
+    pairs: bool = False  # acts on consecutive layer pairs: needs an even number of layers
     constraint: bool = False  # a hard constraint: projection only, g = 0 at the iterates
 
     @property
@@ -62,9 +58,8 @@ TABLE: dict[str, Regularizer] = {r.name: r for r in (
 # fmt: on
 
 REGULARIZERS = tuple(TABLE)
-# how the regularizer enters training: "prox" (an SGD step on the cross-entropy, then the prox
-# with step lr * lam, or the projection) or "penalty" (SGD on cross-entropy + lam * g); the CLI's
-# --method, the results' "optimizer" column
+# how the regularizer enters training (TrainConfig.method, the CLI's --method, the results'
+# "optimizer" column)
 OPTIMIZERS = ("prox", "penalty")
 
 
