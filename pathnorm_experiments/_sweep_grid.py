@@ -365,8 +365,7 @@ def group_rows(
     rows = []
     for key, res in state.results.items():
         lr, seed = res["_lr"], res["_seed"]
-        spec = g.run(lr, seed)
-        assert spec.key == key
+        assert g.run(lr, seed).key == key
         row: dict[str, Any] = dict.fromkeys(COLUMNS, "")
         row.update(
             dataset=g.dataset,

@@ -59,8 +59,7 @@ _DATA: dict[str, Prepared] = {}  # set in the parent before the workers fork
 class _Task:
     spec: RunSpec
     train: bool  # False: evaluate the given weights
-    evaluate: bool
-    keep_weights: bool
+    evaluate: bool  # False: a selection run, its weights returned for the selected lr's evaluation
     weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
 
@@ -97,7 +96,7 @@ def _execute(task: _Task, cfg: SweepConfig) -> dict[str, Any]:
         bs = [torch.from_numpy(b).to(device) for b in task.weights[1]]
     if task.evaluate:
         result.update(evaluate_run(ws, bs, data, cfg, task.spec.seed))
-    if task.keep_weights:
+    else:
         result["weights"] = ([w.cpu().numpy() for w in ws], [b.cpu().numpy() for b in bs])
     result["seconds"] = time.perf_counter() - t0
     return result
@@ -255,7 +254,7 @@ class _Scheduler:
             if st.phase == "select":
                 for spec in st.group.selection_runs():
                     if not self._take_pending(st, spec):
-                        self._queue(st, _Task(spec, True, False, keep_weights=True))
+                        self._queue(st, _Task(spec, True, False))
             else:
                 assert st.selected_lr is not None
                 self._queue_selected(st, st.selected_lr)
@@ -350,11 +349,11 @@ class _Scheduler:
                 res = st.results[spec.key]
                 if "robust_error@" + float_key(self.cfg.eps[0]) in res:
                     continue  # evaluated before an interruption
-                task = _Task(spec, False, True, False, weights=res["weights"])
+                task = _Task(spec, False, True, weights=res["weights"])
             elif self._take_pending(st, spec):
                 continue
             else:
-                task = _Task(spec, True, True, False)
+                task = _Task(spec, True, True)
             self._queue(st, task)
         self.ready.sort(key=lambda t: t[0])
 
