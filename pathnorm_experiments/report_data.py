@@ -233,14 +233,12 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 
 
 def _ranks(v: Sequence[float]) -> np.ndarray:
-    a = np.asarray(v, dtype=float)
-    order = np.argsort(a, kind="stable")
-    ranks = np.empty(len(a))
-    ranks[order] = np.arange(len(a), dtype=float)
-    for value in np.unique(a):  # ties share their average rank
-        tied = a == value
-        ranks[tied] = ranks[tied].mean()
-    return ranks
+    """The 0-based ranks of ``v``; ties share their average rank."""
+    _, inverse, counts = np.unique(
+        np.asarray(v, dtype=float), return_inverse=True, return_counts=True
+    )
+    first = np.cumsum(counts) - counts  # the rank of each value's first copy
+    return (first + (counts - 1) / 2)[inverse]
 
 
 def datasets_of(settings: Mapping[tuple, Setting]) -> list[str]:

@@ -23,6 +23,7 @@ from pathnorm_experiments.report_data import (
     REG_LABELS,
     REGULARIZED,
     Setting,
+    Stat,
     baseline,
     col,
     compacted_sizes,
@@ -38,44 +39,54 @@ STYLES = {"prox": ("o", "-"), "penalty": ("s", "--")}
 SERIES = tuple(
     (r, o) for r in REGULARIZED for o in OPTIMIZERS if o == "prox" or not TABLE[r].constraint
 )
+PROX_SERIES = tuple((r, "prox") for r in REGULARIZED)  # the Prox-SGD and projection plots
 _OPT_SHORT = {**OPT_LABELS, "prox": f"{OPT_LABELS['prox']} / projection"}
 MEASURE_COLORS = (("nonzero", "black"), ("nonzero_live", "tab:orange"))
 
 
-def _points(ss: Sequence[Setting], x: str, y: str) -> tuple[np.ndarray, ...] | None:
-    """x and y means with their min-max as error bars, over the settings that have both."""
-    ok = [s for s in ss if x in s.stats and y in s.stats]
-    if not ok:
-        return None
-    xs, ys = ([s.stats[c] for s in ok] for c in (x, y))
-    return (
-        np.array([v.mean for v in xs]),
-        np.array([v.mean for v in ys]),
-        np.array([[v.mean - v.lo for v in xs], [v.hi - v.mean for v in xs]]),
-        np.array([[v.mean - v.lo for v in ys], [v.hi - v.mean for v in ys]]),
-    )
+def _bars(stats: Sequence[Stat]) -> tuple[np.ndarray, np.ndarray]:
+    """The means, and their distances down to the seeds' min and up to their max."""
+    means = np.array([v.mean for v in stats])
+    return means, np.array([[v.mean - v.lo for v in stats], [v.hi - v.mean for v in stats]])
 
 
 def _draw(
-    ax: Any, pts: tuple[np.ndarray, ...] | None, color: str, opt: str, label: str, xerr: bool = True
+    ax: Any, ss: Sequence[Setting], x: str | None, y: str, color: str, opt: str, label: str
 ) -> None:
-    if pts is None:
+    """The settings with both columns: mean ``y`` against mean ``x`` (None: against lam, no
+    bars), with min-max bars."""
+    ok = [s for s in ss if y in s.stats and (x is None or x in s.stats)]
+    if not ok:
         return
-    x, y, ex, ey = pts
+    ys, ey = _bars([s.stats[y] for s in ok])
+    xs, ex = (np.array([s.lam for s in ok]), None) if x is None else _bars([s.stats[x] for s in ok])
     marker, line = STYLES[opt]
     ax.errorbar(
-        x, y, yerr=ey, xerr=ex if xerr else None, marker=marker, ls=line, color=color,
+        xs, ys, yerr=ey, xerr=ex, marker=marker, ls=line, color=color,
         ms=4, lw=1, capsize=2, elinewidth=0.8, label=label,
     )  # fmt: skip
 
 
-def _star(ax: Any, base: Setting | None, x: str, y: str) -> None:
-    """The unregularized baseline's (x, y) as a star, where it has both."""
+def _panel(
+    ax: Any,
+    settings: Mapping[tuple, Setting],
+    ds: str,
+    series: Sequence[tuple[str, str]],
+    x: str,
+    y: str,
+) -> None:
+    """``y`` against ``x`` for each (regularizer, optimizer) of ``series``, and the
+    unregularized baseline as a star where it has both."""
+    for reg, opt in series:
+        ss = settings_of(settings, ds, reg, opt)
+        _draw(ax, ss, x, y, TABLE[reg].colour, opt, method_label(reg, opt))
+    base = baseline(settings, ds)
     if base is not None and x in base.stats and y in base.stats:
         ax.plot(
             [base.stats[x].mean], [base.stats[y].mean], "*", color="black", ms=11, ls="none",
             label="no regularization",
         )  # fmt: skip
+    ax.grid(alpha=0.3)
 
 
 def _lam_axis(ax: Any, lams: Sequence[float]) -> None:
@@ -119,11 +130,7 @@ def _vs_lam(
             ss = settings_of(settings, ds, reg, opt)
             lams += [s.lam for s in ss]
             for c, name, color in series:
-                pts = _points(ss, c, c)
-                if pts is not None:
-                    x = np.array([s.lam for s in ss if c in s.stats])
-                    label = f"{name}, {_OPT_SHORT[opt]}"
-                    _draw(ax, (x, *pts[1:]), color, opt, label, xerr=False)
+                _draw(ax, ss, None, c, color, opt, f"{name}, {_OPT_SHORT[opt]}")
         _lam_axis(ax, lams)
         ax.set_xlabel("λ" + (" (radius 1/λ)" if reg == "linf" else ""))
         ax.set_title(REG_LABELS[reg], fontsize=10)
@@ -143,17 +150,11 @@ def _legend(fig: Any) -> None:
 
 def _tradeoff(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
     fig, axes = plt.subplots(2, 4, figsize=(17, 7.5), layout="constrained", sharex=True)
-    base = baseline(settings, ds)
     for row, eps in zip(axes, (0.1, 0.05), strict=True):
         for ax, kind in zip(row, KINDS, strict=True):
-            y = col(kind, eps)
-            for reg, opt in SERIES:
-                pts = _points(settings_of(settings, ds, reg, opt), "clean_error", y)
-                _draw(ax, pts, TABLE[reg].colour, opt, method_label(reg, opt))
-            _star(ax, base, "clean_error", y)
+            _panel(ax, settings, ds, SERIES, "clean_error", col(kind, eps))
             ax.set_title(f"{KIND_LABELS[kind]}, eps {eps:g}", fontsize=10)
             ax.set_ylabel("error %")
-            ax.grid(alpha=0.3)
     for ax in axes[-1]:
         ax.set_xlabel("clean error % (evaluation sample)")
     fig.suptitle(f"{dataset_label(ds)}: clean vs robust error, one point per λ")
@@ -195,17 +196,12 @@ def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> A
     from matplotlib.ticker import FormatStrFormatter
 
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), layout="constrained", sharex="col")
-    base = baseline(settings, ds)
     for row, y in zip(axes, ("clean_error", col("robust_error", 0.1)), strict=True):
         for ax, x in zip(row, ("nonzero", "nonzero_live"), strict=True):
-            for reg in REGULARIZED:
-                pts = _points(settings_of(settings, ds, reg, "prox"), x, y)
-                _draw(ax, pts, TABLE[reg].colour, "prox", method_label(reg, "prox"))
-            _star(ax, base, x, y)
+            _panel(ax, settings, ds, PROX_SERIES, x, y)
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(FormatStrFormatter("%g"))
             ax.set_ylabel(("clean" if y == "clean_error" else "PGD, eps 0.1") + " error %")
-            ax.grid(alpha=0.3)
     for ax, x in zip(axes[-1], ("raw", "live-path"), strict=True):
         ax.set_xlabel(f"% of weights nonzero ({x})")
     # two lines: one would run under the legend at the right
@@ -218,17 +214,12 @@ def _error_vs_nonzero(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> A
 def _error_vs_compacted(plt: Any, settings: Mapping[tuple, Setting], ds: str) -> Any:
     """Clean and not-certified error against the hidden units that ``compact`` keeps."""
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained", sharex=True)
-    base = baseline(settings, ds)
     panels = ("clean_error", col("certified_interval", 0.1), col("certified_lipschitz", 0.1))
     for ax, y in zip(axes, panels, strict=True):
-        for reg in REGULARIZED:
-            pts = _points(settings_of(settings, ds, reg, "prox"), COMPACTED, y)
-            _draw(ax, pts, TABLE[reg].colour, "prox", method_label(reg, "prox"))
-        _star(ax, base, COMPACTED, y)
+        _panel(ax, settings, ds, PROX_SERIES, COMPACTED, y)
         kind, _, eps = y.partition("@")
         ax.set_title(KIND_LABELS[kind] + (f", eps {eps}" if eps else ""), fontsize=10)
         ax.set_xlabel("hidden units after compaction")
-        ax.grid(alpha=0.3)
     axes[0].set_ylabel("error %")
     fig.suptitle(f"{dataset_label(ds)}: error vs compacted size\nProx-SGD and the linf projection")
     return fig

@@ -68,6 +68,5 @@ def write_results(result: dict[str, Any], out: str | Path) -> tuple[Path, Path]:
         w.writerow(["eps", "clean_error_attacked", *columns, "clean_error"])
         w.writerow([0.0, clean, clean, clean, clean, clean_all])
         for e in result["config"]["eps"]:
-            key = float_key(e)
-            w.writerow([e, clean, *(result[c][key] for c in columns), clean_all])
+            w.writerow([e, clean, *(result[c][float_key(e)] for c in columns), clean_all])
     return jpath, cpath
