@@ -23,9 +23,7 @@ from torch import Tensor
 def check_chain(weights: Sequence[Tensor], name: str) -> list[Tensor]:
     """The weights, detached, after checking that they are layer weights (2-D Linear, 3-D/4-D
     convolution) and chain (``name`` prefixes the errors)."""
-    if isinstance(weights, Tensor):
-        weights = [weights]
-    weights = list(weights)
+    weights = [weights] if isinstance(weights, Tensor) else list(weights)
     if not weights:
         raise ValueError(f"{name}.update needs at least one weight matrix, got an empty sequence")
     for index, w in enumerate(weights):
@@ -35,8 +33,7 @@ def check_chain(weights: Sequence[Tensor], name: str) -> list[Tensor]:
                 f"{name}.update: weights[{index}] must be a 2-D weight matrix (out, in) or a "
                 f"convolution weight (out, in, *kernel), got {shape}"
             )
-    for index in range(len(weights) - 1):
-        a, b = weights[index], weights[index + 1]
+    for index, (a, b) in enumerate(itertools.pairwise(weights)):
         what = f"{name}.update: weights[{index}] {tuple(a.shape)} and weights[{index + 1}] "
         if b.dim() > 2 and a.dim() == 2:
             raise ValueError(

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from pathnorm_lightning import layers as seam
 from pathnorm_lightning.functional import planned_prox
-from pathnorm_lightning.pairing import weight_parameter
+from pathnorm_lightning.pairing import LayerPair, weight_parameter
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,12 @@ class StepTarget:
     views: UnitViews | None = None
 
 
-def pair_target(
-    first_name: str, second_name: str, first: nn.Module, second: nn.Module
-) -> StepTarget:
+def pair_target(pair: LayerPair) -> StepTarget:
     """The followed :class:`StepTarget` of a layer pair, with unit views."""
+    layers = ((pair.first_name, pair.first), (pair.second_name, pair.second))
     return StepTarget(
-        f"pair ({first_name!r}, {second_name!r})",
-        (weight_parameter(first_name, first), weight_parameter(second_name, second)),
-        ((first_name, first), (second_name, second)),
+        f"pair ({pair.first_name!r}, {pair.second_name!r})",
+        tuple(weight_parameter(name, module) for name, module in layers),
+        layers,
         unit_views=True,
     )

@@ -36,7 +36,6 @@ from pathnorm_lightning.hook import (
 from pathnorm_lightning.pairing import (
     ForwardCheck,
     LayerPair,
-    LayersSpec,
     chains,
     layer_chain,
     normalize_layers,
@@ -285,15 +284,13 @@ class AfterOptimizerStep(Callback):
         if trainer.log_every_n_steps == 0:  # type: ignore[attr-defined]
             return
         # Runs after every batch: the cheapest test first (all must hold).
+        step = trainer.global_step
         if self.log_every_n_steps is None:
             # The trainer's own flush condition, as Lightning's LearningRateMonitor uses it.
             if not trainer._logger_connector.should_update_logs:
                 return
-            step = trainer.global_step
-        else:
-            step = trainer.global_step
-            if step % self.log_every_n_steps:
-                return
+        elif step % self.log_every_n_steps:
+            return
         if pl_module.automatic_optimization and trainer.fit_loop._should_accumulate():
             return  # no step on this batch (as Lightning's own step logging)
         if step != self._last_logged_step:
@@ -439,9 +436,7 @@ class PathNormProx(AfterOptimizerStep):
     @override
     def resolve_targets(self, pl_module: pl.LightningModule) -> list[StepTarget]:
         self._layer_pairs = resolve_pairs(pl_module, self.pairs)
-        return [
-            pair_target(p.first_name, p.second_name, p.first, p.second) for p in self._layer_pairs
-        ]
+        return [pair_target(p) for p in self._layer_pairs]
 
     @override
     def apply(self, target: StepTarget, lr: float, check: FiniteCheck) -> None:
@@ -478,8 +473,7 @@ class _LayerwiseBase(AfterOptimizerStep):
 
     @override
     def resolve_targets(self, pl_module: pl.LightningModule) -> list[StepTarget]:
-        spec: LayersSpec = self.layers
-        found = resolve_layers(pl_module, spec)
+        found = resolve_layers(pl_module, self.layers)
         self._layers = [layer for _, layer in found]
         return [
             StepTarget(f"layer {name!r}", (weight_parameter(name, layer),), ((name, layer),), True)

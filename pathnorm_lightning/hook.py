@@ -22,6 +22,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -376,21 +377,18 @@ class StepHook:
         """Refuse a weight that two targets share (tied, by storage) or that another live hook
         with the same penalty regularizes after the same optimizer's steps."""
         mine = [item.target for items in plan.values() for item in items]
-        for index, a in enumerate(mine):
-            for b in mine[index + 1 :]:
-                if overlap(a, b):
-                    raise ValueError(
-                        f"{self.owner}: {a.name} and {b.name} share a weight (tied weights: one "
-                        "tensor or storage in both), so its prox would run twice per step. "
-                        "Untie them, or leave one of them out of the pairs."
-                    )
+        for a, b in itertools.combinations(mine, 2):
+            if overlap(a, b):
+                raise ValueError(
+                    f"{self.owner}: {a.name} and {b.name} share a weight (tied weights: one "
+                    "tensor or storage in both), so its prox would run twice per step. "
+                    "Untie them, or leave one of them out of the pairs."
+                )
         for other in list(_LIVE):
             if other is self or other.penalty != self.penalty:
                 continue
-            for optimizer in self.optimizers:
+            for optimizer in self.optimizers:  # a plan's keys: ids of its hook's live optimizers
                 theirs = [i.target for i in other._plan.get(id(optimizer), [])]
-                if not any(o is optimizer for o in other.optimizers):
-                    continue
                 for a in (i.target for i in plan.get(id(optimizer), [])):
                     for b in theirs:
                         if overlap(a, b):
@@ -450,7 +448,7 @@ def attach(
         raise TypeError(f"attach: check_finite must be a bool, got {check_finite!r}")
     optimizers: list[Any] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     layer_pairs = resolve_pairs(model, pairs)
-    targets = [pair_target(p.first_name, p.second_name, p.first, p.second) for p in layer_pairs]
+    targets = [pair_target(p) for p in layer_pairs]
 
     def update(target: StepTarget, lr: float, check: FiniteCheck) -> None:
         prox_pair(target, lam * lr, check)

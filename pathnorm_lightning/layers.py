@@ -370,23 +370,15 @@ STEEP: dict[type[nn.Module], object] = {
 
 def max_slope(module: nn.Module) -> float:
     """The largest ``|f'|`` of a pointwise module (1.0 when it is at most 1, as for ReLU)."""
-    for cls in type(module).__mro__:
-        if cls in STEEP:
-            value = STEEP[cls]
-            if value is None:
-                return 1.0
-            if isinstance(value, str):
-                return max(1.0, abs(float(getattr(module, value))))
-            return float(cast(float, value))
-    return 1.0
+    value = next((STEEP[cls] for cls in type(module).__mro__ if cls in STEEP), None)
+    if isinstance(value, str):
+        return max(1.0, abs(float(getattr(module, value))))
+    return 1.0 if value is None else float(cast(float, value))
 
 
 def role_of(module: nn.Module) -> Role | None:
     """The :class:`Role` of ``module`` between two paired layers, or None (not allowed)."""
-    for cls in type(module).__mro__:
-        if cls in BETWEEN:
-            return BETWEEN[cls]
-    return None
+    return next((BETWEEN[cls] for cls in type(module).__mro__ if cls in BETWEEN), None)
 
 
 @dataclass(frozen=True)

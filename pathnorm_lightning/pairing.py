@@ -545,13 +545,10 @@ def chains(first: nn.Module, second: nn.Module) -> bool:
     """Whether ``second`` reads exactly the units ``first`` outputs, as the seam counts them (a
     Linear layer after a convolution through a Flatten of a whole number of positions)."""
     try:
-        entry_first, entry_second = layers.entry_of(first), layers.entry_of(second)
-        if entry_second.spatial and not entry_first.spatial:
-            return False
-        flatten = layers.flatten_positions(first, second)
-        return entry_first.units_out(first) == entry_second.units_in(second, flatten)
+        layers._pair(first, second)
     except ValueError:
         return False
+    return True
 
 
 def layer_chain(model: nn.Module) -> list[nn.Module] | None:
@@ -559,13 +556,11 @@ def layer_chain(model: nn.Module) -> list[nn.Module] | None:
     :func:`chains`), else None: the network ``W_L act(... act(W_1 x))`` (pooling and a Flatten
     allowed after convolutions) for which the network-level bounds are defined."""
     found = [mod for _, mod in _seam_layers(model)]
-    if not found:
-        return None
-    for layer in found:
-        try:
+    try:
+        for layer in found:
             layers.entry_of(layer)
-        except ValueError:
-            return None
-    if all(chains(a, b) for a, b in itertools.pairwise(found)):
+    except ValueError:
+        return None
+    if found and all(chains(a, b) for a, b in itertools.pairwise(found)):
         return found
     return None
