@@ -19,6 +19,7 @@ __all__ = [
     "check_auto_pairs_in_model",
     "check_shared",
     "graph_calls",
+    "layer_path",
     "leaves",
     "not_consecutive",
     "owners_of",
@@ -26,7 +27,8 @@ __all__ = [
 ]
 
 
-def _layer_path(variable: Any) -> str:
+def layer_path(variable: Any) -> str:
+    """The path of the layer that owns ``variable`` (``"net/dense_1"``)."""
     return str(getattr(variable, "path", variable.name)).rpartition("/")[0]
 
 
@@ -81,7 +83,7 @@ def check_auto_pairs_in_model(
     for i, j, *_ in pairs:
         a, b = position.get(id(variables[i])), position.get(id(variables[j]))
         if a is None or b is None:
-            unverified.append((_layer_path(variables[i]), _layer_path(variables[j])))
+            unverified.append((layer_path(variables[i]), layer_path(variables[j])))
             continue
         for layer in layers[a + 1 : b]:
             if layer.weights:

@@ -144,7 +144,7 @@ ENTRIES: tuple[PrivateName, ...] = (
         "_flatten_layers",
         "Layer._flatten_layers(include_self=..., recursive=True)",
         (
-            "pathnorm_tf/compact.py:_layers_between",
+            "pathnorm_tf/compact.py:_between",
             "pathnorm_tf/metrics.py:_seam_layers",
             "pathnorm_tf/_graph.py:leaves",
             "pathnorm_tf/_graph.py:graph_calls",
@@ -158,7 +158,7 @@ ENTRIES: tuple[PrivateName, ...] = (
         "Functional._nodes_by_depth",
         (
             "pathnorm_tf/compact.py:_graph_between",
-            "pathnorm_tf/compact.py:_layers_between",
+            "pathnorm_tf/compact.py:_between",
             "pathnorm_tf/compact.py:compact",
         ),
         "a functional model's graph, to find the layers between a pair; its absence marks a "

@@ -70,13 +70,10 @@ class StepUpdate:
     def _apply_regularizer(
         self, learning_rate: Any, updated: list[Any], is_real: tf.Tensor | None = None
     ) -> None:
-        """The prox (or projection) after a real update, on the targets it changed: the one place
-        that decides what the regularizer acts on, called once per real update (``is_real``: a
-        tensor condition under gradient accumulation). A target is acted on when all its kernels
-        are in ``updated`` (by ``_var_key``); a pair with only one there (a layer frozen after
-        the optimizer was built) is skipped, with one warning. The set is known when the step is
-        traced: Keras traces again after ``compile``.
-        """
+        """The prox (or projection) after a real update (``is_real``: a tensor condition under
+        gradient accumulation) on the targets whose kernels are all in ``updated`` (by
+        ``_var_key``); a pair with only one there is skipped, with one warning. The set is known
+        when the step is traced: Keras traces again after ``compile``."""
         if self._unseen is not None:
             raise self._unseen
         if self._unverified:

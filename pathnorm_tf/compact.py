@@ -276,15 +276,6 @@ def _between(model: Any, first: Any, second: Any) -> tuple[list[Any], seam.Flat 
     """The layers from ``first`` to ``second``, and the pair's :class:`~pathnorm_tf.layers.Flat`;
     ValueError where the flow is not a chain of allowed ones (see the module docstring), or
     pooling and flattening do not stand where they keep the pair's units (the seam's check)."""
-    between = _layers_between(model, first, second)
-    try:
-        found = seam.check_between(first, second, between)
-        return between, seam.flat_of(first, second, found.flatten)
-    except ValueError as err:
-        raise ValueError(f"compact: ({first.name!r}, {second.name!r}): {err}") from None
-
-
-def _layers_between(model: Any, first: Any, second: Any) -> list[Any]:
     if not _pointwise_activation(first.activation):
         raise ValueError(
             f"compact: {type(first).__name__} {first.name!r} has the activation "
@@ -305,16 +296,22 @@ def _layers_between(model: Any, first: Any, second: Any) -> list[Any]:
         j = next(k for k, x in enumerate(holder.layers) if x is second)
         if i > j:
             raise ValueError(f"compact: {second.name!r} comes before {first.name!r}")
-        for layer in holder.layers[i + 1 : j]:
+        between = list(holder.layers[i + 1 : j])
+        for layer in between:
             _check_between(layer, first, second)
-        return list(holder.layers[i + 1 : j])
-    if not hasattr(holder, "_nodes_by_depth"):
+    elif not hasattr(holder, "_nodes_by_depth"):
         raise ValueError(
             f"compact: {first.name!r} and {second.name!r} are in the subclassed model "
             f"{holder.name!r}, whose data flow is hidden in call(); compact works on Sequential "
             "and functional models."
         )
-    return _graph_between(holder, first, second)
+    else:
+        between = _graph_between(holder, first, second)
+    try:
+        found = seam.check_between(first, second, between)
+        return between, seam.flat_of(first, second, found.flatten)
+    except ValueError as err:
+        raise ValueError(f"compact: ({first.name!r}, {second.name!r}): {err}") from None
 
 
 # -- compact -------------------------------------------------------------------------------------
@@ -358,12 +355,12 @@ def _plan_pair(
     shift = None
     if constant.any():
         c = _constants(first, between, ops_in)
-        if c is not None and not np.all(np.isfinite(c[constant])):
-            raise ValueError(
-                f"compact: units of {first.name!r} with zero incoming weights output NaN or inf "
-                "(from their bias): the network's output is not finite; check the weights."
-            )
         if c is not None:
+            if not np.all(np.isfinite(c[constant])):
+                raise ValueError(
+                    f"compact: units of {first.name!r} with zero incoming weights output NaN or "
+                    "inf (from their bias): the network's output is not finite; check the weights."
+                )
             shift = ops_out.input_shift(second, np.where(constant, c, 0), flat)
         if shift is None:  # the constants cannot be folded exactly here: keep the units
             constant[:] = False
@@ -405,9 +402,8 @@ def compact(model: keras.Model, pairs: Any = "auto") -> tuple[keras.Model, Compa
 
     Raises:
         ValueError: an unbuilt or subclassed model, pairs that do not resolve, a paired layer
-            that is not a plain ``Dense``, ``Conv1D`` or ``Conv2D``, or a pair whose hidden
-            units reach anything but the second layer, or reach it through anything but
-            entry-wise layers (and, after a convolution, pooling and a Flatten).
+            that is not a plain ``Dense``, ``Conv1D`` or ``Conv2D``, or a pair whose data flow
+            the module docstring does not allow.
     """
     if not isinstance(model, keras.Model):
         raise TypeError(f"compact: expected a keras.Model, got {type(model).__name__}")

@@ -22,7 +22,7 @@ and are public here.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeAlias, overload
+from typing import Any
 
 import tensorflow as tf
 
@@ -96,7 +96,8 @@ def prox_path_norm(
     _, p = static_dims(k_out, "kernel_out")
     if (isinstance(lam, float) and lam == 0.0) or m * n == 0 or n * p == 0:
         return tf.identity(k_in), tf.identity(k_out)
-    return _prox_kernels(k_in, k_out, lam, method)
+    new_in, new_out = _prox_kernels(k_in, k_out, lam, method)
+    return new_in, new_out
 
 
 def _scales(big: tf.Tensor, zero_to_one: bool) -> tf.Tensor:
@@ -116,19 +117,6 @@ def _scales(big: tf.Tensor, zero_to_one: bool) -> tf.Tensor:
         power = tf.where(tf.equal(exponent, 0), tf.constant(bias, int_t), power)
     (s,) = materialized(tf.bitcast(tf.bitwise.left_shift(power, tf.constant(mant, int_t)), dt))
     return s
-
-
-_T: TypeAlias = tf.Tensor  # (the overloads below, on one line each)
-
-
-@overload
-def _prox_kernels(
-    k_in: _T, k_out: _T, lam: float | _T, method: str = ..., *, verdict: Literal[False] = ...
-) -> tuple[_T, _T]: ...
-@overload
-def _prox_kernels(
-    k_in: _T, k_out: _T, lam: float | _T, method: str = ..., *, verdict: Literal[True]
-) -> tuple[_T, _T, _T]: ...
 
 
 @tf.autograph.experimental.do_not_convert

@@ -31,19 +31,12 @@ The entries (:data:`ENTRIES`): ``Dense`` (:class:`DenseEntry`) and ``Conv1D`` / 
   global pooling layer (``keepdims=False``) in place of the Flatten leaves ``P = 1``.
 
 Which layers may stand between the two layers of a pair is data (:data:`BETWEEN`, a role per
-layer type, read by :func:`check_between`; both from :mod:`pathnorm_tf._between`): pointwise
-activations and dropout anywhere; max/average pooling after a convolution, in its
-``data_format``; one ``Flatten`` (or a global pooling layer) between a convolution and a Dense
-layer, which that pair needs.
+layer type, read by :func:`check_between`; both from :mod:`pathnorm_tf._between`).
 
-:func:`prox_kernels` runs the exact prox (:func:`~pathnorm_tf.functional.prox_path_norm`, every
-``method``) on the views of two kernels and returns new kernels in their own layouts (tf ops
-over static shapes: eager, ``tf.function`` and XLA); :func:`prox_pair` does it for two layers.
-
-Pairing (:mod:`pathnorm_tf.pairing`) pairs the classes with an entry and keeps per pair a
-:class:`PairLayout` (an optimizer sees variables only); the optimizers run the prox on
-``PairLayout.views`` and write back ``PairLayout.natives``; metrics, bounds and compaction
-(:mod:`pathnorm_tf.compact`) read units from the views.
+:func:`prox_kernels` and :func:`prox_pair` run the exact prox on the views of two kernels or
+layers. Pairing (:mod:`pathnorm_tf.pairing`) keeps per pair a :class:`PairLayout` (an
+optimizer sees variables only); the optimizers, metrics and :mod:`pathnorm_tf.compact` read
+units from its views.
 
 A new Keras layer type is a :class:`LayerEntry` subclass given to :func:`register`, with tests.
 """

@@ -61,23 +61,13 @@ def _abs64(kernel: Any) -> tf.Tensor:
     return tf.abs(tf.cast(tf.convert_to_tensor(kernel), tf.float64))
 
 
-_DENSE = seam.PairLayout(seam.DenseEntry(), seam.DenseEntry())
-
-
-def _layouts(kernels: list[Any], layouts: list[seam.PairLayout] | None) -> list[seam.PairLayout]:
-    return [_DENSE] * (len(kernels) - 1) if layouts is None else layouts
-
-
-def path_norm_bound(
-    kernels: list[Any], layouts: list[seam.PairLayout] | None = None, reuse: int = 1
-) -> float:
-    """``reuse * 1^T |K_1| ... |K_L| 1`` for a chain of kernels in forward order, the
-    ``layouts`` between them (None: Dense kernels (in, out)): each ``|K_l|`` summed over a
-    unit's taps or positions (the seam's views), ``reuse`` the factor ``s`` of the last layer."""
-    links = _layouts(kernels, layouts)
-    first = links[0].first if links else seam.DenseEntry()
+def path_norm_bound(kernels: list[Any], layouts: list[seam.PairLayout], reuse: int) -> float:
+    """``reuse * 1^T |K_1| ... |K_L| 1`` for a chain of kernels in forward order and the
+    ``layouts`` between them: each ``|K_l|`` summed over a unit's taps or positions (the seam's
+    views), ``reuse`` the factor ``s`` of the last layer."""
+    first = layouts[0].first if layouts else seam.DenseEntry()
     v = tf.reduce_sum(_abs64(first.in_view(kernels[0])), 0)  # per unit: ||y_i||_1
-    for kernel, layout in zip(kernels[1:], links, strict=True):
+    for kernel, layout in zip(kernels[1:], layouts, strict=True):
         n_units = int(v.shape[0])
         rows = _abs64(layout.second.out_view(kernel, n_units, layout.flat))
         per_unit = tf.reduce_sum(tf.reshape(rows, [n_units, -1, int(kernel.shape[-1])]), 1)
@@ -85,14 +75,12 @@ def path_norm_bound(
     return float(tf.reduce_sum(v)) * reuse
 
 
-def product_bound(
-    kernels: list[Any], layouts: list[seam.PairLayout] | None = None, reuse: int = 1
-) -> float:
+def product_bound(kernels: list[Any], layouts: list[seam.PairLayout], reuse: int) -> float:
     """``reuse * sum|K_L| * prod_{l<L} ||K_l||_{inf->inf}`` (largest column l1 norm of the
     seam's in-view: of a Dense kernel, of a convolution's kernel per output channel; 0 for a
     kernel with no column)."""
     value = tf.reduce_sum(_abs64(kernels[-1])) * reuse
-    for k, layout in zip(kernels[:-1], _layouts(kernels, layouts), strict=True):
+    for k, layout in zip(kernels[:-1], layouts, strict=True):
         sums = tf.reduce_sum(_abs64(layout.first.in_view(k)), 0)
         value = value * tf.reduce_max(tf.concat([sums, [0.0]], 0))
     return float(value)

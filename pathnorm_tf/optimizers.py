@@ -1,12 +1,9 @@
 """Keras 3 optimizers that follow every real update with the exact path-norm prox (or a baseline).
 
 Proximal SGD (the paper's training method) is ``W <- prox_{lam * lr * R}(W - lr * grad)``:
-
-* :class:`PathNormSGD`: ``keras.optimizers.SGD`` (every base argument) followed by the
-  1-path-norm prox of the paired kernels with step ``lam * lr``.
-* :class:`ProxOptimizer`: wraps *any* Keras optimizer and follows its step with the path-norm
-  prox, the L1 prox (``regularizer="l1"``) or the layer-wise l_inf projection
-  (``regularizer="linf"``, ``||K||_{inf->inf} <= radius``).
+:class:`PathNormSGD` is ``keras.optimizers.SGD`` followed by the 1-path-norm prox;
+:class:`ProxOptimizer` wraps *any* Keras optimizer, followed by the path-norm prox, the L1 prox
+or the layer-wise l_inf projection.
 
 The invariant, held in one place (:meth:`pathnorm_tf._update.StepUpdate._apply_regularizer`):
 **the prox runs exactly once per real update, on exactly the variables that update changed.**
@@ -198,17 +195,16 @@ class _KernelRegularizer(StepUpdate):
             # shown: the refusal waits for the first step (verify_pairs(model) resolves it).
             self._unseen, self._pairs, self._layers = err, (), ()
             return
-        tv = variables
         self._labels = [
-            f"pair {tuple(pairing.layer_path(tv[k]) for k in (p.first, p.second))}"
+            f"pair {tuple(pairing.layer_path(variables[k]) for k in (p.first, p.second))}"
             for p in self._pairs
-        ] + [f"kernel {tv[s.kernel].path!r}" for s in self._layers]
-        if self._rule.targets == "pairs" and self._pairs_spec == "auto":
+        ] + [f"kernel {variables[s.kernel].path!r}" for s in self._layers]
+        paired = self._rule.targets == "pairs"
+        if paired and self._pairs_spec == "auto":
             if model is not None:
                 pairing.check_auto_pairs_in_model(model, variables, self._pairs)
             else:  # warned at the first step, unless verify_pairs(model) shows the model first
                 self._unverified = True  # (load_model builds a restored optimizer unseen)
-        paired = self._rule.targets == "pairs"
         spec = self._pairs_spec if paired else self._layers_spec
         if not isinstance(spec, str):  # names: record where they resolved, for the config
             found = self._pairs if paired else [s.kernel for s in self._layers]
@@ -262,12 +258,10 @@ class _KernelRegularizer(StepUpdate):
 
     def _regularizer_config(self) -> dict[str, Any]:
         pairs = self._pairs_spec
-        layers = self._layers_spec
         return {
             "lam": self._lam,
             "pairs": pairs if isinstance(pairs, str) else [list(p) for p in pairs],
             "check_finite": self._check_finite,
-            **({"layers": layers} if self._rule.targets == "layers" else {}),
             **({"resolved": copy.deepcopy(self._record)} if self._record is not None else {}),
         }
 
@@ -541,7 +535,7 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
             "layers": self._layers_spec
             if isinstance(self._layers_spec, str)
             else list(self._layers_spec),
-            **{k: v for k, v in self._regularizer_config().items() if k != "layers"},
+            **self._regularizer_config(),
         }
 
     @classmethod

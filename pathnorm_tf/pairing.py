@@ -37,10 +37,8 @@ Hence the naming rule:
   nothing when ``enc`` has no ``d3``);
 * a name that matches several layer kernels is an error listing them: nothing is guessed.
 
-Resolved explicit names are *recorded* (:func:`record_of`, the optimizer's ``"resolved"``
-config entry): for the same names over the same layer kernels (names and shapes, in variable
-order, which is also the order Keras restores optimizer variables in) the record picks the
-kernels, so a reloaded model keeps its pairs where its paths no longer tell the layers apart.
+Resolved explicit names are *recorded* (:func:`record_of`, :mod:`pathnorm_tf._record`), so a
+reloaded model keeps its pairs where its paths no longer tell the layers apart.
 
 ``pairs="auto"`` pairs consecutive layer kernels in variable (= layer) order, (K1, K2), (K3,
 K4), ... as in the paper's multilayer extension, checking that the units chain (Dense -> Dense,
@@ -57,11 +55,14 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import keras
+
 from pathnorm_tf import _record
 from pathnorm_tf import layers as seam
 from pathnorm_tf._graph import (
     Owners,
     check_auto_pairs_in_model,
+    layer_path,
     not_consecutive,
     owners_of,
     path_between,
@@ -100,8 +101,6 @@ def _layer_name(layer: Any, what: str) -> str:
         if not layer:
             raise ValueError(f"{what}: a layer name must not be empty")
         return layer
-    import keras
-
     if isinstance(layer, keras.layers.Layer):
         if not _has_entry(layer):
             raise ValueError(
@@ -147,11 +146,6 @@ def normalize_layers(layers: Any) -> LayersSpec:
 
 def _path(variable: Any) -> str:
     return str(getattr(variable, "path", variable.name))
-
-
-def layer_path(variable: Any) -> str:
-    """The path of the layer that owns ``variable`` (``"net/dense_1"``)."""
-    return _path(variable).rpartition("/")[0]
 
 
 # The cells Keras' recurrent layers create (named by Keras, then made unique: "lstm_cell_3").
@@ -208,13 +202,8 @@ def _within(layer_path: str, name: str) -> bool:
     return f"/{name}/" in f"/{layer_path}/"
 
 
-def _cell_kind(cell_path: str) -> str | None:
-    base = re.sub(r"_\d+$", "", cell_path.rpartition("/")[2])
-    return _CELL_KINDS.get(base)
-
-
 def _recurrent_error(what: str, name: str, cells: list[str], known: list[str]) -> ValueError:
-    kinds = {_cell_kind(cell) for cell in cells}
+    kinds = {_CELL_KINDS.get(re.sub(r"_\d+$", "", cell.rpartition("/")[2])) for cell in cells}
     kind = next(iter(kinds)) if len(kinds) == 1 else None
     layer = f"{kind} (recurrent) layer" if kind else "a recurrent layer"
     holds = f"its cell {cells[0]!r} holds" if len(cells) == 1 else f"its cells {cells} hold"
@@ -287,17 +276,6 @@ def _skipped(scan: _Scan) -> str:
 def _recurrent_between(scan: _Scan, i: int, j: int) -> str | None:
     """The path of a recurrent cell whose kernel lies between variables ``i`` and ``j``."""
     return next((cell for r, cell in scan.recurrent if min(i, j) < r < max(i, j)), None)
-
-
-def _layer_between(variables: Sequence[Any], i: int, j: int) -> tuple[str, list[str]] | None:
-    """A layer with trained variables between the kernels ``i`` and ``j`` (in variable order,
-    which is layer order) other than their own two layers: its path and variables."""
-    own = {layer_path(variables[i]), layer_path(variables[j])}
-    others = [v for v in variables[min(i, j) + 1 : max(i, j)] if layer_path(v) not in own]
-    if not others:
-        return None
-    layer = layer_path(others[0])
-    return layer, [_path(v) for v in others if layer_path(v) == layer]
 
 
 class ModelNeeded(ValueError):
@@ -425,9 +403,12 @@ def resolve_pairs(
             cell = _recurrent_between(scan, i, j)
             if cell is not None:
                 raise not_consecutive(a, b, f"recurrent layer {cell!r}")
-            between = _layer_between(variables, i, j)
-            if between is not None:
-                raise not_consecutive(a, b, f"layer {between[0]!r} (it trains {between[1]})")
+            # a layer with trained variables between them (variable order is layer order)
+            others = [v for v in variables[i + 1 : j] if layer_path(v) not in (a, b)]
+            if others:
+                layer = layer_path(others[0])
+                trains = [_path(v) for v in others if layer_path(v) == layer]
+                raise not_consecutive(a, b, f"layer {layer!r} (it trains {trains})")
             out.append(Pair(i, j, _layout(variables, i, j, owners, 'pairs="auto"')))
         if len(kernels) % 2:
             warnings.warn(
