@@ -2,11 +2,8 @@
 configuration and the launches (CUDA; on CPU tensors under Triton's interpreter,
 ``TRITON_INTERPRET=1``). The kernel and its algorithm: :mod:`pathnorm_lightning._triton_kernels`.
 
-Layout as in :mod:`pathnorm_lightning.functional`: ``w_in`` (n, m) is the first ``Linear``'s
-weight, ``w_out`` (p, n) the second's; hidden unit ``i`` owns ``x = w_out[:, i]`` (outgoing)
-and ``y = w_in[i, :]`` (incoming). Per unit the prox solves::
-
-    min_{v, w}  1/2 ||v - x||^2 + 1/2 ||w - y||^2 + lam * ||v||_1 * ||w||_1
+Layout and problem as in :mod:`pathnorm_lightning.functional`: hidden unit ``i`` owns
+``x = w_out[:, i]`` (outgoing) and ``y = w_in[i, :]`` (incoming).
 
 Nothing is read back on the host: ``lam`` may be a device tensor (read by the kernel, so a
 captured CUDA graph replays with new values), and non-finite weights are reported through an

@@ -254,10 +254,7 @@ def _node_op(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> Op | None:
             return _POOLS[node.target](*node.args[1:], **node.kwargs)
         except TypeError:  # arguments the module does not take
             return None
-    is_flatten = (node.op == "call_function" and node.target is torch.flatten) or (
-        node.op == "call_method" and node.target == "flatten"
-    )
-    if is_flatten:
+    if (node.op, node.target) in (("call_function", torch.flatten), ("call_method", "flatten")):
         return _flatten_module(node)
     if node.op == "call_method" and node.target in _METHODS and len(node.args) == 1:
         return functools.partial(_apply, getattr(Tensor, str(node.target)), (), {})

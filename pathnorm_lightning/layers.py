@@ -27,15 +27,9 @@ Which modules may stand between the two layers of a pair is data (:data:`BETWEEN
 module type) that :func:`check_between` reads; a module with parameters or buffers (BatchNorm,
 LayerNorm) has no role and is refused. :func:`prox_pair_` runs the exact prox on a pair's views.
 
-Users of the seam: pairing (``entry_of``, the chain check ``units_out(first) ==
-units_in(second, flatten_positions(first, second))``, :func:`check_between`); the hook (plans
-each pair's views once, ``UnitViews``, and writes back those that are copies;
-``LayerwiseLinfProjection`` projects the rows of ``in_view``); the metrics (a pair's bounds are
-``s`` times those of its views, pooling a factor 1; ``_chain`` sums each unit's weights over its
-taps or positions); ``compact`` (dead units are zero rows of ``in_view`` and zero columns of
-``out_view``; removing them is per type in ``compact._UNIT_OPS``).
-
-Adding a layer type is one :class:`LayerEntry` subclass, :func:`register`, and its tests.
+The pairing, the hook, the metrics and ``compact`` ask the seam wherever they need a layer
+(docs/conv_units.md). Adding a layer type is one :class:`LayerEntry` subclass,
+:func:`register`, and its tests (``compact`` removes units per type, in ``compact._UNIT_OPS``).
 """
 
 from __future__ import annotations
