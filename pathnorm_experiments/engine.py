@@ -22,6 +22,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+import pathnorm_lightning
 from pathnorm_experiments.certify import effective_nonzero_fraction, nonzero_fraction
 from pathnorm_experiments.data import Dataset
 from pathnorm_experiments.draws import shuffle_orders
@@ -51,7 +52,6 @@ __all__ = [
     "TORCH",
     "TorchRegularizer",
     "Trained",
-    "apply_prox_",
     "epoch_objective",
     "penalty",
     "record_sparsity",
@@ -97,24 +97,6 @@ def _project_linf(layers: Sequence[WeightLayer], lam: float, lr: float) -> None:
             seam.write_in(layer, rows)
 
 
-def _l1_callback(lam: float, prog_bar: bool) -> Callback:
-    from pathnorm_lightning import L1Prox
-
-    return L1Prox(lam=lam, prog_bar=prog_bar)
-
-
-def _path_callback(lam: float, prog_bar: bool) -> Callback:
-    from pathnorm_lightning import PathNormProx
-
-    return PathNormProx(lam=lam, prog_bar=prog_bar)
-
-
-def _linf_callback(lam: float, prog_bar: bool) -> Callback:
-    from pathnorm_lightning import LayerwiseLinfProjection
-
-    return LayerwiseLinfProjection(radius=1.0 / lam, prog_bar=prog_bar)
-
-
 @dataclass(frozen=True)
 class TorchRegularizer:
     """A regularizer's torch parts: the differentiable ``g`` (None: ``g = 0``), the in-place
@@ -128,9 +110,18 @@ class TorchRegularizer:
 
 TORCH: dict[str, TorchRegularizer] = {
     "none": TorchRegularizer(None, None, None),
-    "l1": TorchRegularizer(_l1, _prox_l1, _l1_callback),
-    "path": TorchRegularizer(_path, _prox_path, _path_callback),
-    "linf": TorchRegularizer(None, _project_linf, _linf_callback),
+    # the callbacks import Lightning on first use (pathnorm_lightning's lazy exports)
+    "l1": TorchRegularizer(
+        _l1, _prox_l1, lambda lam, bar: pathnorm_lightning.L1Prox(lam=lam, prog_bar=bar)
+    ),
+    "path": TorchRegularizer(
+        _path, _prox_path, lambda lam, bar: pathnorm_lightning.PathNormProx(lam=lam, prog_bar=bar)
+    ),
+    "linf": TorchRegularizer(
+        None,
+        _project_linf,
+        lambda lam, bar: pathnorm_lightning.LayerwiseLinfProjection(radius=1.0 / lam, prog_bar=bar),
+    ),
 }
 if tuple(TORCH) != REGULARIZERS:  # a new row of the table needs its torch parts here
     raise ImportError(f"engine.TORCH covers {tuple(TORCH)}, the table has {REGULARIZERS}")
@@ -141,14 +132,6 @@ def penalty(layers: Sequence[WeightLayer], name: str) -> Tensor:
     channels are its units); 0 for none and for a constraint."""
     g = TORCH[regularizer(name).name].penalty
     return layers[0].weight.new_zeros(()) if g is None else g(layers)
-
-
-@torch.no_grad()
-def apply_prox_(layers: Sequence[WeightLayer], name: str, lam: float, lr: float) -> None:
-    """The proximal step (or projection) of ``name`` after an SGD step of size ``lr``, in place."""
-    step = TORCH[regularizer(name).name].prox
-    if step is not None and lam != 0:
-        step(layers, lam, lr)
 
 
 def record_sparsity(hist: History, layers: Sequence[WeightLayer]) -> None:

@@ -2,18 +2,12 @@
 twin, proximal SGD with the library's optimizers (``pathnorm_tf.PathNormSGD`` /
 ``ProxOptimizer``) and the evaluation (attacks: :mod:`~pathnorm_experiments.attacks_tf`).
 
-Same configuration, step semantics and evaluation as the torch backend: an SGD step on the
-cross-entropy, then the prox with step ``lr * lam`` (``linf``: every kernel projected onto
-``||K||_{inf->inf} <= 1/lam``), or for ``method="penalty"`` plain SGD on ``CE + lam * g``. Both
-backends start from the same weights (:func:`~pathnorm_experiments.draws.initial_weights`, torch's
-default distribution) and see the minibatches in the same order
-(:func:`~pathnorm_experiments.draws.shuffle_orders`), so they train the same network up to
-rounding. Certificates and bounds come from :mod:`pathnorm_experiments.certify`, on the kernels
-in torch layout.
-
-The conv network is ``Reshape(28, 28, 1) -> Conv2D(C, k, stride, "valid") -> act -> Flatten ->
-Dense(10)``, channels last; its kernels are the torch draw in Keras layout (:func:`keras_kernel`),
-so both backends compute the same function.
+The torch engine's configuration, step semantics and evaluation
+(:mod:`~pathnorm_experiments.engine`), from the same initial weights and minibatch order
+(:mod:`~pathnorm_experiments.draws`): both backends train the same network up to rounding. The
+conv network is ``Reshape(28, 28, 1) -> Conv2D(C, k, stride, "valid") -> act -> Flatten ->
+Dense(10)``, channels last, its kernels the torch draw in Keras layout (:func:`keras_kernel`).
+Certificates and bounds take the kernels in torch layout.
 """
 
 from __future__ import annotations
@@ -24,9 +18,11 @@ import os
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import itertools
 import math
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import keras
@@ -181,15 +177,10 @@ def torch_weight(kernel: np.ndarray, channels_before: int | None = None) -> np.n
 
 def _channels_before(model: keras.Model) -> list[int | None]:
     """Per weight layer: the channels of the convolution it reads through a Flatten, or None."""
-    out: list[int | None] = []
-    prev: Any = None
-    for layer in _weight_layers(model):
-        conv_before = prev is not None and len(prev.kernel.shape) > 2
-        out.append(
-            int(prev.kernel.shape[-1]) if conv_before and len(layer.kernel.shape) == 2 else None
-        )
-        prev = layer
-    return out
+    return [None] + [
+        int(prev.shape[-1]) if len(prev.shape) > 2 and len(k.shape) == 2 else None
+        for prev, k in itertools.pairwise(_kernels(model))
+    ]
 
 
 def torch_weights(model: keras.Model) -> list[np.ndarray]:
@@ -332,8 +323,6 @@ def _certify_layers(model: keras.Model, ws: list[np.ndarray]) -> list[Layer]:
     out: list[Layer] = []
     for layer, w in zip(_weight_layers(model), ws, strict=True):
         if w.ndim == 4:
-            if layer.padding != "valid" or tuple(layer.dilation_rate) != (1, 1):
-                raise ValueError(f"the certificates take valid, undilated convolutions: {layer}")
             height, width, c_in = layer.input.shape[1:]
             out.append(ConvLayer(w, (c_in, height, width), tuple(layer.strides)))
         else:
@@ -359,17 +348,8 @@ def _evaluate_keras(
     wrong_clean = np.argmax(model.predict(x_test, batch_size=2000, verbose=0), 1) != y_te
     n_adv = x_test.shape[0] if cfg.pgd_samples is None else min(cfg.pgd_samples, x_test.shape[0])
     losses = ("ce", "margin") if cfg.attack == "ce+margin" else ("ce",)
-    robust: dict[str, float] = {}
-    for e in cfg.eps:
-        robust[float_key(e)] = robust_error(
-            model,
-            x_test[:n_adv],
-            y_te[:n_adv],
-            e,
-            steps=cfg.pgd_steps,
-            seed=cfg.seed,
-            losses=losses,
-        )
+    attack = partial(robust_error, model, x_test[:n_adv], y_te[:n_adv], steps=cfg.pgd_steps)
+    robust = {float_key(e): attack(e, seed=cfg.seed, losses=losses) for e in cfg.eps}
     ce = _mean_ce(model, cb.x_eval, cb.y_eval)  # the history's training subset
     timings["eval_s"] = time.perf_counter() - t1
     return build_result(
@@ -396,16 +376,14 @@ def train_keras(
     threads: int | None = None,
     evaluate_model: bool = True,
 ) -> tuple[keras.Model, dict[str, Any]]:
-    """Train with ``model.fit`` and the library optimizer, then evaluate.
+    """Train with ``model.fit`` and the library optimizer, then evaluate; returns (model,
+    result dict).
 
     Args:
         progress: show Keras' progress bar.
         threads: TF's intra- and inter-op threads (None: TF's default).
         evaluate_model: attack, certify and measure after training; otherwise the result
             holds only ``history``, ``timings`` and the final ``weights`` and ``biases``.
-
-    Returns:
-        (model, result dict).
 
     Raises:
         FloatingPointError: training diverged (non-finite weights).

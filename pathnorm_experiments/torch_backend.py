@@ -214,10 +214,8 @@ def evaluate(
         if cfg.attack == "ce+margin":
             wrong |= attack(e, seed=cfg.seed + 1, loss="margin", return_mask=True)
         robust[float_key(e)] = float(wrong.double().mean())  # exact k/n, as NumPy gives
-    x_tr, y_tr = torch.from_numpy(data.x_train).to(dtype), torch.from_numpy(data.y_train)
-    if cfg.eval_train_samples is not None:
-        x_tr, y_tr = x_tr[: cfg.eval_train_samples], y_tr[: cfg.eval_train_samples]
-    ce = mean_ce(model, x_tr, y_tr)
+    x_tr = torch.from_numpy(data.x_train[: cfg.eval_train_samples]).to(dtype)
+    ce = mean_ce(model, x_tr, torch.from_numpy(data.y_train[: cfg.eval_train_samples]))
     weights, biases = numpy_layers(model, x_te.shape[1])
     timings["eval_s"] = time.perf_counter() - t0
     return build_result(
