@@ -25,7 +25,7 @@ from pathnorm_experiments.regularizers import regularizer
 from pathnorm_experiments.results import History
 from pathnorm_experiments.settings import TrainConfig, float_key
 
-__all__ = ["build_result", "format_summary", "legend_below", "place_legends", "plot_training_curve"]
+__all__ = ["build_result", "format_summary", "place_legends", "plot_training_curve"]
 
 
 def build_result(
@@ -57,7 +57,6 @@ def build_result(
     x_adv, y_adv = data.x_test[:n_adv], data.y_test[:n_adv]
     cert = certified_error(weights, biases, x_adv, y_adv, cfg.eps, cfg.activation)
     cert_interval = interval_certified_error(weights, biases, x_adv, y_adv, cfg.eps, cfg.activation)
-    max_row = [layer_linf_norm(w) for w in weights]
     return {
         "backend": backend,
         "dataset": data.name,
@@ -75,7 +74,7 @@ def build_result(
         "effective_nonzero_pct": 100.0 * effective_nonzero_fraction(weights),
         "path_norm_bound": path_norm_bound(weights),
         "product_bound": product_bound(weights),
-        "layer_linf_norms": max_row,
+        "layer_linf_norms": [layer_linf_norm(w) for w in weights],
         "regularizer_value": g,
         "train_cross_entropy": train_ce,
         "final_regularized_loss": train_ce + cfg.lam * g,
@@ -123,16 +122,6 @@ def format_summary(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-LEGEND_FONTSIZE = 9  # as large as the tick labels' 10 allows beside them
-
-
-def legend_below(ax: Any, ncol: int) -> None:
-    """Give the axes a legend that :func:`place_legends` puts under its x label, where it
-    cannot cover a data point."""
-    leg = ax.legend(fontsize=LEGEND_FONTSIZE, ncol=ncol, loc="upper center", frameon=False)
-    leg.set_in_layout(False)  # tight_layout lays out the axes; the legend then goes below
-
-
 def place_legends(fig: Any) -> None:
     """Move every axes' legend just below what the axes draw (ticks, tick labels, x label)."""
     fig.canvas.draw()
@@ -175,7 +164,9 @@ def plot_training_curve(result: dict[str, Any], path: str | Path) -> Path:
     ax_nz.set_ylabel("% nonzero weights")
     for ax in (ax_loss, ax_nz):
         ax.set_xlabel("iteration")
-        legend_below(ax, ncol=2)
+        # 9 pt: as large as the tick labels' 10 allows; laid out by place_legends, below
+        leg = ax.legend(fontsize=9, ncol=2, loc="upper center", frameon=False)
+        leg.set_in_layout(False)
     fig.suptitle(
         f"{result['dataset']} | {result['backend']} | {cfg['regularizer']}/{cfg['method']} "
         f"lam={cfg['lam']:g} lr={cfg['lr']:g}",
