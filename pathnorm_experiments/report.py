@@ -18,14 +18,13 @@ from pathnorm_experiments.data import DATASET_LABELS, PAPER_DATASETS
 from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS
 from pathnorm_experiments.report_claims import ZERO_SHARE, Claim, claims, ordering_violations
 from pathnorm_experiments.report_data import (
-    BUDGETS,
     COMPARED,
     KIND_LABELS,
     KINDS,
     REG_LABELS,
     ReportError,
     Setting,
-    baseline,
+    budget_limits,
     col,
     compacted_sizes,
     dataset_label,
@@ -136,11 +135,7 @@ def density(settings: Mapping[tuple, Setting], within: float = 1.0) -> list[str]
     and regularizer, some setting's mean clean error lies within ``within`` points under it."""
     gaps, cells = [], 0
     for ds in datasets_of(settings):
-        base = baseline(settings, ds)
-        if base is None:
-            continue
-        for budget in BUDGETS:
-            limit = base.stats["clean_error"].mean + budget
+        for _, limit in budget_limits(settings, ds):
             for reg in COMPARED:
                 errs = [s.stats["clean_error"].mean for s in settings_of(settings, ds, reg)
                         if "clean_error" in s.stats]  # fmt: skip
@@ -343,6 +338,10 @@ def write_report(results: Path, out: Path, img_subdir: str = "img/results") -> l
     settings = settings_from_rows(rows)
     if not settings:
         raise ReportError(f"{results}: no selected run yet")
+
+    def rel(path: Path) -> str:
+        return Path(os.path.relpath(path, out)).as_posix()
+
     img = out / img_subdir
     img.mkdir(parents=True, exist_ok=True)
     images: dict[str, list[tuple[str, str]]] = {}
@@ -350,17 +349,12 @@ def write_report(results: Path, out: Path, img_subdir: str = "img/results") -> l
     for ds in datasets_of(settings):
         for alt, path in report_plots.plot_dataset(settings, ds, img):
             pngs.append(path)
-            images.setdefault(ds, []).append((alt, Path(os.path.relpath(path, out)).as_posix()))
+            images.setdefault(ds, []).append((alt, rel(path)))
     for stale in set(img.glob("*.png")) - set(pngs):
         stale.unlink()
     readme = results.parent / "README.md"
-    page = render(
-        rows,
-        settings,
-        Path(os.path.relpath(results, out)).as_posix(),
-        Path(os.path.relpath(readme, out)).as_posix() if readme.is_file() else None,
-        images,
-    )
     md = out / "results.md"
-    md.write_text(page)
+    md.write_text(
+        render(rows, settings, rel(results), rel(readme) if readme.is_file() else None, images)
+    )
     return [md, *pngs]

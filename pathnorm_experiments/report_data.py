@@ -28,6 +28,7 @@ __all__ = [
     "Stat",
     "baseline",
     "best_within",
+    "budget_limits",
     "col",
     "compacted_sizes",
     "dataset_label",
@@ -280,6 +281,12 @@ def baseline(settings: Mapping[tuple, Setting], ds: str) -> Setting | None:
     """The unregularized setting of ``ds`` if it has a clean error."""
     s = settings.get((ds, "none", "prox", 0.0))
     return s if s is not None and "clean_error" in s.stats else None
+
+
+def budget_limits(settings: Mapping[tuple, Setting], ds: str) -> list[tuple[float, float]]:
+    """(budget, the mean clean error it allows) per clean-error budget; [] without a baseline."""
+    base = baseline(settings, ds)
+    return [] if base is None else [(b, base.stats["clean_error"].mean + b) for b in BUDGETS]
 
 
 def best_within(cands: Sequence[Setting], max_clean: float, column: str) -> Setting | None:

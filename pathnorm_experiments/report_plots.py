@@ -125,13 +125,11 @@ def _vs_lam(
         1, len(REGULARIZED), figsize=figsize, layout="constrained", sharey=True
     )
     for ax, reg in zip(axes, REGULARIZED, strict=True):
-        lams: list[float] = []
         for opt in OPTIMIZERS:
             ss = settings_of(settings, ds, reg, opt)
-            lams += [s.lam for s in ss]
             for c, name, color in series:
                 _draw(ax, ss, None, c, color, opt, f"{name}, {_OPT_SHORT[opt]}")
-        _lam_axis(ax, lams)
+        _lam_axis(ax, [s.lam for s in settings_of(settings, ds, reg)])
         ax.set_xlabel("λ" + (" (radius 1/λ)" if reg == "linf" else ""))
         ax.set_title(REG_LABELS[reg], fontsize=10)
         ax.grid(alpha=0.3)
