@@ -529,14 +529,12 @@ def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[
         for name, layer in found:
             _check_layer(name, layer)
         return found
-    seen: set[str] = set()
     result = []
     for index, name in enumerate(spec):
         layer = _lookup(model, name, f"layers[{index}]")
-        if name in seen:
+        if name in spec[:index]:
             raise ValueError(f"layers[{index}]: layer {name!r} is listed twice")
         _check_layer(name, layer)
-        seen.add(name)
         result.append((name, layer))
     return result
 
