@@ -388,8 +388,11 @@ def _claims_locked(out: Path) -> Iterator[None]:
     folder = out / ".claims"
     folder.mkdir(parents=True, exist_ok=True)
     with (folder / "lock").open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-        yield
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:  # explicit: a process forked meanwhile holds the file open too
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _alive(holder: str) -> bool:
