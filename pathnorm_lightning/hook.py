@@ -387,7 +387,9 @@ class StepHook:
         for other in list(_LIVE):
             if other is self or other.penalty != self.penalty:
                 continue
-            for optimizer in self.optimizers:  # a plan's keys: ids of its hook's live optimizers
+            for optimizer in self.optimizers:
+                if not any(o is optimizer for o in other.optimizers):
+                    continue  # an id in its plan may be a dead optimizer's, reused
                 theirs = [i.target for i in other._plan.get(id(optimizer), [])]
                 for a in (i.target for i in plan.get(id(optimizer), [])):
                     for b in theirs:
