@@ -23,7 +23,7 @@ import re
 import socket
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -99,6 +99,17 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+@contextlib.contextmanager
+def _flocked(f: IO[Any], operation: int) -> Iterator[None]:
+    """``flock`` ``f`` for the block, then unlock it: explicitly, as a process forked meanwhile
+    holds the file open too (closing would not release the lock)."""
+    fcntl.flock(f, operation)
+    try:
+        yield
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """Append ``rows`` (keys :data:`COLUMNS`) to the CSV ``path`` in one locked, flushed write,
     with the header if the file is new. A torn last line (a writer killed mid-write) is cut off
@@ -108,8 +119,7 @@ def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
     for row in rows:
         writer.writerow({c: _fmt(row[c]) for c in COLUMNS})
-    with path.open("a+b") as f:  # appending: every write goes to the end
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+    with path.open("a+b") as f, _flocked(f, fcntl.LOCK_EX):  # appending: writes go to the end
         f.seek(0)
         cut = f.read().rfind(b"\n") + 1
         f.truncate(cut)
@@ -216,8 +226,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     """
     if not path.is_file():
         return []
-    with path.open("rb") as f:  # shared: an append (exclusive) is seen whole or not at all
-        fcntl.flock(f, fcntl.LOCK_SH)
+    # shared: an append (exclusive) is seen whole or not at all
+    with path.open("rb") as f, _flocked(f, fcntl.LOCK_SH):
         text = f.read().decode()
     reader = csv.reader(io.StringIO(text[: text.rfind("\n") + 1]))  # without a torn last line
     header = next(reader, None)
@@ -387,12 +397,8 @@ def _claims_locked(out: Path) -> Iterator[None]:
     """Hold the folder's claim lock (claims are read, taken and dropped under it only)."""
     folder = out / ".claims"
     folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "lock").open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:  # explicit: a process forked meanwhile holds the file open too
-            fcntl.flock(f, fcntl.LOCK_UN)
+    with (folder / "lock").open("a") as f, _flocked(f, fcntl.LOCK_EX):
+        yield
 
 
 def _alive(holder: str) -> bool:

@@ -474,6 +474,30 @@ def test_append_rows_repairs_a_torn_line(tmp_path: Path) -> None:
         S.read_rows(tmp_path / "other.csv")
 
 
+def test_locks_are_released_though_a_forked_process_holds_the_file(tmp_path: Path) -> None:
+    """A worker forked while a lock is held inherits the open file; leaving the block must
+    still release the lock (closing alone would not), or the next writer waits for ever."""
+    import fcntl
+    import time
+
+    from pathnorm_experiments import runs
+
+    lock = tmp_path / ".claims" / "lock"
+    with runs._claims_locked(tmp_path):
+        child = os.fork()
+        if child == 0:  # the forked worker: holds the inherited descriptor a while
+            try:
+                time.sleep(5)
+            finally:
+                os._exit(0)
+    try:
+        with lock.open("a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+
+
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
