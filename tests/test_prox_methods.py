@@ -425,7 +425,10 @@ def two_torch_threads() -> Any:
 def _parallel_kernel() -> Any:
     kernel = pytest.importorskip("pathnorm_lightning._kernel", reason="needs numba")
     if not kernel._parallel_ok():
-        pytest.skip("the kernel runs on one thread here (numba's workqueue threading layer)")
+        pytest.skip(
+            "the kernel's threaded entry is not used here: numba's threading layer is not "
+            "OpenMP or TBB, or the entry did not compile (see the RuntimeWarning)"
+        )
     return kernel
 
 
