@@ -6,7 +6,10 @@ and the evaluation are :mod:`~pathnorm_experiments.engine`'s; only the loop is L
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -191,6 +194,21 @@ def regularizer_callbacks(cfg: TrainConfig, *, prog_bar: bool = True) -> list[Ca
     return [make(cfg.lam, prog_bar)]
 
 
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Lightning's chatter off in the main job, which prints its own summary: its INFO lines
+    (devices, a litlogger tip) and the warning of its own use of torch's deprecated ``LeafSpec``."""
+    log = logging.getLogger("lightning.pytorch")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)")
+            yield
+    finally:
+        log.setLevel(level)
+
+
 def train_lightning(
     cfg: TrainConfig, data: Dataset, *, progress: bool = True, evaluate_model: bool = True
 ) -> tuple[PaperMLP, dict[str, Any]]:
@@ -200,20 +218,21 @@ def train_lightning(
     x_eval = torch.from_numpy(data.x_train[: cfg.eval_train_samples]).to(dtype)
     y_eval = torch.from_numpy(data.y_train[: cfg.eval_train_samples])
     module = PaperMLP(cfg, x_eval, y_eval)
-    trainer = pl.Trainer(
-        max_epochs=cfg.epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=progress,
-        callbacks=regularizer_callbacks(cfg, prog_bar=False),
-        log_every_n_steps=cfg.log_every,
-        precision="64-true" if cfg.dtype == "float64" else "32-true",
-    )
-    t0 = time.perf_counter()
-    trainer.fit(module, datamodule=ArrayDataModule(data, cfg.batch_size, cfg.seed))
+    with _quiet():
+        trainer = pl.Trainer(
+            max_epochs=cfg.epochs,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=progress,
+            callbacks=regularizer_callbacks(cfg, prog_bar=False),
+            log_every_n_steps=cfg.log_every,
+            precision="64-true" if cfg.dtype == "float64" else "32-true",
+        )
+        t0 = time.perf_counter()
+        trainer.fit(module, datamodule=ArrayDataModule(data, cfg.batch_size, cfg.seed))
     timings = {"train_s": time.perf_counter() - t0, "iterations": float(trainer.global_step)}
     if not all(bool(torch.isfinite(p).all()) for p in module.parameters()):
         raise FloatingPointError("training diverged (NaN/inf weights); lower --lr or --lam")

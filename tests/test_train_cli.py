@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,19 @@ def test_torch_main_job(tmp_path: Path, engine: str, reg: str, method: str, lam:
         assert r["nonzero_weights_pct"] == 100
     if reg == "linf":  # the projection enforces ||W||_inf <= 1/lam = 2 in every layer
         assert max(r["layer_linf_norms"]) <= 2 + 1e-4
+
+
+def test_lightning_engine_prints_only_the_jobs_own_lines(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_main(tmp_path, "--backend", "torch", "--engine", "lightning")
+    printed = "".join(capfd.readouterr())
+    for chatter in ("GPU available", "TPU available", "litlogger", "LeafSpec"):
+        assert chatter not in printed
+    assert not [w for w in caught if "LeafSpec" in str(w.message)]
+    assert printed.startswith("embedded (300 train, 200 test) | backend torch")
 
 
 def test_tf_main_job_penalty(tmp_path: Path) -> None:
