@@ -171,8 +171,10 @@ GROUPS = (
     Group(
         "bench_tf_step_parts.py",
         "Where the Keras prox's time goes inside a compiled train step: `PathNormSGD` with "
-        "its prox replaced by parts of it (the write alone; the per-unit sums over "
-        "`kernel_in` plus the write; the real prox), trained in turn with plain SGD.",
+        "its prox replaced by parts of it (the kernels unchanged; the final soft-threshold "
+        "alone; four per-unit sums over `kernel_in`, a loop each (`sums`) or two at a time as "
+        "the prox reduces them (`pairs`), plus the write; the real prox), trained in turn "
+        "with plain SGD.",
         (Entry("tf_step_parts", "Parts of the prox in a train step, 1 thread", ""),),
     ),
     Group(
