@@ -15,6 +15,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -368,13 +369,14 @@ class ForwardCheck:
     forward passes before the first optimizer step.
 
     A pair is verified when both layers ran equally often (at least once) and every input of
-    the second layer comes from the first layer's latest output alone (through activations,
-    dropout, reshapes: no parameter, no skip connection), as read from the autograd graph.
-    After a convolution the path must also keep channels and positions in place (no permute,
-    padding, upsampling or other known layout change), and a Linear second layer must read a
-    channels-first flatten of ``(N, C, *S)`` with ``prod(S)`` the pair's ``flatten``. Passes
-    without gradients (validation, sanity checks) and code traced by ``torch.compile`` are not
-    recorded. :meth:`finish` removes the forward hooks and warns about unverified pairs.
+    the second layer comes from the first layer's latest output alone, through ops that act on
+    each entry alone (activations, dropout, casts, reshapes; pooling after a convolution: no
+    parameter, no skip connection, nothing that mixes or moves the units such as a softmax, a
+    sum, an index or a flip), as read from the autograd graph. After a convolution a Linear
+    second layer must read a channels-first flatten of ``(N, C, *S)`` with ``prod(S)`` the
+    pair's ``flatten``. Passes without gradients (validation, sanity checks) and code traced
+    by ``torch.compile`` are not recorded. :meth:`finish` removes the forward hooks and warns
+    about unverified pairs.
     """
 
     def __init__(self, pairs: Sequence[LayerPair]) -> None:
@@ -434,7 +436,8 @@ class ForwardCheck:
             why.append(
                 f"the forward pass does not run {contradicted} as shallow pairs (the second "
                 "layer must run once per first-layer call, on its output alone, through "
-                "activations: no other input, no parameter between)"
+                "entrywise ops such as activations: no other input, no parameter, nothing that "
+                "mixes or moves the units, such as a softmax, a sum, an index or a flip)"
             )
         if unseen:
             why.append(
@@ -478,22 +481,31 @@ def _flows_from(node: Any, source: Any, budget: int = 256) -> list[Any] | None:
     return nodes
 
 
-#: Autograd nodes that move channels or positions (their names start so): after a
-#: convolution they break the seam's channel units or its factor ``s``.
-_LAYOUT_CHANGES = (
-    "Permute", "Transpose", "TBackward", "Flip", "Roll", "ConstantPad", "ReflectionPad",
-    "ReplicationPad", "Upsample", "PixelShuffle", "PixelUnshuffle", "Im2Col", "Col2Im",
-    "Unfold", "Repeat", "Expand", "Index", "Gather", "Slice", "Select", "Narrow", "Cat", "Stack",
-)  # fmt: skip
+#: Autograd nodes that act on each entry alone, named without their ``Backward<k>`` suffix:
+#: activations, dropout, arithmetic, casts, views. A path from one paired layer to the other
+#: may hold only these (and :data:`_POOLS` after a convolution); anything else (softmax, sums,
+#: indexing, flips, pads, permutes) may mix or move the units.
+_ENTRYWISE = frozenset(
+    "Relu Threshold Hardtanh LeakyRelu Elu Celu Gelu Silu Mish Tanh Sigmoid LogSigmoid "
+    "Hardswish Hardsigmoid Softplus Softshrink Hardshrink NativeDropout Abs Neg Exp Expm1 Log "
+    "Log1P Sqrt Rsqrt Pow Sin Cos Atan Sinh Cosh Asinh Erf Sign Sgn Clamp ClampMin ClampMax "
+    "Maximum Minimum Where Add Sub Rsub Mul Div Reciprocal ToCopy Clone View UnsafeView "
+    "ReshapeAlias Alias Squeeze Unsqueeze".split()
+)
+#: Pooling nodes: each channel (a convolution's unit) alone, its positions combined (``Mean``:
+#: an adaptive average pooling to one position).
+_POOLS = frozenset(
+    "MaxPool2DWithIndices AvgPool2D AdaptiveMaxPool2D AdaptiveAvgPool2D Mean".split()
+)
 
 
 def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
-    """After a convolution: no node of :data:`_LAYOUT_CHANGES` on the path, and (before a
-    Linear layer) a reshape of ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions."""
-    if not layers.entry_of(pair.first).spatial:
-        return True
-    names = [type(n).__name__ for n in nodes]
-    if any(name.startswith(_LAYOUT_CHANGES) for name in names):
+    """Every node on the path is :data:`_ENTRYWISE` (or, after a convolution, one of
+    :data:`_POOLS`), and (before a Linear layer after a convolution) a reshape of
+    ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions."""
+    spatial = layers.entry_of(pair.first).spatial
+    allowed = _ENTRYWISE | _POOLS if spatial else _ENTRYWISE
+    if any(re.sub(r"Backward\d*$", "", type(n).__name__) not in allowed for n in nodes):
         return False
     if pair.flatten is None:
         return True

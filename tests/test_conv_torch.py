@@ -180,10 +180,12 @@ class _Attributes(nn.Module):
             h = h.permute(0, 2, 3, 1)
         elif self.layout == "padded":
             h = F.pad(h, (0, 0, 0, 0))
+        elif self.layout == "channel-softmax":  # mixes the channels, the pair's units
+            h = h.softmax(1)
         return self.head(h.reshape(h.shape[0], -1))
 
 
-@pytest.mark.parametrize("layout", ["flatten", "channels-last", "padded"])
+@pytest.mark.parametrize("layout", ["flatten", "channels-last", "padded", "channel-softmax"])
 def test_the_forward_pass_verifies_attribute_conv_pairs(layout: str) -> None:
     model = _Attributes(layout)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -198,6 +200,30 @@ def test_the_forward_pass_verifies_attribute_conv_pairs(layout: str) -> None:
         optimizer.step()
     unverified = [w for w in caught if "could not be verified" in str(w.message)]
     assert len(unverified) == (layout != "flatten"), [str(w.message) for w in caught]
+    handle.remove()
+
+
+class _GlobalPool(nn.Module):
+    """Conv -> ReLU -> adaptive average pooling to one position (a mean) -> Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(1, 3, 3), nn.Linear(3, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(F.relu(self.conv(x)), 1), 1))
+
+
+def test_the_forward_pass_verifies_a_conv_pair_through_global_average_pooling() -> None:
+    model = _GlobalPool()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = attach(optimizer, model, lam=0.01, pairs="auto")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        optimizer.zero_grad()
+        model(torch.randn(4, 1, 6, 6)).sum().backward()
+        optimizer.step()
+    assert handle.num_steps == 1
     handle.remove()
 
 

@@ -15,13 +15,14 @@ import textwrap
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrizations, parametrize, prune
 
-from pathnorm_lightning import attach, prox_path_norm, resolve_pairs
+from pathnorm_lightning import attach, layers, prox_path_norm, resolve_pairs
 
 
 def mlp(*sizes: int, seed: int = 0) -> nn.Sequential:
@@ -318,6 +319,86 @@ def test_auto_pairs_the_forward_pass_contradicts_warn_at_the_first_step() -> Non
             UserWarning, match=r"does not run \[.*\] as shallow pairs.*not be verified"
         ):
             sgd_step(model, optimizer, batch(m=m))
+
+
+class Between(nn.Module):
+    """Two Linear layers as attributes (the forward pass, not the module tree, verifies the
+    auto pair) with ``between`` applied to the first one's output."""
+
+    def __init__(self, between: Callable[[Tensor], Tensor]) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.hidden, self.out, self.between = nn.Linear(6, 5), nn.Linear(5, 3), between
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(self.between(self.hidden(x)))
+
+
+def _unverified(model: nn.Module) -> list[str]:
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    attach(optimizer, model, lam=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sgd_step(model, optimizer, batch())
+    return [str(w.message) for w in caught if "could not be verified" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        nn.Softmax(dim=1),
+        nn.LogSoftmax(dim=1),
+        lambda h: h.flip(1),
+        lambda h: h.roll(1, dims=1),
+        lambda h: torch.relu(h)[:, [1, 0, 2, 3, 4]],
+        lambda h: torch.relu(h).cumsum(1),
+        lambda h: torch.relu(h) + torch.relu(h).mean(1, keepdim=True),
+        lambda h: nn.functional.normalize(torch.relu(h), dim=1),
+    ],
+    ids=["Softmax", "LogSoftmax", "flip", "roll", "permute", "cumsum", "mean", "normalize"],
+)
+def test_auto_pairs_through_an_op_that_mixes_or_moves_units_warn(between: Any) -> None:
+    """Unit i of the first layer would no longer feed column i of the second alone: the
+    path-norm prox would couple the wrong weights, or the path-norm bound would not hold."""
+    models = [Between(between)]
+    if isinstance(between, nn.Module):  # registered between them, without parameters
+        models.append(nn.Sequential(nn.Linear(6, 5), between, nn.Linear(5, 3)))
+    for model in models:
+        (message,) = _unverified(model)
+        assert "nothing that mixes or moves the units" in message
+
+
+# Softsign and the alpha dropouts add a tensor without gradient, which the graph cannot tell
+# from a skip connection of the data: only the module tree (an nn.Sequential) verifies them.
+_ENTRYWISE_MODULES = [
+    cls
+    for cls, role in layers.BETWEEN.items()
+    if role is layers.Role.POINTWISE
+    and cls not in (nn.Softsign, nn.AlphaDropout, nn.FeatureAlphaDropout)
+]
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        *(cls() for cls in _ENTRYWISE_MODULES),
+        nn.ReLU(inplace=True),
+        lambda h: h * torch.sigmoid(h),
+        lambda h: torch.where(h > 0, h, 0.1 * h).clamp(-1, 1),
+        lambda h: nn.functional.dropout(torch.tanh(h), 0.3) / 2,
+        lambda h: torch.relu(h).to(torch.float64).view(-1, 5, 1).squeeze(-1).float(),
+    ],
+    ids=[
+        *(cls.__name__ for cls in _ENTRYWISE_MODULES),
+        "ReLU-inplace",
+        "x*sigmoid(x)",
+        "where-clamp",
+        "dropout-scale",
+        "cast-view",
+    ],
+)
+def test_auto_pairs_through_entrywise_ops_are_verified(between: Any) -> None:
+    assert _unverified(Between(between)) == []
 
 
 def test_prelu_between_two_layers_is_refused_for_its_learned_slope() -> None:
