@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -492,12 +493,14 @@ def compact(model: nn.Module, pairs: PairsSpec = "auto") -> tuple[nn.Module, Com
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"compact: expected a torch nn.Module, got {type(model).__name__}")
-    resolved = resolve_pairs(model, pairs)
-    for name in (n for p in resolved for n in (p.first_name, p.second_name)):
-        _ops(name, model.get_submodule(name))
-    new = _copy(model)
-    gm = _trace(new)
-    flows = [_between(new, gm, p.first_name, p.second_name) for p in resolved]
+    with warnings.catch_warnings():  # a steep activation loosens the bounds, not compaction
+        warnings.filterwarnings("ignore", message=".* has a slope of up to")
+        resolved = resolve_pairs(model, pairs)
+        for name in (n for p in resolved for n in (p.first_name, p.second_name)):
+            _ops(name, model.get_submodule(name))
+        new = _copy(model)
+        gm = _trace(new)
+        flows = [_between(new, gm, p.first_name, p.second_name) for p in resolved]
     done = tuple(
         _compact_pair(p, new.get_submodule(p.first_name), new.get_submodule(p.second_name), ops)
         for p, ops in zip(resolved, flows, strict=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import io
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -110,6 +111,16 @@ def test_input_model_unchanged_and_rng_untouched() -> None:
     assert net.training and small.training  # modes kept, on both
     assert _linears(net)[0].out_features == 10 and _linears(small)[0].out_features == 7
     assert all(p.requires_grad for p in small.parameters())
+
+
+def test_a_steep_activation_does_not_warn() -> None:
+    """Its slope loosens the logged bounds (pairing warns so), not what compact keeps."""
+    net = nn.Sequential(nn.Linear(12, 10), nn.GELU(), nn.Linear(10, 3)).double()
+    _kill(*_linears(net), [1, 2], [3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small, report = compact(net)
+    assert report.pairs[0].units_after == 7 and _max_diff(small, net, torch.float64) <= 1e-12
 
 
 def test_folding_creates_a_bias_where_the_second_layer_has_none() -> None:

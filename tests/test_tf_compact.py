@@ -7,6 +7,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "tensorflow")
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,19 @@ def test_input_model_unchanged_and_nothing_shared() -> None:
     old = {id(x) for x in model._flatten_layers(recursive=True)}
     assert not any(id(x) in old for x in small._flatten_layers(recursive=True))
     assert not {id(w) for w in model.weights} & {id(w) for w in small.weights}
+
+
+def test_a_steep_activation_does_not_warn() -> None:
+    """Its slope loosens the logged bounds (pairing warns so), not what compact keeps."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((12,)), _dense(10, "a", activation="gelu"), _dense(3, "b")]
+    )
+    _kill(model, "a", "b", ([1, 2], [3]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        small, report = compact(model)
+    assert report.pairs[0].units_after == 7 and _max_diff(small, model, "float32") <= 1e-5
 
 
 def test_folding_turns_on_the_bias(float64_keras: None) -> None:
