@@ -63,6 +63,7 @@ __all__ = [
     "prox_pair_",
     "register",
     "role_of",
+    "steep_message",
     "write_in",
     "write_out",
 ]
@@ -370,6 +371,17 @@ def max_slope(module: nn.Module) -> float:
     return 1.0 if value is None else float(cast(float, value))
 
 
+def steep_message(what: str, name: str, slope: float) -> str:
+    """The warning for an activation ``name`` of slope up to ``slope`` > 1 ``what`` (between
+    the two layers of a pair)."""
+    return (
+        f"{what}: {name} has a slope of up to {slope:g} > 1, so the pair's path norm bounds its "
+        "Lipschitz constant only up to that factor: the logged path_norm_bound and "
+        "product_bound are not bounds of this network (activations of slope <= 1 keep them: "
+        "ReLU, ELU (alpha <= 1), Tanh, Sigmoid, Softplus)"
+    )
+
+
 def role_of(module: nn.Module) -> Role | None:
     """The :class:`Role` of ``module`` between two paired layers, or None (not allowed)."""
     return next((BETWEEN[cls] for cls in type(module).__mro__ if cls in BETWEEN), None)
@@ -406,14 +418,7 @@ def check_between(first: nn.Module, second: nn.Module, modules: Sequence[nn.Modu
                 "other layers, or leave this pair out)"
             )
         if role is Role.POINTWISE and max_slope(module) > 1.0:
-            warnings.warn(
-                f"{what}: {name} has a slope of up to {max_slope(module):g} > 1, so the pair's "
-                "path norm bounds its Lipschitz constant only up to that factor: the logged "
-                "path_norm_bound and product_bound are not bounds of this network (activations "
-                "of slope <= 1 keep them: ReLU, ELU (alpha <= 1), Tanh, Sigmoid, Softplus)",
-                UserWarning,
-                stacklevel=3,
-            )
+            warnings.warn(steep_message(what, name, max_slope(module)), UserWarning, stacklevel=3)
         if role is Role.POOL:
             if not spatial_in or flatten is not None:
                 raise ValueError(f"{what}: a {name} pools positions, but there are none here")

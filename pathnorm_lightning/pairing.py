@@ -384,6 +384,7 @@ class ForwardCheck:
         self._calls: dict[int, int] = {}
         self._outputs: dict[int, Any] = {}  # id(first layer) -> its latest output's grad_fn
         self._broken: set[tuple[str, str]] = set()
+        self._steep: dict[tuple[str, str], tuple[str, float]] = {}  # the steepest activation
         self._handles: list[RemovableHandle] = []
         for pair in self.pairs:
             for layer in (pair.first, pair.second):
@@ -412,6 +413,12 @@ class ForwardCheck:
         seen = None if source is None else _flows_from(node, source)
         if seen is None or not _keeps_units(pair, seen):
             self._broken.add((pair.first_name, pair.second_name))
+            return
+        key = (pair.first_name, pair.second_name)
+        for cls in filter(None, (_STEEP_NODES.get(_node_name(n)) for n in seen)):
+            slope = layers.max_slope(cls())
+            if slope > self._steep.get(key, ("", 1.0))[1]:
+                self._steep[key] = (cls.__name__, slope)
 
     def remove(self) -> None:
         """Remove the forward hooks (idempotent)."""
@@ -430,6 +437,10 @@ class ForwardCheck:
                 unseen.append(name)
             elif name in self._broken or calls != self._calls[id(p.second)]:
                 contradicted.append(name)
+        for (first, second), (activation, slope) in self._steep.items():
+            if (first, second) not in contradicted + unseen:
+                what = f"{owner}: between {first!r} and {second!r}"
+                rank_zero_warn(layers.steep_message(what, activation, slope))
         self.pairs = []
         why = []
         if contradicted:
@@ -499,13 +510,28 @@ _POOLS = frozenset(
 )
 
 
+#: Entrywise nodes of a fixed slope above 1 (the others, ELU and LeakyReLU, keep their
+#: parameters where only private attributes show them: their slope is not checked here).
+_STEEP_NODES: dict[str, type[nn.Module]] = {
+    "Gelu": nn.GELU,
+    "Silu": nn.SiLU,
+    "Mish": nn.Mish,
+    "Hardswish": nn.Hardswish,
+}
+
+
+def _node_name(node: Any) -> str:
+    """An autograd node's op, without its ``Backward<k>`` suffix (``ReluBackward0``: Relu)."""
+    return re.sub(r"Backward\d*$", "", type(node).__name__)
+
+
 def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
     """Every node on the path is :data:`_ENTRYWISE` (or, after a convolution, one of
     :data:`_POOLS`), and (before a Linear layer after a convolution) a reshape of
     ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions."""
     spatial = layers.entry_of(pair.first).spatial
     allowed = _ENTRYWISE | _POOLS if spatial else _ENTRYWISE
-    if any(re.sub(r"Backward\d*$", "", type(n).__name__) not in allowed for n in nodes):
+    if any(_node_name(n) not in allowed for n in nodes):
         return False
     if pair.flatten is None:
         return True

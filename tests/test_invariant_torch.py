@@ -401,6 +401,33 @@ def test_auto_pairs_through_entrywise_ops_are_verified(between: Any) -> None:
     assert _unverified(Between(between)) == []
 
 
+@pytest.mark.parametrize(
+    ("between", "name", "slope"),
+    [
+        (nn.GELU(), "GELU", "1.129"),
+        (nn.functional.silu, "SiLU", "1.1"),
+        (lambda h: nn.functional.hardswish(nn.functional.gelu(h)), "Hardswish", "1.5"),
+        (nn.Mish(), "Mish", "1.089"),
+        (torch.relu, None, None),
+    ],
+    ids=["GELU", "silu", "gelu-then-hardswish", "Mish", "relu"],
+)
+def test_a_steep_activation_between_attribute_layers_warns_at_the_first_step(
+    between: Any, name: str | None, slope: str | None
+) -> None:
+    """As in an nn.Sequential: the logged bounds are not bounds of this network."""
+    model = Between(between)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    attach(optimizer, model, lam=0.1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            sgd_step(model, optimizer, batch())
+    steep = [str(w.message) for w in caught if "slope of up to" in str(w.message)]
+    expected = f"attach: between 'hidden' and 'out': {name} has a slope of up to {slope} > 1"
+    assert [m.split(", so")[0] for m in steep] == ([] if name is None else [expected])
+
+
 def test_prelu_between_two_layers_is_refused_for_its_learned_slope() -> None:
     model = nn.Sequential(nn.Linear(6, 5), nn.PReLU(), nn.Linear(5, 3))
     with pytest.raises(ValueError, match=r"PReLU learns its slope"):
