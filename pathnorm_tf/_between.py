@@ -114,7 +114,8 @@ class Between:
 def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
     """Check the Keras layers between ``first`` and ``second`` (in the order they run).
 
-    Allowed: pointwise layers anywhere; pooling after a convolution, in the convolution's
+    Allowed: an entry-wise activation of ``first`` itself (not softmax); pointwise layers
+    anywhere; pooling after a convolution, in the convolution's
     ``data_format``, before the flattening; exactly one ``Flatten`` or global pooling layer
     (``keepdims=False``) between a convolution and a Dense layer, which that pair needs.
 
@@ -126,6 +127,13 @@ def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
     pools: list[Any] = []
     flattening: Any | None = None
     _warn_steep(where, first)  # a Dense or conv layer applies its own activation first
+    own = getattr(getattr(first, "activation", None), "__name__", "")
+    if own in _MIXING:
+        raise ValueError(
+            f"{where}: {first.name!r} applies {own} to its outputs, which mixes its units; the "
+            "pair would not be a shallow network and its path-norm would not bound it (pair "
+            "other layers, or leave this pair out)"
+        )
     for layer in between:
         role, label = role_of(layer), f"{type(layer).__name__} {layer.name!r}"
         if role is Role.POINTWISE:

@@ -495,6 +495,8 @@ _DENSE = _unbuilt(K.Dense(1), (32,))
         (_unbuilt(K.Dense(3), (4,)), _unbuilt(K.Dense(1), (3,)), [K.Flatten()], "may stand only once, after a convolution"),
         (_unbuilt(K.Dense(3), (4,)), _unbuilt(K.Dense(1), (3,)), [K.MaxPooling1D()], "pools positions"),
         (_unbuilt(K.Dense(3), (4,)), _unbuilt(K.Conv1D(1, 1), (4, 3)), [], "cannot read the units of a Dense"),
+        (_unbuilt(K.Dense(3, activation="softmax"), (4,)), _unbuilt(K.Dense(1), (3,)), [], "applies softmax to its outputs, which mixes its units"),
+        (_unbuilt(K.Conv2D(2, 2, activation="log_softmax"), (5, 5, 1)), _DENSE, [K.Flatten()], "applies log_softmax"),
     ],
 )  # fmt: skip
 def test_check_between_refuses(first: Any, second: Any, between: list[Any], message: str) -> None:

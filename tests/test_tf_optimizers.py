@@ -482,6 +482,17 @@ def test_auto_warns_where_the_model_graph_does_not_confirm_a_pair(
     assert len(unconfirmed) == (0 if confirmed else 1), [str(w.message) for w in caught]
 
 
+def test_auto_refuses_a_pair_whose_first_layer_applies_softmax() -> None:
+    # Before, Dense(activation="softmax") -> Dense was paired without a word (a Softmax layer
+    # between them was not confirmed): the softmax mixes the units, no shallow network.
+    inp = keras.Input((X_DIM,))
+    hidden = keras.layers.Dense(4, activation="softmax", name="a")(inp)
+    model = keras.Model(inp, keras.layers.Dense(CLASSES, name="b")(hidden))
+    with pytest.raises(ValueError, match="'a' applies softmax to its outputs, which mixes"):
+        model.compile(PathNormSGD(0.1, lam=0.1, model=model), loss_fn())
+        model.fit(*data(), epochs=1, verbose=0)
+
+
 def test_auto_refuses_a_pair_with_a_shared_layer() -> None:
     # Before, s1 -> s2 -> s1 (s1 called twice) was paired (s1, s2) without a word: s1 is also
     # the layer after s2, so the pair is no shallow network. A pair called together twice (a
