@@ -115,9 +115,9 @@ def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
     """Check the Keras layers between ``first`` and ``second`` (in the order they run).
 
     Allowed: an entry-wise activation of ``first`` itself (not softmax); pointwise layers
-    anywhere; pooling after a convolution, in the convolution's
-    ``data_format``, before the flattening; exactly one ``Flatten`` or global pooling layer
-    (``keepdims=False``) between a convolution and a Dense layer, which that pair needs.
+    anywhere; pooling after a convolution, in the convolution's ``data_format``, before the
+    flattening; exactly one ``Flatten`` or global pooling layer (``keepdims=False``) between a
+    convolution and a Dense layer, which that pair needs.
 
     Raises:
         ValueError: naming the layer and why it breaks the pair.
