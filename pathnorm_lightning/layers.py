@@ -35,6 +35,7 @@ The pairing, the hook, the metrics and ``compact`` ask the seam wherever they ne
 from __future__ import annotations
 
 import enum
+import re
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,9 @@ from pathnorm_lightning.functional import Method, prox_path_norm_
 __all__ = [
     "BETWEEN",
     "ENTRIES",
+    "ENTRYWISE_OPS",
+    "POOL_OPS",
+    "STEEP_OPS",
     "Between",
     "ConvEntry",
     "LayerEntry",
@@ -59,6 +63,7 @@ __all__ = [
     "flatten_positions",
     "in_view",
     "max_slope",
+    "op_name",
     "out_view",
     "prox_pair_",
     "register",
@@ -345,6 +350,38 @@ BETWEEN: dict[type[nn.Module], Role] = {
     ),
     nn.Flatten: Role.FLATTEN,
 }  # fmt: skip
+
+
+#: The same roles in the forward pass, where the module tree does not show what stands
+#: between two paired layers (``pairing.ForwardCheck`` reads the autograd graph): the ops,
+#: named as autograd nodes without their ``Backward<k>`` suffix (:func:`op_name`), that act on
+#: each entry alone (activations, dropout, arithmetic, casts, views). Anything else (softmax,
+#: sums, indexing, flips, pads, permutes) may mix or move the units.
+ENTRYWISE_OPS = frozenset(
+    "Relu Threshold Hardtanh LeakyRelu Elu Celu Gelu Silu Mish Tanh Sigmoid LogSigmoid "
+    "Hardswish Hardsigmoid Softplus Softshrink Hardshrink NativeDropout Abs Neg Exp Expm1 Log "
+    "Log1P Sqrt Rsqrt Pow Sin Cos Atan Sinh Cosh Asinh Erf Sign Sgn Clamp ClampMin ClampMax "
+    "Maximum Minimum Where Add Sub Rsub Mul Div Reciprocal ToCopy Clone View UnsafeView "
+    "ReshapeAlias Alias Squeeze Unsqueeze".split()
+)
+#: Pooling ops, after a convolution: each channel alone, its positions combined (``Mean``: an
+#: adaptive average pooling to one position).
+POOL_OPS = frozenset(
+    "MaxPool2DWithIndices AvgPool2D AdaptiveMaxPool2D AdaptiveAvgPool2D Mean".split()
+)
+#: Entrywise ops of a fixed slope above 1, by the module they stand for (ELU and LeakyReLU keep
+#: their parameters where only private autograd attributes show them: not read).
+STEEP_OPS: dict[str, type[nn.Module]] = {
+    "Gelu": nn.GELU,
+    "Silu": nn.SiLU,
+    "Mish": nn.Mish,
+    "Hardswish": nn.Hardswish,
+}
+
+
+def op_name(node: object) -> str:
+    """An autograd node's op, without its ``Backward<k>`` suffix (``ReluBackward0``: Relu)."""
+    return re.sub(r"Backward\d*$", "", type(node).__name__)
 
 
 #: The pointwise types whose slope can exceed 1, with their largest |slope| (of the default

@@ -15,7 +15,6 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -415,7 +414,7 @@ class ForwardCheck:
             self._broken.add((pair.first_name, pair.second_name))
             return
         key = (pair.first_name, pair.second_name)
-        for cls in filter(None, (_STEEP_NODES.get(_node_name(n)) for n in seen)):
+        for cls in filter(None, (layers.STEEP_OPS.get(layers.op_name(n)) for n in seen)):
             slope = layers.max_slope(cls())
             if slope > self._steep.get(key, ("", 1.0))[1]:
                 self._steep[key] = (cls.__name__, slope)
@@ -492,46 +491,13 @@ def _flows_from(node: Any, source: Any, budget: int = 256) -> list[Any] | None:
     return nodes
 
 
-#: Autograd nodes that act on each entry alone, named without their ``Backward<k>`` suffix:
-#: activations, dropout, arithmetic, casts, views. A path from one paired layer to the other
-#: may hold only these (and :data:`_POOLS` after a convolution); anything else (softmax, sums,
-#: indexing, flips, pads, permutes) may mix or move the units.
-_ENTRYWISE = frozenset(
-    "Relu Threshold Hardtanh LeakyRelu Elu Celu Gelu Silu Mish Tanh Sigmoid LogSigmoid "
-    "Hardswish Hardsigmoid Softplus Softshrink Hardshrink NativeDropout Abs Neg Exp Expm1 Log "
-    "Log1P Sqrt Rsqrt Pow Sin Cos Atan Sinh Cosh Asinh Erf Sign Sgn Clamp ClampMin ClampMax "
-    "Maximum Minimum Where Add Sub Rsub Mul Div Reciprocal ToCopy Clone View UnsafeView "
-    "ReshapeAlias Alias Squeeze Unsqueeze".split()
-)
-#: Pooling nodes: each channel (a convolution's unit) alone, its positions combined (``Mean``:
-#: an adaptive average pooling to one position).
-_POOLS = frozenset(
-    "MaxPool2DWithIndices AvgPool2D AdaptiveMaxPool2D AdaptiveAvgPool2D Mean".split()
-)
-
-
-#: Entrywise nodes of a fixed slope above 1 (the others, ELU and LeakyReLU, keep their
-#: parameters where only private attributes show them: their slope is not checked here).
-_STEEP_NODES: dict[str, type[nn.Module]] = {
-    "Gelu": nn.GELU,
-    "Silu": nn.SiLU,
-    "Mish": nn.Mish,
-    "Hardswish": nn.Hardswish,
-}
-
-
-def _node_name(node: Any) -> str:
-    """An autograd node's op, without its ``Backward<k>`` suffix (``ReluBackward0``: Relu)."""
-    return re.sub(r"Backward\d*$", "", type(node).__name__)
-
-
 def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
-    """Every node on the path is :data:`_ENTRYWISE` (or, after a convolution, one of
-    :data:`_POOLS`), and (before a Linear layer after a convolution) a reshape of
+    """Every node on the path is one of the seam's entrywise ops (or, after a convolution, of
+    its pooling ops), and (before a Linear layer after a convolution) a reshape of
     ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions."""
     spatial = layers.entry_of(pair.first).spatial
-    allowed = _ENTRYWISE | _POOLS if spatial else _ENTRYWISE
-    if any(_node_name(n) not in allowed for n in nodes):
+    allowed = layers.ENTRYWISE_OPS | layers.POOL_OPS if spatial else layers.ENTRYWISE_OPS
+    if any(layers.op_name(n) not in allowed for n in nodes):
         return False
     if pair.flatten is None:
         return True
