@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Mapping
 from pathlib import Path
 
 #: Test files that load TensorFlow (each gets a process of its own).
@@ -30,13 +31,16 @@ SMALL_TF = ("test_tf_private_api.py", "test_backend_compaction_keras.py", "test_
             "test_tf_layers.py")  # fmt: skip
 #: Files run as several processes (``--shard K/N``, tests/conftest.py), each compiling less.
 SHARDS = {"test_tf_optimizers.py": 3, "test_tf_edge_cases.py": 2}
-#: Peak resident memory (GiB) of one process of a file (per shard), as this script printed it;
-#: other TensorFlow files count as TF_PEAK, the groups of other files as OTHER_PEAK.
+#: Peak resident memory (GiB) of one process of a file, or of one shard (``"<file> K/N"``), as
+#: this script printed it; other TensorFlow files count as TF_PEAK, the groups of other files
+#: as OTHER_PEAK. The shards of test_tf_optimizers differ: 2.1, 2.1 and 2.7 GiB.
 PEAK = {
     "test_tf_edge_cases.py": 2.05,
     "test_cross_backend.py": 2.35,
     "test_spec_tf.py": 1.95,
     "test_tf_optimizers.py": 2.75,
+    "test_tf_optimizers.py 0/3": 2.15,
+    "test_tf_optimizers.py 1/3": 2.15,
     "test_tf_band_fast.py": 1.85,
     "test_tf_functional.py": 1.9,
     "test_tf_metrics.py": 1.5,
@@ -44,25 +48,27 @@ PEAK = {
     "test_tf_private_api.py": 1.2,  # the SMALL_TF group, run together
 }
 TF_PEAK, OTHER_PEAK = 1.4, 1.2
-#: Seconds one process of a file (per shard) took, as this script printed it on a quiet 2-core
+#: Seconds one process of a file (or shard) took, as this script printed it on a quiet 2-core
 #: machine: the longest start first, so that no long one is left running alone at the end.
 #: Other TensorFlow files count as TF_SECONDS; the groups of other files by their size.
 SECONDS = {
-    "test_tf_optimizers.py": 96,
-    "test_tf_band_fast.py": 99,
-    "test_cross_backend.py": 60,
-    "test_tf_edge_cases.py": 52,
-    "test_spec_tf.py": 51,
-    "test_tf_metrics.py": 51,
-    "test_tf_functional.py": 45,
-    "test_train_cli.py": 43,
-    "test_backend_agreement.py": 30,
+    "test_tf_optimizers.py 0/3": 90,
+    "test_tf_optimizers.py 1/3": 68,
+    "test_tf_optimizers.py 2/3": 100,
+    "test_tf_band_fast.py": 86,
+    "test_cross_backend.py": 61,
+    "test_tf_edge_cases.py": 46,
+    "test_spec_tf.py": 46,
+    "test_tf_metrics.py": 49,
+    "test_tf_functional.py": 44,
+    "test_train_cli.py": 41,
+    "test_backend_agreement.py": 26,
     "test_tf_private_api.py": 21,
     # the groups of other files, by their first file
-    "test_sweep.py": 107,
-    "test_functional_torch.py": 59,
-    "test_conv_torch.py": 52,
+    "test_prox_methods.py": 78,
+    "test_sweep.py": 67,
     "test_callbacks.py": 45,
+    "test_conv_torch.py": 40,
 }
 TF_SECONDS = 40
 #: Processes start only while the sum of their peaks stays within this (GiB).
@@ -88,12 +94,19 @@ def groups(files: list[Path], jobs: int) -> list[Group]:
     return sorted([*tf, *((g, None) for g in rest if g)], key=_seconds, reverse=True)
 
 
+def _measured(table: Mapping[str, float], group: Group) -> float | None:
+    """The group's entry in ``table``: its shard's (``"<file> K/N"``), else its first file's."""
+    name = group[0][0].name
+    return table.get(f"{name} {group[1]}", table.get(name))
+
+
 def _seconds(group: Group) -> float:
     """The expected time of a process: as measured (``SECONDS``), else TF_SECONDS for a
     TensorFlow file and about 1 s per 2.5 kB of tests for a group of other files."""
     files = group[0]
-    if files[0].name in SECONDS:
-        return SECONDS[files[0].name]
+    measured = _measured(SECONDS, group)
+    if measured is not None:
+        return measured
     if files[0].name.startswith(TF_FILES):
         return TF_SECONDS
     return sum(f.stat().st_size for f in files) / 2500
@@ -104,7 +117,7 @@ def _is_tf(group: Group) -> bool:
 
 
 def _peak(group: Group) -> float:
-    return PEAK.get(group[0][0].name, TF_PEAK) if _is_tf(group) else OTHER_PEAK
+    return (_measured(PEAK, group) or TF_PEAK) if _is_tf(group) else OTHER_PEAK
 
 
 def run(queue: list[Group], jobs: int, report_dir: Path) -> list[str]:
