@@ -69,6 +69,11 @@ STEEP = {
 }
 
 
+def _activation(layer: Any) -> str:
+    """The name of a layer's ``activation`` function ("" where it has none)."""
+    return getattr(getattr(layer, "activation", None), "__name__", "")
+
+
 def max_slope(layer: Any) -> float:
     """The largest ``|f'|`` of a layer's activation (its ``activation`` attribute, or an
     ``ELU``/``LeakyReLU`` layer's parameter); 1.0 when it is at most 1, as for ReLU."""
@@ -76,8 +81,7 @@ def max_slope(layer: Any) -> float:
         return max(1.0, abs(float(layer.alpha)))
     if isinstance(layer, _L.LeakyReLU):
         return max(1.0, abs(float(layer.negative_slope)))
-    name = getattr(getattr(layer, "activation", None), "__name__", "")
-    return STEEP.get(name, 1.0)
+    return STEEP.get(_activation(layer), 1.0)
 
 
 def _warn_steep(where: str, layer: Any) -> None:
@@ -96,7 +100,7 @@ def _warn_steep(where: str, layer: Any) -> None:
 def role_of(layer: Any) -> Role | None:
     """The :class:`Role` of a Keras layer between two paired layers; None: not allowed there
     (it holds weights, mixes entries, or is unknown)."""
-    mixing = getattr(getattr(layer, "activation", None), "__name__", "") in _MIXING
+    mixing = _activation(layer) in _MIXING
     if getattr(layer, "weights", None) or (isinstance(layer, _L.Activation) and mixing):
         return None
     return seam._by_class(BETWEEN, layer)
@@ -127,7 +131,7 @@ def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
     pools: list[Any] = []
     flattening: Any | None = None
     _warn_steep(where, first)  # a Dense or conv layer applies its own activation first
-    own = getattr(getattr(first, "activation", None), "__name__", "")
+    own = _activation(first)
     if own in _MIXING:
         raise ValueError(
             f"{where}: {first.name!r} applies {own} to its outputs, which mixes its units; the "
