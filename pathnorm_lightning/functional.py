@@ -84,7 +84,7 @@ def prox_path_norm(
             accelerators may skip when the weights are known to be finite).
         method: ``"kernel"``: compiled by numba, a few passes over the weights (CPU only; on
             as many threads as torch uses for layers of 32,768+ weights; the first call of a
-            process loads it from numba's cache, or compiles it in 12-21 s). ``"sort"``:
+            process loads it from numba's cache, or compiles it in 11-25 s). ``"sort"``:
             tensor ops, no host sync (any device; on CUDA replayed as a CUDA graph from the
             second call with a layer shape, unless the environment sets
             ``PATHNORM_CUDA_GRAPHS=0``). ``"triton"``: one Triton kernel (CUDA). ``"auto"``:
