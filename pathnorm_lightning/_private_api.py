@@ -91,6 +91,11 @@ def _found_inf() -> bool:
     return len(seen) == 1 and isinstance(seen[0], torch.Tensor) and bool(seen[0])
 
 
+def _step_hooks() -> bool:
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))])
+    return type(optimizer).step.hooked and isinstance(optimizer._optimizer_step_post_hooks, dict)
+
+
 ENTRIES: tuple[PrivateName, ...] = (
     PrivateName(
         "lightning",
@@ -191,6 +196,18 @@ ENTRIES: tuple[PrivateName, ...] = (
         "the input shape of a flatten in the training graph, to verify that a conv's channels "
         "reach the Linear layer as its units (renamed: such auto pairs would all be refused)",
         _saved_sizes,
+    ),
+    *(
+        PrivateName(
+            "torch",
+            name,
+            "type(optimizer).step.hooked, optimizer._optimizer_step_post_hooks",
+            ("pathnorm_lightning/hook.py:_unwrap",),
+            "whether an optimizer's step runs its step hooks (both set by Optimizer.__init__, "
+            "which some wrappers skip): else the prox would silently never run",
+            _step_hooks,
+        )
+        for name in ("hooked", "_optimizer_step_post_hooks")
     ),
     PrivateName(
         "torch",

@@ -432,8 +432,8 @@ def attach(
     ``optimizer``: Proximal SGD in a plain PyTorch or Lightning Fabric loop.
 
     Args:
-        optimizer: the optimizer (or several) that trains ``model``; a Fabric or Lightning
-            wrapper is unwrapped.
+        optimizer: the optimizer (or several) that trains ``model``; a Lightning, Fabric or
+            Accelerate wrapper is unwrapped, any other (a Lookahead) is followed itself.
         model: the network; its ``nn.Linear``, ``nn.Conv1d`` and ``nn.Conv2d`` layers are paired
             as in :func:`resolve_pairs`.
         lam: regularization strength lambda (finite, >= 0).
@@ -504,16 +504,43 @@ def _prefixed(owner: str, check: Callable[[Any], Any], value: Any) -> Any:
         raise type(err)(f"{owner}: {err}") from None
 
 
+#: Wrappers that step the optimizer inside them and change no weight after it (their classes):
+#: the prox follows the inner optimizer's step, whose hooks run.
+_PASS_THROUGH = {
+    "lightning.pytorch.core.optimizer.LightningOptimizer",
+    "pytorch_lightning.core.optimizer.LightningOptimizer",
+    "lightning.fabric.wrappers._FabricOptimizer",
+    "lightning_fabric.wrappers._FabricOptimizer",
+    "accelerate.optimizer.AcceleratedOptimizer",
+}
+
+
 def _unwrap(optimizer: Any) -> torch.optim.Optimizer:
-    """The torch optimizer inside a Fabric or Lightning wrapper (or ``optimizer`` itself). The
-    wrappers subclass the optimizer's class but step the inner one, whose hooks run."""
+    """The optimizer whose every step the prox follows: the one inside a Lightning, Fabric or
+    Accelerate wrapper (they step it and change nothing after), else ``optimizer`` itself. Any
+    other wrapper (a Lookahead) may change the weights after its inner step, so its own step is
+    followed, and it must run torch's step hooks."""
     inner = optimizer
-    while isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
-        if inner.optimizer is inner:
+    while any(f"{c.__module__}.{c.__qualname__}" in _PASS_THROUGH for c in type(inner).__mro__):
+        if not isinstance(getattr(inner, "optimizer", None), torch.optim.Optimizer):
             break
         inner = inner.optimizer
+    name = type(inner).__name__
     if not isinstance(inner, torch.optim.Optimizer):
-        raise TypeError(f"expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        raise TypeError(
+            f"expected a torch.optim.Optimizer, got {name}: attach to the optimizer that "
+            "updates the weights (a wrapper that only steps an optimizer: to that optimizer)"
+        )
+    hooks = getattr(type(inner).step, "hooked", False) and hasattr(
+        inner, "_optimizer_step_post_hooks"
+    )
+    if not hooks:  # both set by Optimizer.__init__
+        raise TypeError(
+            f"{name}.step does not run torch's optimizer step hooks ({name}.__init__ does not "
+            "call torch.optim.Optimizer.__init__), so the prox cannot follow its steps: call "
+            f"prox_path_norm_ after each {name}.step() yourself, or attach to the optimizer "
+            f"inside it if {name} changes no weight after stepping it"
+        )
     return inner
 
 

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # Attributes that are no public API although their names carry no underscore.
-INTERNAL_ATTRIBUTES = frozenset({"found_inf", "grad_scale", "f_locals", "__internal__"})
+INTERNAL_ATTRIBUTES = frozenset({"found_inf", "grad_scale", "f_locals", "__internal__", "hooked"})
 _PRIVATE_MODULES = ("tensorflow.python", "keras.src")
 
 

@@ -162,6 +162,61 @@ def test_attach_unwraps_a_fabric_optimizer() -> None:
         assert torch.equal(p, q)
 
 
+class _Lookahead(torch.optim.Optimizer):
+    """A Lookahead wrapper: steps ``optimizer``, then every ``k`` steps pulls the weights halfway
+    back to their slow copy (so a prox inside its step would be undone)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, k: int = 2, init: bool = True) -> None:
+        if init:
+            super().__init__(optimizer.param_groups, optimizer.defaults)
+        else:  # as wrappers that skip Optimizer.__init__: no step hooks
+            self.param_groups, self.defaults, self.state = optimizer.param_groups, {}, {}
+        self.optimizer, self.k, self.count = optimizer, k, 0
+        self.slow = [p.detach().clone() for g in self.param_groups for p in g["params"]]
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:
+        self.optimizer.step()
+        self.count += 1
+        if self.count % self.k == 0:
+            params = [p for g in self.param_groups for p in g["params"]]
+            for slow, p in zip(self.slow, params, strict=True):
+                slow.add_(p - slow, alpha=0.5)
+                p.copy_(slow)
+
+
+def test_attach_follows_the_whole_step_of_a_wrapper_that_changes_weights_after_its_inner_step() -> (
+    None
+):
+    torch.manual_seed(5)
+    model = MLP()
+    reference = copy.deepcopy(model)
+    optimizer = _Lookahead(model.configure_optimizers())
+    handle = attach(optimizer, model, lam=0.1)
+    by_hand = _Lookahead(reference.configure_optimizers())
+    first, second = linears(reference)[0], linears(reference)[1]
+    for batch in loader(make_data()):
+        for net, opt in ((model, optimizer), (reference, by_hand)):
+            opt.zero_grad()
+            net.loss(batch).backward()
+            opt.step()
+        with torch.no_grad():  # the prox after the wrapper's whole step
+            pathnorm_lightning.prox_path_norm_(first.weight, second.weight, 0.1 * model.lr)
+    assert handle.optimizers == [optimizer] and handle.num_steps == 6
+    assert (second.weight == 0).any()  # the prox did act
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_attach_refuses_optimizers_whose_step_runs_no_hooks() -> None:
+    model = MLP()
+    with pytest.raises(TypeError, match=r"_Lookahead.step does not run torch's optimizer step"):
+        attach(_Lookahead(model.configure_optimizers(), init=False), model, lam=0.1)
+    plain = type("Holder", (), {"optimizer": model.configure_optimizers()})()
+    with pytest.raises(TypeError, match=r"expected a torch.optim.Optimizer, got Holder"):
+        attach(plain, model, lam=0.1)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
