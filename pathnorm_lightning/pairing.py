@@ -12,6 +12,7 @@ first training forward pass (:class:`ForwardCheck`).
 
 from __future__ import annotations
 
+import collections
 import difflib
 import itertools
 import math
@@ -312,6 +313,7 @@ def _check_auto_pairs(
     flow the module tree does not show (see :class:`LayerPair`)."""
     order = list(model.named_modules())
     position = {name: index for index, (name, _) in enumerate(order)}
+    registered = collections.Counter(map(id, model.modules(remove_duplicate=False)))
     unverified = set()
     for (n1, l1), (n2, l2) in named:
         refuse = f"pairs='auto' would pair {n1!r} with {n2!r}, but"
@@ -342,6 +344,7 @@ def _check_auto_pairs(
         parent2, _, b = n2.rpartition(".")
         container = dict(order).get(parent1)
         direct = parent1 == parent2 and isinstance(container, nn.Sequential)
+        direct = direct and all(registered[id(m)] == 1 for m in (l1, l2))  # not used twice
         children = _children_between(container, a, b) if direct else None
         if children is None or any(layers.role_of(m) is None for m in children):
             unverified.add((n1, n2))

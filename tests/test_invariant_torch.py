@@ -308,8 +308,15 @@ class Reordered(nn.Module):
         return self.d(torch.relu(self.b(torch.relu(self.c(torch.relu(self.a(x)))))))
 
 
+def _reused() -> nn.Sequential:
+    """One Linear layer registered twice in a Sequential: (0, 2) are neighbours in the tree, but
+    the network runs the second layer twice."""
+    shared = nn.Linear(5, 5)
+    return nn.Sequential(nn.Linear(6, 5), nn.ReLU(), shared, nn.ReLU(), shared)
+
+
 def test_auto_pairs_the_forward_pass_contradicts_warn_at_the_first_step() -> None:
-    for model in (Reordered(), AttributeNet(skip=True)):
+    for model in (Reordered(), AttributeNet(skip=True), _reused()):
         optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
         m = 5 if isinstance(model, Reordered) else 6
         with warnings.catch_warnings():
