@@ -93,7 +93,8 @@ def _found_inf() -> bool:
 
 def _step_hooks() -> bool:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))])
-    return type(optimizer).step.hooked and isinstance(optimizer._optimizer_step_post_hooks, dict)
+    hooked = getattr(type(optimizer).step, "hooked", False)
+    return hooked is True and isinstance(optimizer._optimizer_step_post_hooks, dict)
 
 
 ENTRIES: tuple[PrivateName, ...] = (
@@ -192,7 +193,7 @@ ENTRIES: tuple[PrivateName, ...] = (
         "torch",
         "_saved_self_sym_sizes",
         "autograd ViewBackward0/ReshapeAliasBackward0 node ._saved_self_sym_sizes",
-        ("pathnorm_lightning/pairing.py:_keeps_units",),
+        ("pathnorm_lightning/_forward.py:_keeps_units",),
         "the input shape of a flatten in the training graph, to verify that a conv's channels "
         "reach the Linear layer as its units (renamed: such auto pairs would all be refused)",
         _saved_sizes,

@@ -36,6 +36,7 @@ from pathnorm_lightning.hook import (
 from pathnorm_lightning.pairing import (
     ForwardCheck,
     LayerPair,
+    chain_check,
     chains,
     layer_chain,
     normalize_layers,
@@ -233,6 +234,7 @@ class AfterOptimizerStep(Callback):
             penalty=self.penalty,
             watch_units=self.watch_units,
             forward_check=self.forward_check(),
+            chain_check=chain_check(pl_module),
         )
         if self.log_metrics and chain is None:
             rank_zero_warn(

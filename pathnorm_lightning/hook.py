@@ -48,6 +48,7 @@ from pathnorm_lightning.pairing import (
     ForwardCheck,
     LayerPair,
     PairsSpec,
+    chain_check,
     layer_chain,
     resolve_pairs,
     weight_parameter,
@@ -132,6 +133,7 @@ class StepHook:
         penalty: str | None = None,
         watch_units: bool = False,
         forward_check: ForwardCheck | None = None,
+        chain_check: ForwardCheck | None = None,
     ) -> None:
         self.optimizers = list(dict.fromkeys(_unwrap(o) for o in optimizers))
         self.targets = list(targets)
@@ -154,6 +156,7 @@ class StepHook:
         self._steps_here = 0  # steps acted on by this hook (the unit-watch schedule)
         self._warned: set[tuple[str, str]] = set()  # (what, target name): warned once
         self._forward_check = forward_check
+        self._chain_check = chain_check
         self._plan: Plan = {}
         try:
             self._replan()  # every refusal comes before a hook is registered
@@ -227,6 +230,8 @@ class StepHook:
         if self._forward_check is not None:
             check, self._forward_check = self._forward_check, None
             check.finish(self.owner)
+        if self._chain_check is not None:
+            self._finish_chain_check()
         planned = self._plan.get(id(optimizer))
         if not planned:
             return
@@ -299,9 +304,23 @@ class StepHook:
             rank_zero_warn(message, stacklevel=4)
 
     def _drop_forward_check(self) -> None:
-        if self._forward_check is not None:
-            self._forward_check.remove()
-            self._forward_check = None
+        for check in (self._forward_check, self._chain_check):
+            if check is not None:
+                check.remove()
+        self._forward_check = self._chain_check = None
+
+    def _finish_chain_check(self) -> None:
+        check, self._chain_check = self._chain_check, None
+        broken = check.finish(self.owner, warn=False) if check is not None else []
+        if broken and self.chain is not None:
+            self.chain = None
+            rank_zero_warn(
+                f"{self.owner}: in the forward pass, the input of the second of {broken} (the "
+                "model's output for 'output') does not come from the first's output alone "
+                "(a skip connection, a branch, a layer run twice, an op that mixes the units), "
+                "so the layers do not form a chain and the network bounds path_norm_bound and "
+                "product_bound are not computed."
+            )
 
     # --- the plan: what the optimizers update now ------------------------------------------
     def _replan(self) -> None:
@@ -465,6 +484,7 @@ def attach(
         penalty="path-norm",
         watch_units=True,
         forward_check=forward_check(layer_pairs),
+        chain_check=chain_check(model),
     )
 
 

@@ -15,24 +15,24 @@ from __future__ import annotations
 import collections
 import difflib
 import itertools
-import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 from torch.nn.utils import parametrize, prune
-from torch.utils.hooks import RemovableHandle
 
 from pathnorm_lightning import layers
 from pathnorm_lightning._common import rank_zero_warn, shares_memory
+from pathnorm_lightning._forward import ForwardCheck
 
 __all__ = [
     "ForwardCheck",
     "LayerPair",
     "LayersSpec",
     "PairsSpec",
+    "chain_check",
     "chains",
     "layer_chain",
     "normalize_layers",
@@ -340,13 +340,8 @@ def _check_auto_pairs(
                 f"{type(l1).__name__}: the layers the seam knows do not alternate in pairs "
                 f"here. {advice}"
             )
-        parent1, _, a = n1.rpartition(".")
-        parent2, _, b = n2.rpartition(".")
-        container = dict(order).get(parent1)
-        direct = parent1 == parent2 and isinstance(container, nn.Sequential)
-        direct = direct and all(registered[id(m)] == 1 for m in (l1, l2))  # not used twice
-        children = _children_between(container, a, b) if direct else None
-        if children is None or any(layers.role_of(m) is None for m in children):
+        children = _neighbours(order, registered, (n1, l1), (n2, l2))
+        if children is None:
             unverified.add((n1, n2))
             continue
         try:
@@ -354,6 +349,27 @@ def _check_auto_pairs(
         except ValueError as err:
             raise ValueError(f"{refuse} {err}. {advice}") from None
     return unverified
+
+
+def _neighbours(
+    order: list[tuple[str, nn.Module]],
+    registered: collections.Counter[int],
+    first: tuple[str, nn.Module],
+    second: tuple[str, nn.Module],
+) -> list[nn.Module] | None:
+    """The modules between two layers that are neighbours in one ``nn.Sequential`` (each
+    registered once) with only modules of a known role between them, else None: the module
+    tree then shows the data flow."""
+    (n1, l1), (n2, l2) = first, second
+    parent1, _, a = n1.rpartition(".")
+    parent2, _, b = n2.rpartition(".")
+    container = dict(order).get(parent1)
+    direct = parent1 == parent2 and isinstance(container, nn.Sequential)
+    direct = direct and all(registered[id(m)] == 1 for m in (l1, l2))  # not used twice
+    children = _children_between(container, a, b) if direct else None
+    if children is None or any(layers.role_of(m) is None for m in children):
+        return None
+    return children
 
 
 def _children_between(container: Any, first: str, second: str) -> list[nn.Module] | None:
@@ -364,157 +380,6 @@ def _children_between(container: Any, first: str, second: str) -> list[nn.Module
     if i >= j:
         return None
     return [m for m in (container._modules[n] for n in names[i + 1 : j]) if m is not None]
-
-
-class ForwardCheck:
-    """Checks the ``"auto"`` pairs that the module tree cannot verify against the training
-    forward passes before the first optimizer step.
-
-    A pair is verified when both layers ran equally often (at least once) and every input of
-    the second layer comes from the first layer's latest output alone, through ops that act on
-    each entry alone (activations, dropout, casts, reshapes; pooling after a convolution: no
-    parameter, no skip connection, nothing that mixes or moves the units such as a softmax, a
-    sum, an index or a flip), as read from the autograd graph. After a convolution a Linear
-    second layer must read a channels-first flatten of ``(N, C, *S)`` with ``prod(S)`` the
-    pair's ``flatten``. Passes without gradients (validation, sanity checks) and code traced
-    by ``torch.compile`` are not recorded. :meth:`finish` removes the forward hooks and warns
-    about unverified pairs.
-    """
-
-    def __init__(self, pairs: Sequence[LayerPair]) -> None:
-        self.pairs = [p for p in pairs if not p.verified]
-        self._calls: dict[int, int] = {}
-        self._outputs: dict[int, Any] = {}  # id(first layer) -> its latest output's grad_fn
-        self._broken: set[tuple[str, str]] = set()
-        self._steep: dict[tuple[str, str], tuple[str, float]] = {}  # the steepest activation
-        self._handles: list[RemovableHandle] = []
-        for pair in self.pairs:
-            for layer in (pair.first, pair.second):
-                self._calls[id(layer)] = 0
-            self._handles.append(pair.first.register_forward_hook(self._first_ran))
-            self._handles.append(
-                pair.second.register_forward_hook(
-                    lambda module, args, output, pair=pair: self._second_ran(pair, args)
-                )
-            )
-
-    def _recording(self) -> bool:
-        return torch.is_grad_enabled() and not torch.compiler.is_compiling()
-
-    def _first_ran(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._recording():
-            self._calls[id(module)] += 1
-            self._outputs[id(module)] = getattr(output, "grad_fn", None)
-
-    def _second_ran(self, pair: LayerPair, args: Any) -> None:
-        if not self._recording():
-            return
-        self._calls[id(pair.second)] += 1
-        source = self._outputs.get(id(pair.first))
-        node = getattr(args[0], "grad_fn", None) if args else None
-        seen = None if source is None else _flows_from(node, source)
-        if seen is None or not _keeps_units(pair, seen):
-            self._broken.add((pair.first_name, pair.second_name))
-            return
-        key = (pair.first_name, pair.second_name)
-        for cls in filter(None, (layers.STEEP_OPS.get(layers.op_name(n)) for n in seen)):
-            slope = layers.max_slope(cls())
-            if slope > self._steep.get(key, ("", 1.0))[1]:
-                self._steep[key] = (cls.__name__, slope)
-
-    def remove(self) -> None:
-        """Remove the forward hooks (idempotent)."""
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
-        self._outputs.clear()
-
-    def finish(self, owner: str) -> None:
-        """Remove the hooks; warn (``owner`` first) about every pair not verified."""
-        self.remove()
-        unseen, contradicted = [], []
-        for p in self.pairs:
-            name, calls = (p.first_name, p.second_name), self._calls[id(p.first)]
-            if calls == 0:
-                unseen.append(name)
-            elif name in self._broken or calls != self._calls[id(p.second)]:
-                contradicted.append(name)
-        for (first, second), (activation, slope) in self._steep.items():
-            if (first, second) not in contradicted + unseen:
-                what = f"{owner}: between {first!r} and {second!r}"
-                rank_zero_warn(layers.steep_message(what, activation, slope))
-        self.pairs = []
-        why = []
-        if contradicted:
-            why.append(
-                f"the forward pass does not run {contradicted} as shallow pairs (the second "
-                "layer must run once per first-layer call, on its output alone, through "
-                "entrywise ops such as activations: no other input, no parameter, nothing that "
-                "mixes or moves the units, such as a softmax, a sum, an index or a flip)"
-            )
-        if unseen:
-            why.append(
-                f"no forward pass with gradients ran {unseen} before the first optimizer step "
-                "(under torch.compile it is not seen)"
-            )
-        if why:
-            rank_zero_warn(
-                f"{owner}: pairs='auto' paired {contradicted + unseen} from the order the layers "
-                f"were registered in, but {'; and '.join(why)}: the pairs could not be verified. "
-                "Pass pairs=[(first, second), ...] explicitly to confirm them, or to choose "
-                "others."
-            )
-
-
-def _flows_from(node: Any, source: Any, budget: int = 256) -> list[Any] | None:
-    """The autograd nodes on the paths back from ``node`` to ``source``, or None where a path
-    reaches any other input first: a parameter, or (except as the factor of a product or
-    quotient, e.g. a dropout mask) a tensor without gradient, such as a skip connection from
-    the data."""
-    stack, seen = [node], set()
-    nodes = []
-    while stack:
-        current = stack.pop()
-        if current is source:
-            continue
-        if current is None or type(current).__name__ == "AccumulateGrad":
-            return None
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        nodes.append(current)
-        inputs = current.next_functions
-        if not inputs or len(seen) > budget:
-            return None
-        for function, _ in inputs:
-            if function is None and type(current).__name__ not in _SCALINGS:
-                return None
-            if function is not None:
-                stack.append(function)
-    return nodes
-
-
-def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
-    """Every node on the path is one of the seam's entrywise ops (or, after a convolution, of
-    its pooling ops), and (before a Linear layer after a convolution) a reshape of
-    ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions."""
-    spatial = layers.entry_of(pair.first).spatial
-    allowed = layers.ENTRYWISE_OPS | layers.POOL_OPS if spatial else layers.ENTRYWISE_OPS
-    if any(layers.op_name(n) not in allowed for n in nodes):
-        return False
-    if pair.flatten is None:
-        return True
-    channels = layers.entry_of(pair.first).units_out(pair.first)
-    for node in nodes:
-        sizes = getattr(node, "_saved_self_sym_sizes", None)
-        if sizes is not None and len(sizes) >= 3:
-            shape = [int(d) for d in sizes]
-            if shape[1] == channels and math.prod(shape[2:]) == pair.flatten:
-                return True
-    return False
-
-
-_SCALINGS = ("MulBackward0", "DivBackward0")  # a constant factor: dropout's mask, a scale
 
 
 def resolve_layers(model: nn.Module, layers: LayersSpec = "auto") -> list[tuple[str, nn.Module]]:
@@ -558,14 +423,53 @@ def chains(first: nn.Module, second: nn.Module) -> bool:
 
 def layer_chain(model: nn.Module) -> list[nn.Module] | None:
     """All layers of the seam's types in ``model``, in module order, if their units chain (see
-    :func:`chains`), else None: the network ``W_L act(... act(W_1 x))`` (pooling and a Flatten
-    allowed after convolutions) for which the network-level bounds are defined."""
-    found = [mod for _, mod in _seam_layers(model)]
+    :func:`chains`) and the module tree allows a chain between each two (see
+    :func:`chain_check`), else None: the network ``W_L act(... act(W_1 x))`` (pooling and a
+    Flatten allowed after convolutions) for which the network-level bounds are defined."""
+    found = _seam_layers(model)
     try:
-        for layer in found:
+        for _, layer in found:
             layers.entry_of(layer)
     except ValueError:
         return None
-    if found and all(chains(a, b) for a, b in itertools.pairwise(found)):
-        return found
-    return None
+    if not found or not all(chains(a, b) for (_, a), (_, b) in itertools.pairwise(found)):
+        return None
+    return None if _links(model, found) is None else [layer for _, layer in found]
+
+
+def chain_check(model: nn.Module) -> ForwardCheck | None:
+    """A :class:`ForwardCheck` of the links of :func:`layer_chain` (two consecutive layers, as a
+    pair) whose data flow the module tree does not show, and of the model's output, which must
+    come from the last layer's alone (None: no chain, or an ``nn.Sequential`` that shows it
+    all): a skip connection, a branch or a layer run twice means no chain."""
+    found = _seam_layers(model)
+    links = _links(model, found) if layer_chain(model) is not None else None
+    if links is None or (not links and isinstance(model, nn.Sequential)):
+        return None
+    return ForwardCheck(links, tail=(model, *found[-1]))
+
+
+def _links(model: nn.Module, found: list[tuple[str, nn.Module]]) -> list[LayerPair] | None:
+    """The unverified links of a chain of ``found`` layers, or None where the module tree rules
+    the chain out: a module with parameters or buffers (a BatchNorm) registered between two of
+    its layers, or modules between neighbours in one ``nn.Sequential`` that
+    :func:`~pathnorm_lightning.layers.check_between` refuses."""
+    order = list(model.named_modules())
+    position = {name: index for index, (name, _) in enumerate(order)}
+    registered = collections.Counter(map(id, model.modules(remove_duplicate=False)))
+    links = []
+    for (n1, l1), (n2, l2) in itertools.pairwise(found):
+        for _, module in order[position[n1] + 1 : position[n2]]:
+            if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                return None
+        children = _neighbours(order, registered, (n1, l1), (n2, l2))
+        if children is None:
+            links.append(LayerPair(n1, n2, l1, l2, False, _check_chain(n1, l1, n2, l2)))
+            continue
+        try:
+            with warnings.catch_warnings():  # a steep activation: the pairs warn about it
+                warnings.simplefilter("ignore")
+                layers.check_between(l1, l2, children)
+        except ValueError:
+            return None
+    return links

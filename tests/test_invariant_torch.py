@@ -328,6 +328,51 @@ def test_auto_pairs_the_forward_pass_contradicts_warn_at_the_first_step() -> Non
             sgd_step(model, optimizer, batch(m=m))
 
 
+class Deep(nn.Module):
+    """Four Linear layers as attributes, two pairs: a chain unless ``variant`` adds a residual
+    path around the second pair, a branch into the third layer, or runs the last layer twice."""
+
+    def __init__(self, variant: str = "chain") -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.l1, self.l2, self.l3, self.l4 = (nn.Linear(6, 6) for _ in range(4))
+        self.variant = variant
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.l2(torch.relu(self.l1(x)))
+        if self.variant == "branch":
+            return self.l4(torch.relu(self.l3(h + x)))
+        out = self.l4(torch.relu(self.l3(h)))
+        if self.variant == "twice":
+            out = self.l4(torch.relu(out))
+        return out + h if self.variant == "residual" else out
+
+
+def _softmax_between_pairs() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*(m for _ in range(2) for m in (nn.Linear(6, 6), nn.Softmax(1))))[:-1]
+
+
+@pytest.mark.parametrize("variant", ["chain", "residual", "branch", "twice", "softmax"])
+def test_network_bounds_only_for_a_chain_the_forward_pass_confirms(variant: str) -> None:
+    model = _softmax_between_pairs() if variant == "softmax" else Deep(variant)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    pairs = [("0", "2")] if variant == "softmax" else [("l1", "l2"), ("l3", "l4")]
+    handle = attach(optimizer, model, pairs=pairs, lam=1e-3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sgd_step(model, optimizer, batch())
+    messages = [str(w.message) for w in caught]
+    metrics = handle.metrics()
+    if variant == "chain":
+        assert messages == []
+        assert metrics["path_norm_bound"] > 0 and metrics["product_bound"] > 0
+    else:
+        assert "path_norm_bound" not in metrics and "product_bound" not in metrics
+        assert any("do not form a chain" in m for m in messages), messages
+    assert "sparsity" in metrics  # what does not need a chain is still computed
+
+
 class Between(nn.Module):
     """Two Linear layers as attributes (the forward pass, not the module tree, verifies the
     auto pair) with ``between`` applied to the first one's output."""

@@ -250,3 +250,6 @@ def test_layer_chain() -> None:
     assert layer_chain(cnn) is None
     assert layer_chain(nn.Sequential(nn.Linear(4, 3), nn.Conv1d(3, 2, 1))) is None
     assert layer_chain(nn.Sequential(nn.Conv2d(2, 2, 1, groups=2))) is None  # not the seam's
+    # a BatchNorm between the pairs scales the units
+    deep = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 4), nn.BatchNorm1d(4))
+    assert layer_chain(deep.append(nn.Linear(4, 2))) is None
