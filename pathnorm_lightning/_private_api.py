@@ -69,6 +69,12 @@ def _forward_pre_hooks() -> bool:
     return any(isinstance(h, torch.nn.utils.prune.BasePruningMethod) for h in hooks)
 
 
+def _forward_hooks() -> bool:
+    layer = torch.nn.Linear(2, 2)
+    handle = layer.register_forward_hook(lambda *args: None)
+    return list(layer._forward_hooks) == [handle.id]
+
+
 def _reversed_padding() -> bool:
     conv = torch.nn.Conv2d(1, 1, 3, padding=(1, 2))
     return tuple(conv._reversed_padding_repeated_twice) == (2, 2, 1, 1)
@@ -176,15 +182,31 @@ ENTRIES: tuple[PrivateName, ...] = (
         "torch",
         "_forward_pre_hooks",
         "module._forward_pre_hooks",
-        ("pathnorm_lightning/pairing.py:weight_parameter",),
-        "recognises torch.nn.utils.prune (a forward pre-hook) to say why a weight is computed",
+        (
+            "pathnorm_lightning/pairing.py:weight_parameter",
+            "pathnorm_lightning/compact.py:_check_hooks",
+        ),
+        "recognises torch.nn.utils.prune (a forward pre-hook) to say why a weight is computed; "
+        "compact refuses a pair whose layers have other forward hooks (it cannot see their effect)",
         _forward_pre_hooks,
+    ),
+    PrivateName(
+        "torch",
+        "_forward_hooks",
+        "module._forward_hooks",
+        ("pathnorm_lightning/compact.py:_check_hooks",),
+        "compact refuses a pair whose layers (or a module between) have forward hooks: it "
+        "cannot see what they change (no public API lists a module's hooks)",
+        _forward_hooks,
     ),
     PrivateName(
         "torch",
         "_reversed_padding_repeated_twice",
         "nn.Conv2d._reversed_padding_repeated_twice",
-        ("pathnorm_lightning/compact.py:_ConvUnits.input_shift",),
+        (
+            "pathnorm_lightning/compact.py:_ConvUnits.input_shift",
+            "pathnorm_lightning/compact.py:_ConvUnits.probe",
+        ),
         "the resolved padding ('same' included) as numbers, to know whether zero padding "
         "touches an output",
         _reversed_padding,

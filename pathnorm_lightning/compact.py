@@ -26,8 +26,9 @@ the model's ``torch.fx`` trace: ``first`` and ``second`` each run once, and ever
 them has one user, a pointwise activation or dropout (module, function or method), or after a
 convolution a max/average pooling or a Flatten (module or function), in the order
 :func:`~pathnorm_lightning.layers.check_between` allows. A model that cannot be traced is
-accepted where the pair are neighbours in one ``nn.Sequential`` with only such modules between
-them; anything else is refused.
+accepted only where it is itself a plain ``nn.Sequential`` holding the pair, in order, with only
+such modules between them (its forward reads the units nowhere else). Forward hooks and
+pre-hooks on the pair's layers or a module between are refused; so is anything else.
 
 Which weights are a unit's comes from the layer seam (:mod:`pathnorm_lightning.layers`); the
 rest (a probe input, removing units, folding constants into the bias) is one class per layer
@@ -45,7 +46,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, fx, nn
 from torch.nn import functional as F
-from torch.nn.utils import parametrize
+from torch.nn.utils import parametrize, prune
 
 from pathnorm_lightning import layers
 from pathnorm_lightning.layers import Role, role_of
@@ -125,8 +126,13 @@ class _ConvUnits:
 
     @staticmethod
     def probe(layer: _Conv) -> Tensor:
-        """Zeros of the fewest positions that give an output."""
-        size = [d * (k - 1) + 1 for k, d in zip(layer.kernel_size, layer.dilation, strict=True)]
+        """Zeros of the fewest positions that give an output and take the padding (reflect
+        padding needs more positions than it pads)."""
+        pad = max(layer._reversed_padding_repeated_twice, default=0) + 1
+        size = [
+            max(d * (k - 1) + 1, pad)
+            for k, d in zip(layer.kernel_size, layer.dilation, strict=True)
+        ]
         return layer.weight.new_zeros(1, layer.in_channels, *size)
 
     @staticmethod
@@ -341,37 +347,55 @@ def _traced_between(gm: fx.GraphModule, first: str, second: str) -> list[Op]:
         node = user
 
 
-def _sequential_between(model: nn.Module, first: str, second: str) -> list[Op] | None:
-    """The modules between ``first`` and ``second`` if they are in one plain ``nn.Sequential``
-    with only modules the seam allows between them, else None."""
-    parent, _, a = first.rpartition(".")
-    parent2, _, b = second.rpartition(".")
-    container = model.get_submodule(parent)
-    if parent != parent2 or type(container) is not nn.Sequential:
-        return None
-    names = list(container._modules)
-    i, j = names.index(a), names.index(b)
-    between = [container._modules[n] for n in names[i + 1 : j]]
+def _sequential_between(model: nn.Module, why: str, first: str, second: str) -> list[Op]:
+    """The modules between ``first`` and ``second`` where ``model`` is a plain ``nn.Sequential``
+    holding both (so its forward reads the units nowhere else) with only modules the seam
+    allows between them; ``why``: why torch.fx could not trace ``model``."""
+    cannot = f"compact: torch.fx could not trace {type(model).__name__}.forward ({why}), "
+    if type(model) is not nn.Sequential or not {first, second} <= set(model._modules):
+        raise ValueError(
+            f"{cannot}so compact cannot check that nothing else in it reads the hidden units of "
+            f"({first!r}, {second!r}). Make forward traceable, or compact the nn.Sequential "
+            "that holds the pair (and put the result back in its place)."
+        )
+    names = list(model._modules)
+    i, j = names.index(first), names.index(second)
+    between = [model._modules[n] for n in names[i + 1 : j]]
     if i >= j or not all(m is not None and _allowed_module(m) for m in between):
-        return None
+        raise ValueError(
+            f"{cannot}and in the nn.Sequential, {second!r} does not follow {first!r} with only "
+            "activations or dropout (and, after a convolution, pooling and a Flatten) between."
+        )
     return _check_order(model, first, second, [m for m in between if m is not None])
+
+
+def _check_hooks(model: nn.Module, first: str, second: str, ops: list[Op]) -> list[Op]:
+    """``ops``, after refusing forward hooks and pre-hooks (but pruning's) on the pair's layers
+    or a module between: compact's reasoning does not see what they change."""
+    between = {id(op) for op in ops if isinstance(op, nn.Module)}
+    for name, module in model.named_modules():
+        if name not in (first, second) and id(module) not in between:
+            continue
+        pre, post = module._forward_pre_hooks.values(), module._forward_hooks.values()
+        for kind, hooks in (("pre-hook", pre), ("hook", post)):
+            if any(not isinstance(h, prune.BasePruningMethod) for h in hooks):
+                raise ValueError(
+                    f"compact: module {name!r} ({type(module).__name__}) has a forward {kind}: "
+                    f"compact's check of the pair ({first!r}, {second!r}) cannot see what it "
+                    "changes. Remove the hook (its handle's .remove()), or compact a model "
+                    "without it."
+                )
+    return ops
 
 
 def _between(model: nn.Module, gm: fx.GraphModule | str, first: str, second: str) -> list[Op]:
     """The operations from ``first`` to ``second``; ``gm``: the model's fx trace, or why
     tracing failed. Raises ValueError where the flow cannot be shown to be a chain."""
     if isinstance(gm, fx.GraphModule):
-        return _traced_between(gm, first, second)
-    ops = _sequential_between(model, first, second)
-    if ops is None:
-        raise ValueError(
-            f"compact: cannot show that the hidden units of ({first!r}, {second!r}) feed only "
-            f"{second!r}: torch.fx could not trace {type(model).__name__} ({gm}), and the two "
-            "are not neighbours in one nn.Sequential with only activations or dropout (and, "
-            "after a convolution, pooling and a Flatten) between them. Put the pair in an "
-            "nn.Sequential, or compact the submodule that holds it."
-        )
-    return ops
+        ops = _traced_between(gm, first, second)
+    else:
+        ops = _sequential_between(model, gm, first, second)
+    return _check_hooks(model, first, second, ops)
 
 
 def _trace(model: nn.Module) -> fx.GraphModule | str:

@@ -16,7 +16,7 @@ import keras
 
 from pathnorm_tf import layers as seam
 
-__all__ = ["BETWEEN", "STEEP", "Between", "Role", "check_between", "max_slope", "role_of"]
+__all__ = ["BETWEEN", "MIXING", "STEEP", "Between", "Role", "check_between", "max_slope", "role_of"]
 
 
 class Role(enum.Enum):
@@ -52,8 +52,9 @@ BETWEEN: dict[type, Role] = {
     ),
     _L.Flatten: Role.FLATTEN,
 }  # fmt: skip
-#: Activations that mix the entries of a vector: an ``Activation`` of one has no role.
-_MIXING = frozenset({"softmax", "log_softmax"})
+#: Keras activations (by function name) that normalise or split across the last axis, so mix
+#: the units: an ``Activation`` of one has no role, and a first layer may not apply one.
+MIXING = frozenset({"softmax", "log_softmax", "sparsemax", "glu"})
 
 
 #: Keras activations (by function name) whose slope exceeds 1, with the sup of ``|f'|`` to 4
@@ -100,7 +101,7 @@ def _warn_steep(where: str, layer: Any) -> None:
 def role_of(layer: Any) -> Role | None:
     """The :class:`Role` of a Keras layer between two paired layers; None: not allowed there
     (it holds weights, mixes entries, or is unknown)."""
-    mixing = _activation(layer) in _MIXING
+    mixing = _activation(layer) in MIXING
     if getattr(layer, "weights", None) or (isinstance(layer, _L.Activation) and mixing):
         return None
     return seam._by_class(BETWEEN, layer)
@@ -118,8 +119,8 @@ class Between:
 def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
     """Check the Keras layers between ``first`` and ``second`` (in the order they run).
 
-    Allowed: an entry-wise activation of ``first`` itself (not softmax); pointwise layers
-    anywhere; pooling after a convolution, in the convolution's ``data_format``, before the
+    Allowed: an entry-wise activation of ``first`` itself (none of :data:`MIXING`); pointwise
+    layers anywhere; pooling after a convolution, in the convolution's ``data_format``, before the
     flattening; exactly one ``Flatten`` or global pooling layer (``keepdims=False``) between a
     convolution and a Dense layer, which that pair needs.
 
@@ -132,7 +133,7 @@ def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
     flattening: Any | None = None
     _warn_steep(where, first)  # a Dense or conv layer applies its own activation first
     own = _activation(first)
-    if own in _MIXING:
+    if own in MIXING:
         raise ValueError(
             f"{where}: {first.name!r} applies {own} to its outputs, which mixes its units; the "
             "pair would not be a shallow network and its path-norm would not bound it (pair "

@@ -28,7 +28,8 @@ convolution, pooling and a Flatten or global pooling, in the order
 :func:`~pathnorm_tf.layers.check_between` checks), or in one functional model whose graph takes
 ``first``'s output through such single-consumer layers into ``second`` alone (each layer called
 once; no intermediate is a model output). ``first``'s activation must be a built-in entry-wise
-one (not softmax). Anything else is refused with the reason.
+one (not one of :data:`~pathnorm_tf._between.MIXING`: softmax, log_softmax, sparsemax, glu).
+Anything else is refused with the reason.
 
 Which weights are a unit's comes from the layer seam (:mod:`pathnorm_tf.layers`); what
 ``compact`` does beyond that (a probe input, shrinking a layer's outputs or inputs, folding
@@ -46,6 +47,7 @@ import numpy as np
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
+from pathnorm_tf._between import MIXING
 from shared_spec.compaction import CompactionReport, PairCompaction
 
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
@@ -210,7 +212,7 @@ def _resolve(model: Any, pairs: Any) -> list[tuple[Any, Any]]:
 
 def _pointwise_activation(fn: Any) -> bool:
     name = getattr(fn, "__name__", None)
-    if not isinstance(name, str) or name in ("softmax", "log_softmax"):
+    if not isinstance(name, str) or name in MIXING:
         return False
     try:
         return keras.activations.get(name) is fn
@@ -234,16 +236,22 @@ def _check_between(layer: Any, first: Any, second: Any) -> None:
         )
 
 
+def _check_called_once(calls: list[Any], holder: Any, first: Any, second: Any) -> None:
+    """Refuse a pair whose layer appears other than once in ``calls`` (the layers ``holder``
+    calls, in order): a reused layer's units serve several inputs."""
+    for layer in (first, second):
+        count = sum(x is layer for x in calls)
+        if count != 1:
+            raise ValueError(
+                f"compact: layer {layer.name!r} is called {count} times in {holder.name!r}; a "
+                "pair's layers must be called once each."
+            )
+
+
 def _graph_between(graph: Any, first: Any, second: Any) -> list[Any]:
     """The layers from ``first``'s output to ``second``'s input in a functional model's graph."""
     nodes = [node for depth in graph._nodes_by_depth.values() for node in depth]
-    for layer in (first, second):
-        count = sum(node.operation is layer for node in nodes)
-        if count != 1:
-            raise ValueError(
-                f"compact: layer {layer.name!r} is called {count} times in {graph.name!r}; a "
-                "pair's layers must be called once each."
-            )
+    _check_called_once([node.operation for node in nodes], graph, first, second)
     outputs = [id(t) for t in keras.tree.flatten(graph.outputs)]
     node = next(n for n in nodes if n.operation is first)
     between: list[Any] = []
@@ -279,8 +287,8 @@ def _between(model: Any, first: Any, second: Any) -> tuple[list[Any], seam.Flat 
     if not _pointwise_activation(first.activation):
         raise ValueError(
             f"compact: {type(first).__name__} {first.name!r} has the activation "
-            f"{first.activation!r}, not a "
-            "built-in entry-wise one: its units are not independent (softmax) or not known to be."
+            f"{first.activation!r}, not a built-in entry-wise one: its units are not "
+            "independent (softmax, sparsemax, glu) or not known to be."
         )
     nested = model._flatten_layers(include_self=False, recursive=True)
     containers = [model, *(m for m in nested if isinstance(m, keras.Model))]
@@ -292,6 +300,7 @@ def _between(model: Any, first: Any, second: Any) -> tuple[list[Any], seam.Flat 
             "functional model."
         )
     if isinstance(holder, keras.Sequential):
+        _check_called_once(holder.layers, holder, first, second)
         i = next(k for k, x in enumerate(holder.layers) if x is first)
         j = next(k for k, x in enumerate(holder.layers) if x is second)
         if i > j:
@@ -319,26 +328,28 @@ def _between(model: Any, first: Any, second: Any) -> tuple[list[Any], seam.Flat 
 
 def _keeps_constants(pool: Any, like: Any) -> bool:
     """Whether ``pool`` maps a constant channel to a constant, tried on ones of 16 positions
-    per spatial axis (``like``: the tensor it pools, for its rank, layout and dtype)."""
-    shape = [1, *([16] * (len(like.shape) - 2)), 1]
+    per spatial axis in its ``data_format`` (``like``: the tensor it pools, for rank and dtype)."""
+    spatial = [16] * (len(like.shape) - 2)
+    shape = [1, *spatial, 1] if pool.data_format == "channels_last" else [1, 1, *spatial]
     try:
         out = np.asarray(pool(keras.ops.ones(shape, dtype=like.dtype), training=False))
-    except ValueError:  # a window larger than the probe: not shown to keep constants
+    except Exception:  # the probe does not run (a window larger than it): not shown to keep them
         return False
-    return bool(np.all(out == 1))
+    return out.size > 0 and bool(np.all(out == 1))
 
 
 def _constants(first: Any, between: list[Any], ops: _UnitOps) -> np.ndarray | None:
     """What each unit outputs, after the pointwise layers between the pair, when its inputs are
     all zero; None where a pooling between does not keep constant channels constant (a Flatten
     keeps them)."""
-    x = first(ops.probe(first), training=False)
-    for layer in between:
-        role = seam.role_of(layer)
-        if role is seam.Role.POINTWISE:
-            x = layer(x, training=False)
-        elif role in (seam.Role.POOL, seam.Role.GLOBAL_POOL) and not _keeps_constants(layer, x):
-            return None
+    with keras.StatelessScope():  # the probe leaves no activity-regularizer loss on a layer
+        x = first(ops.probe(first), training=False)
+        for layer in between:
+            role = seam.role_of(layer)
+            if role is seam.Role.POINTWISE:
+                x = layer(x, training=False)
+            elif role in (seam.Role.POOL, seam.Role.GLOBAL_POOL) and not _keeps_constants(layer, x):
+                return None
     return ops.unit_values(first, x)
 
 

@@ -226,29 +226,86 @@ def test_refuses_other_layer_types() -> None:
         compact("net")  # type: ignore[arg-type]
 
 
-class _Untraceable(nn.Module):
+class _Branch(nn.Module):
     """Data-dependent control flow: torch.fx cannot trace it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x if x.sum() > 0 else -x
+
+
+class _Untraceable(nn.Module):
+    """An nn.Sequential pair whose hidden units forward() also reads; fx cannot trace it."""
 
     def __init__(self) -> None:
         super().__init__()
         self.net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2))
-        self.c, self.d = nn.Linear(2, 5), nn.Linear(5, 2)
 
     def forward(self, x: Tensor) -> Tensor:
-        y = self.net(x)
-        if y.sum() > 0:
-            return y
-        return self.d(self.c(y))
+        h = self.net[1](self.net[0](x))
+        return _Branch()(self.net(x)) + h.sum(1, keepdim=True)
 
 
-def test_untraceable_model_needs_a_sequential() -> None:
-    net = _Untraceable().double().eval()
-    _kill(net.net[0], net.net[2], [1], [2, 3])
-    small, _ = compact(net, pairs=[("net.0", "net.2")])
-    assert small.net[0].out_features == 3
+def test_untraceable_model_must_be_the_sequential() -> None:
+    net = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 2), _Branch()).double().eval()
+    _kill(net[0], net[2], [1], [2, 3])
+    small, _ = compact(net, pairs=[("0", "2")])
+    assert small[0].out_features == 3
     assert _max_diff(small, net, torch.float64, m=4) <= 1e-12
-    with pytest.raises(ValueError, match=r"could not trace.*nn\.Sequential"):
-        compact(net, pairs=[("c", "d")])
+    reads = _Untraceable().double().eval()
+    _kill(reads.net[0], reads.net[2], [], [0])  # dead for net.2, not for h.sum
+    with pytest.raises(
+        ValueError, match=r"trace _Untraceable\.forward.*compact the nn\.Sequential"
+    ):
+        compact(reads, pairs=[("net.0", "net.2")])
+
+
+def _scale_input(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    return (args[0] * 2,)
+
+
+def _flip_output(module: nn.Module, args: tuple[Tensor, ...], out: Tensor) -> Tensor:
+    return out.flip(-1)
+
+
+@pytest.mark.parametrize(
+    ("at", "hook"),
+    [(2, _scale_input), (0, _flip_output), (1, _flip_output)],
+    ids=["pre-hook on second", "hook on first", "hook between"],
+)
+@pytest.mark.parametrize("traced", [True, False])
+def test_refuses_forward_hooks_on_the_pair(at: int, hook: Callable, traced: bool) -> None:
+    tail = [] if traced else [_Branch()]  # fx cannot trace it: the nn.Sequential fallback
+    net = nn.Sequential(nn.Linear(4, 6), nn.Sigmoid(), nn.Linear(6, 3), *tail)
+    _kill(net[0], net[2], [1], [0])
+    pre = hook is _scale_input
+    (net[at].register_forward_pre_hook if pre else net[at].register_forward_hook)(hook)
+    kind = "pre-hook" if pre else "hook"
+    with pytest.raises(ValueError, match=rf"module '{at}' .* forward {kind}.*Remove the hook"):
+        compact(net)
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        lambda: nn.Conv1d(2, 4, 1, padding=1, padding_mode="reflect"),
+        lambda: nn.Conv2d(2, 4, 3, padding=3, padding_mode="reflect"),
+        lambda: nn.Conv2d(2, 4, 1, padding=2, padding_mode="circular"),
+    ],
+    ids=["reflect 1d", "reflect 2d", "circular"],
+)
+def test_first_conv_padding_wider_than_its_kernel(conv: Callable[[], nn.Module]) -> None:
+    torch.manual_seed(0)
+    first = conv().double()
+    second = (nn.Conv1d if isinstance(first, nn.Conv1d) else nn.Conv2d)(4, 3, 2).double()
+    net = nn.Sequential(first, nn.ReLU(), second).eval()
+    with torch.no_grad():
+        first.weight[1] = 0
+        first.bias[1] = 0.5
+    small, report = compact(net)
+    assert report.pairs[0].folded == 1
+    x = torch.randn(8, 2, *[9] * (first.weight.dim() - 2), dtype=torch.float64)
+    with torch.no_grad():
+        assert float((small(x) - net(x)).abs().max()) <= 1e-12
 
 
 def test_lightning_module_copy_leaves_the_trainer_behind() -> None:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pathnorm_tf import PathNormSGD
-from pathnorm_tf.compact import CompactionReport, compact
+from pathnorm_tf.compact import CompactionReport, _keeps_constants, compact
 
 TOL = {"float64": 1e-12, "float32": 1e-5}
 
@@ -180,6 +180,8 @@ def _refused() -> dict[str, tuple[Any, Any, str]]:
     y = keras.Input((4,))
     reuse = _dense(5, "a")
     twice = keras.Model(y, _dense(2, "b")(shared(reuse(shared(reuse(shared(y)))[:, :4]))))
+    shared_a = _dense(4, "a", activation="sigmoid")
+    twice_seq = keras.Sequential([keras.Input((4,)), shared_a, _dense(4, "b"), shared_a])
 
     def seq(*layers: Any) -> keras.Model:
         return keras.Sequential([keras.Input((4,)), _dense(5, "a"), *layers, _dense(2, "b")])
@@ -197,6 +199,10 @@ def _refused() -> dict[str, tuple[Any, Any, str]]:
     softmax = keras.Sequential(
         [keras.Input((4,)), _dense(5, "a", activation="softmax"), _dense(2, "b")]
     )
+    sparsemax, glu = (
+        keras.Sequential([keras.Input((4,)), _dense(6, "a", activation=f), _dense(2, "b")])
+        for f in ("sparsemax", "glu")
+    )
     custom = keras.Sequential(
         [keras.Input((4,)), _dense(5, "a", activation=lambda t: t * t), _dense(2, "b")]
     )
@@ -207,10 +213,15 @@ def _refused() -> dict[str, tuple[Any, Any, str]]:
         "residual": (residual, "auto", "Add .* takes other inputs"),
         "hidden is an output": (both, "auto", "model output"),
         "called twice": (twice, [("a", "b")], "called 2 times"),
+        "called twice, Sequential": (twice_seq, [("a", "b")], "'a' is called 2 times"),
         "batchnorm": (seq(keras.layers.BatchNormalization()), [("a", "b")], "BatchNormalization"),
         "softmax layer": (seq(keras.layers.Softmax()), "auto", "Softmax"),
         "softmax activation": (softmax, "auto", "applies softmax to its outputs"),
         "softmax activation, explicit": (softmax, [("a", "b")], "not a built-in entry-wise"),
+        "sparsemax activation": (sparsemax, "auto", "applies sparsemax to its outputs"),
+        "sparsemax activation, explicit": (sparsemax, [("a", "b")], "not a built-in entry-wise"),
+        "sparsemax layer": (seq(keras.layers.Activation("sparsemax")), [("a", "b")], "Activation"),
+        "glu activation": (glu, [("a", "b")], "not a built-in entry-wise"),
         "custom activation": (custom, "auto", "not a built-in entry-wise"),
         "subclassed": (sub, "auto", "subclassed"),
         "einsum": (einsum, "auto", "EinsumDense"),
@@ -225,6 +236,15 @@ def test_refusals() -> None:
             pytest.fail(what)
     with pytest.raises(TypeError, match=r"keras\.Model"):
         compact("model")
+
+
+def test_probe_leaves_no_activity_regularizer_loss() -> None:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), _dense(6, "a", activity_regularizer="l2"), _dense(2, "b")]
+    )
+    _kill(model, "a", "b", ([1], [0]))
+    assert compact(model)[1].pairs[0].folded == 1 and not model.losses
 
 
 def test_save_load_and_report(tmp_path: Path) -> None:
@@ -344,3 +364,35 @@ def test_zero_padded_second_conv_keeps_constant_channels(tmp_path: Path) -> None
         ("c1/kernel", "c2/kernel"),
         ("d1/kernel", "d2/kernel"),
     ]
+
+
+@pytest.mark.parametrize("pool", ["max", "average"])
+def test_channels_first_pooling_between_convs(pool: str) -> None:
+    # The pooling probe is laid out in the pooling layer's data_format (channels_last crashed).
+    keras.utils.set_random_seed(0)
+    layer = {"max": keras.layers.MaxPooling2D, "average": keras.layers.AveragePooling2D}[pool]
+    conv = keras.layers.Conv2D
+    model = keras.Sequential(
+        [
+            keras.Input((2, 12, 12)),  # no filters == width (Keras then adds a bias wrong)
+            conv(4, 3, activation="relu", name="c1", data_format="channels_first"),
+            layer(2, data_format="channels_first"),
+            conv(3, 2, name="c2", data_format="channels_first"),
+        ]
+    )
+    model.get_layer("c1").bias.assign(np.full(4, 0.5))
+    _kill_channels(model, "c1", "c2", ([1], [2]))
+    small, report = compact(model)
+    assert (report.pairs[0].removed, report.pairs[0].folded) == (1, 1)
+    x = np.random.default_rng(1).standard_normal((8, 2, 12, 12)).astype("float32")
+    assert np.max(np.abs(np.asarray(small(x)) - np.asarray(model(x)))) <= 1e-5
+
+
+def test_a_pooling_probe_without_output_shows_nothing() -> None:
+    class Empty(keras.layers.Layer):
+        data_format = "channels_last"
+
+        def call(self, x: Any) -> Any:
+            return x[:, :0]
+
+    assert not _keeps_constants(Empty(), keras.ops.ones((1, 5, 3)))
