@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from pathnorm_lightning._common import compute_dtype, non_finite
+from pathnorm_lightning._common import non_finite
 
 #: The per-unit prox a graph replays: ``(x, y, lam) -> (v, w)`` on rows of units.
 RowsProx = Callable[[Tensor, Tensor, "float | Tensor"], tuple[Tensor, Tensor]]
@@ -55,8 +55,7 @@ class GraphedProx:
                 self.out = self._compute()
 
     def _compute(self) -> tuple[Tensor, Tensor, Tensor]:
-        cd = compute_dtype(self.w_in.dtype)
-        x, y = self.w_out.to(cd).t().contiguous(), self.w_in.to(cd)
+        x, y = self.w_out.to(torch.float64).t().contiguous(), self.w_in.to(torch.float64)
         v, w = self.rows(x, y, self.lam)
         finite = torch.isfinite(torch.stack([*torch.aminmax(y), *torch.aminmax(x)])).view(2, 2)
         return w.to(self.w_in.dtype), v.t().to(self.w_out.dtype), finite.all(1)

@@ -38,7 +38,6 @@ from pathnorm_lightning._common import (
     check_pair,
     check_scalar,
     check_writable,
-    compute_dtype,
     optional_module,
 )
 from pathnorm_lightning._common import (
@@ -92,8 +91,8 @@ def prox_path_norm(
             else ``"sort"``. All are exact and return the same minimiser (tie rule above).
 
     Returns:
-        ``(w_in_new, w_out_new)``, new tensors of the input dtypes. Half precision inputs are
-        computed in float32 and cast back.
+        ``(w_in_new, w_out_new)``, new tensors of the input dtypes: every method computes
+        the thresholds in float64, so the result is the exact prox rounded to them.
 
     Raises:
         TypeError: ``lam`` is not a real number.
@@ -258,9 +257,10 @@ def _prox_sort(
     if check_finite:
         _check_finite(w_in, "w_in")
         _check_finite(w_out, "w_out")
-    cd = compute_dtype(w_in.dtype)
-    # Rows of x are units: sorting and scanning along strided rows is much slower, so copy.
-    x, y = w_out.detach().to(cd).t().contiguous(), w_in.detach().to(cd)
+    # Rows of x are units: sorting and scanning along strided rows is much slower, so copy; in
+    # float64 whatever the weights' dtype, as the kernel (float32 cumulative sums moved the
+    # thresholds by ~50 ulps, and with them the zero pattern).
+    x, y = w_out.detach().to(torch.float64).t().contiguous(), w_in.detach().to(torch.float64)
     v, w = prox_rows(x, y, lam)
     if in_place:
         w_in.copy_(w)
