@@ -19,6 +19,7 @@ __all__ = [
     "check_auto_pairs_in_model",
     "check_shared",
     "graph_calls",
+    "graph_nodes",
     "layer_path",
     "leaves",
     "not_consecutive",
@@ -122,6 +123,17 @@ def graph_calls(model: Any) -> collections.Counter[str]:
         graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
         keys |= set(getattr(graph, "_nodes", ()) or ())
     return collections.Counter(key.partition("_ib-")[0] for key in keys)
+
+
+def graph_nodes(model: Any) -> list[Any]:
+    """The nodes (layer calls) of the graphs of ``model`` and of the models inside it, each
+    once. Empty without a graph (a subclassed model)."""
+    nodes: dict[int, Any] = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
+        for level in (getattr(graph, "_nodes_by_depth", None) or {}).values():
+            nodes.update((id(node), node) for node in level)
+    return list(nodes.values())
 
 
 def check_shared(calls: collections.Counter[str], first: Any, second: Any) -> None:

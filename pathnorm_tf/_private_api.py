@@ -74,6 +74,13 @@ def _inbound_nodes() -> bool:
     return node.operation is dense and [p.operation for p in node.parent_nodes] == [flatten]
 
 
+def _keras_history() -> bool:
+    functional, (_, _, dense), _ = _models()
+    (history,) = (t._keras_history for t in functional.outputs)
+    node = history.operation._inbound_nodes[history.node_index]
+    return history.operation is dense and node.operation is dense
+
+
 def _build_shapes() -> bool:
     _, (conv, _, _), _ = _models()
     return tuple(conv._build_shapes_dict["input_shape"]) == (None, 4, 4, 1)
@@ -160,6 +167,8 @@ ENTRIES: tuple[PrivateName, ...] = (
             "pathnorm_tf/compact.py:_graph_between",
             "pathnorm_tf/compact.py:_between",
             "pathnorm_tf/compact.py:compact",
+            "pathnorm_tf/_graph.py:graph_nodes",
+            "pathnorm_tf/metrics.py:_Graph",
         ),
         "a functional model's graph, to find the layers between a pair; its absence marks a "
         "subclassed model, whose data flow compact refuses",
@@ -170,20 +179,32 @@ ENTRIES: tuple[PrivateName, ...] = (
             "keras",
             name,
             'Functional._nodes (keys "<id(layer)>_ib-<k>"), Sequential._functional',
-            ("pathnorm_tf/_graph.py:graph_calls",),
+            ("pathnorm_tf/_graph.py:graph_calls", *more),
             "how many times the model's graphs call each layer, to refuse a shared layer in a "
-            'pairs="auto" pair',
+            'pairs="auto" pair (and, for the metrics, in the network chain)',
             _graph_nodes,
         )
-        for name in ("_nodes", "_functional")
+        for name, more in (
+            ("_nodes", ()),
+            ("_functional", ("pathnorm_tf/_graph.py:graph_nodes", "pathnorm_tf/metrics.py:_Graph")),
+        )
     ),
     PrivateName(
         "keras",
         "_inbound_nodes",
         "Layer._inbound_nodes (nodes with .parent_nodes, .operation)",
-        ("pathnorm_tf/_graph.py:path_between",),
+        ("pathnorm_tf/_graph.py:path_between", "pathnorm_tf/metrics.py:_Graph"),
         "the layers through which every call of a pair's second layer reads the first's output",
         _inbound_nodes,
+    ),
+    PrivateName(
+        "keras",
+        "_keras_history",
+        "KerasTensor._keras_history (operation, node_index)",
+        ("pathnorm_tf/metrics.py:_Graph",),
+        "the node that produced each output of a model's graph: the metrics' chain must end "
+        "in the model's output, read by nothing else",
+        _keras_history,
     ),
     PrivateName(
         "keras",

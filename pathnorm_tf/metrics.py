@@ -23,10 +23,12 @@ the l1/l_inf baselines its kernels (alive units over runs of adjacent ones whose
 With another optimizer, or explicit ``pairs`` other than the optimizer's, the pairs are
 resolved over the model's *trainable* variables as the optimizer would resolve them (frozen
 layers and recurrent cells skipped, :mod:`pathnorm_tf.pairing`). The bounds cover every built
-Dense/Conv1D/Conv2D layer, frozen ones included, and are reported when they all chain (a
-feed-forward network; a Dense layer after a convolution reads it through a Flatten or global
-pooling) and, where the last is a convolution, its input size is known. Values are Python
-floats computed in float64 from the current weights. A regularized pair left with no alive
+Dense/Conv1D/Conv2D layer, frozen ones included, and are reported only where the model's
+graph confirms that they form a chain (:func:`_chain_of`: no skip connection, branch, shared
+layer, nor a subclassed model, whose graph is unknown; a Dense layer after a convolution reads
+it through a Flatten or global pooling) and, where the last is a convolution, its input size is
+known; otherwise they are left out with a warning (once per callback) saying why. Values are
+Python floats computed in float64 from the current weights. A regularized pair left with no alive
 hidden unit is warned about once per pair (with the model's path-norm optimizer, whose own
 check at the end of ``fit`` shares the record).
 """
@@ -34,6 +36,7 @@ check at the end of ``fit`` shares the record).
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import Any
 
 import keras
@@ -41,7 +44,7 @@ import tensorflow as tf
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf._graph import path_between
+from pathnorm_tf._graph import graph_calls, graph_nodes, path_between
 from pathnorm_tf._units import alive_units, links, warn_dead_pairs
 from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer
 
@@ -86,26 +89,110 @@ def product_bound(kernels: list[Any], layouts: list[seam.PairLayout], reuse: int
     return float(value)
 
 
-def _chain_of(model: keras.Model) -> tuple[list[Any], list[seam.PairLayout], int] | None:
+class _Graph:
+    """The model's graph as the chain check reads it: how many times it calls each layer, the
+    node of each layer it calls, the nodes that read each node, and its outputs (the model's
+    and those of the models inside it, each with its model)."""
+
+    def __init__(self, model: keras.Model) -> None:
+        nodes = graph_nodes(model)
+        if not nodes:
+            raise ValueError(
+                "the model has no graph (a subclassed model), which alone would show the order "
+                "its call() runs the layers in"
+            )
+        self.model = model
+        self.calls = graph_calls(model)
+        self.node_of = {id(node.operation): node for node in nodes}
+        self.readers: dict[int, list[Any]] = {}
+        for node in nodes:
+            for parent in node.parent_nodes:
+                self.readers.setdefault(id(parent), []).append(node)
+        self.output_of: dict[int, Any] = {}
+        for layer in model._flatten_layers(include_self=True, recursive=True):
+            graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
+            if getattr(graph, "_nodes_by_depth", None):
+                for history in (t._keras_history for t in graph.outputs):
+                    node = history.operation._inbound_nodes[history.node_index]
+                    self.output_of[id(node)] = layer
+
+    def check_called_once(self, layer: Any) -> None:
+        n = self.calls[str(id(layer))]
+        if n == 0:
+            raise ValueError(f"the model's graph does not call {layer.name!r}")
+        if n > 1:
+            raise ValueError(f"the model calls {layer.name!r} {n} times (a shared layer)")
+
+    def check_read_on(self, layer: Any, stop: Any | None) -> None:
+        """Check that the output of ``layer`` is read by one line of layers that read nothing
+        else, up to the layer ``stop`` (None: up to the model's output)."""
+        node = self.node_of[id(layer)]
+        while node.operation is not stop:
+            name, after = node.operation.name, self.readers.get(id(node), [])
+            owner = self.output_of.get(id(node))
+            if owner is not None and after:
+                readers = [n.operation.name for n in after]
+                raise ValueError(
+                    f"the output of {name!r} is an output of {owner.name!r} and also read by "
+                    f"{readers}"
+                )
+            if owner is not None and owner is not self.model:  # on in the graph around it
+                self.check_called_once(owner)
+                node = self.node_of[id(owner)]
+            elif not after:
+                if stop is None:
+                    return
+                raise ValueError(f"the output of {name!r} does not reach {stop.name!r}")
+            elif len(after) > 1:
+                readers = [n.operation.name for n in after]
+                raise ValueError(
+                    f"the output of {name!r} is read by {len(after)} layers {readers} (a branch "
+                    "or a skip connection)"
+                )
+            elif len(after[0].parent_nodes) > 1:
+                raise ValueError(
+                    f"{after[0].operation.name!r} after {layer.name!r} also reads another input "
+                    "(a merge or a skip connection)"
+                )
+            else:
+                node = after[0]
+
+
+#: The kernels of a chain, the layouts between them and the factor ``s`` of the last one.
+_Network = tuple[list[Any], list[seam.PairLayout], int]
+
+
+def _chain_of(model: keras.Model) -> tuple[_Network | None, str]:
     """The kernels of the model's seam layers, the layouts between them and the factor ``s``
-    of the last one; None where they do not chain (or the last convolution's input size is
-    unknown)."""
+    of the last one; or None and why not. The model's graph must confirm that the layers are
+    the network's chain: it calls each once, each reads exactly the outputs of the one before
+    it, through layers the pairing allows between a pair only (the graph does not show the
+    order of a subclassed model's layers), and nothing else reads these (nor the last one's,
+    up to the model's output). The last convolution's input size must be known."""
     found = _seam_layers(model)
     if not found:
-        return None
+        return None, ""
     try:
+        graph = _Graph(model)
+        for layer in found:
+            graph.check_called_once(layer)
         layouts = []
         for a, b in itertools.pairwise(found):
             between = path_between(a, b)
-            flatten = None
-            if between is not None and seam.entry_of(a).spatial:
-                flatten = seam.check_between(a, b, between).flatten
-            layouts.append(seam.layout_of(a, b, flatten))
+            if between is None:
+                raise ValueError(
+                    f"the graph does not show {b.name!r} reading exactly the outputs of "
+                    f"{a.name!r} through activations, dropout, pooling or a Flatten only: a "
+                    "skip connection, a merge of branches or another layer lies between"
+                )
+            layouts.append(seam.layout_of(a, b, seam.check_between(a, b, between).flatten))
+        for a, b in itertools.zip_longest(found, found[1:]):
+            graph.check_read_on(a, b)
         last = seam.entry_of(found[-1])
         reuse = last.reuse(found[-1], last.in_positions(found[-1]))
-    except ValueError:
-        return None
-    return [layer.kernel for layer in found], layouts, reuse
+    except ValueError as err:
+        return None, str(err)
+    return ([layer.kernel for layer in found], layouts, reuse), ""
 
 
 def _regularizing_optimizer(model: keras.Model) -> Any:
@@ -146,14 +233,18 @@ def metric_values(model: keras.Model, pairs: Any = "auto") -> dict[str, float]:
             another optimizer (or none) the pairs ``PathNormSGD(pairs="auto")`` would take;
             or ``(first, second)`` layer names (trained Dense layers), as for the optimizer.
     """
-    return _metric_values(model, pairing.normalize_pairs(pairs), set())
+    return _metric_values(model, pairing.normalize_pairs(pairs), set(), set())
 
 
 def _metric_values(
-    model: keras.Model, spec: pairing.PairsSpec, warned: set[tuple[str, str]]
+    model: keras.Model,
+    spec: pairing.PairsSpec,
+    warned: set[tuple[str, str]],
+    no_chain: set[str],
 ) -> dict[str, float]:
     """:func:`metric_values`, warning about a dead pair once per the regularizing optimizer's
-    record, or per ``warned`` without one."""
+    record, or per ``warned`` without one, and about bounds left out once per ``no_chain``
+    (the reasons warned about)."""
     chains = _regularized_chains(model, spec)
     if not _seam_layers(model) and not chains:
         raise ValueError(
@@ -177,10 +268,21 @@ def _metric_values(
         values["pathnorm/sparsity"] = zeros / total
     if units:
         values["pathnorm/alive_units"] = alive / units
-    network = _chain_of(model)
+    network, why = _chain_of(model)
     if network is not None:
         values["pathnorm/path_norm_bound"] = path_norm_bound(*network)
         values["pathnorm/product_bound"] = product_bound(*network)
+    elif why and why not in no_chain:
+        no_chain.add(why)
+        warnings.warn(
+            f"PathNormMetrics: the {pairing.KINDS} layers of {model.name!r} do not form a chain "
+            f"({why}), so the network bounds pathnorm/path_norm_bound and "
+            "pathnorm/product_bound are not reported (they hold for a chain only; skip "
+            "connections, branches, shared layers and subclassed models have none); "
+            "pathnorm/sparsity and pathnorm/alive_units are.",
+            UserWarning,
+            stacklevel=3,
+        )
     opt = _regularizing_optimizer(model)
     warn_dead_pairs(dead, opt, opt._warned_dead if opt is not None else warned)
     return values
@@ -213,11 +315,12 @@ class PathNormMetrics(keras.callbacks.Callback):
             )
         self.every_n_batches = every_n_batches
         self._warned: set[tuple[str, str]] = set()  # dead pairs (with another optimizer)
+        self._no_chain: set[str] = set()  # why the bounds were left out, as warned
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.every_n_batches and logs is not None and (batch + 1) % self.every_n_batches == 0:
-            logs.update(_metric_values(self.model, self.pairs, self._warned))
+            logs.update(_metric_values(self.model, self.pairs, self._warned, self._no_chain))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
-            logs.update(_metric_values(self.model, self.pairs, self._warned))
+            logs.update(_metric_values(self.model, self.pairs, self._warned, self._no_chain))

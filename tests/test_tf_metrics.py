@@ -515,3 +515,82 @@ def test_conv_values_equal_the_torch_metrics_from_the_same_weights(head: bool) -
     assert got["pathnorm/path_norm_bound"] == pytest.approx(float(bound.compute()), rel=1e-12)
     assert got["pathnorm/product_bound"] == pytest.approx(float(prod.compute()), rel=1e-12)
     assert got["pathnorm/product_bound"] > got["pathnorm/path_norm_bound"] > 0
+
+
+# --- the network bounds only where the model's graph confirms the chain -----------------------
+
+
+class _CreatedOutOfOrder(keras.Model):  # layers created in another order than call() runs them
+    def __init__(self) -> None:
+        super().__init__()
+        self.out_layer, self.hidden = keras.layers.Dense(4), keras.layers.Dense(8)
+
+    def call(self, x: Any) -> Any:
+        return self.out_layer(self.hidden(x))
+
+
+def _not_a_chain(case: str) -> keras.Model:
+    """Networks whose Dense layers chain by shape and layer order, but not in the graph."""
+    keras.utils.set_random_seed(0)
+    dense, inp = keras.layers.Dense, keras.Input((4,))
+    if case == "residual":  # d1 -> d2, + the input, -> d3
+        h = dense(4, name="d2")(dense(4, name="d1")(inp))
+        return keras.Model(inp, dense(1, name="d3")(keras.layers.Add()([h, inp])))
+    if case == "branches":  # a(x) + b(x) -> c
+        a, b = dense(4, name="a")(inp), dense(4, name="b")(inp)
+        return keras.Model(inp, dense(1, name="c")(keras.layers.Add()([a, b])))
+    if case == "shared":  # s -> t -> s -> o
+        s, t = dense(4, name="s"), dense(4, name="t")
+        return keras.Model(inp, dense(1, name="o")(s(t(s(inp)))))
+    model = _CreatedOutOfOrder()
+    model(np.zeros((1, 4), "float32"))
+    return model
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("residual", "the graph does not show 'd3' reading exactly the outputs of 'd2'"),
+        ("branches", "the graph does not show 'b' reading exactly the outputs of 'a'"),
+        ("shared", "the model calls 's' 2 times (a shared layer)"),
+        ("subclassed", "the model has no graph (a subclassed model)"),
+    ],
+)
+def test_network_bounds_only_where_the_graph_confirms_the_chain(case: str, why: str) -> None:
+    # Before, these networks' bounds were reported from the layer order and the shapes alone,
+    # below their Lipschitz constants (residual: 0.24 vs 3.25), without a word.
+    model, callback, logs = _not_a_chain(case), PathNormMetrics(every_n_batches=1), {}
+    callback.set_model(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = metric_values(model)
+        for epoch in range(2):  # the callback warns once, not every epoch (nor batch)
+            callback.on_train_batch_end(0, logs)
+            callback.on_epoch_end(epoch, logs)
+    assert set(got) == set(logs) == {"pathnorm/sparsity", "pathnorm/alive_units"}
+    messages = [str(w.message) for w in caught if "do not form a chain" in str(w.message)]
+    assert len(messages) == 2 and messages[0] == messages[1], messages
+    assert why in messages[0], messages[0]
+    assert "path_norm_bound and pathnorm/product_bound are not reported" in messages[0]
+
+
+@pytest.mark.parametrize("flatten", ["GlobalAveragePooling2D", "Flatten"])
+def test_chain_with_dropout_and_flatten_keeps_its_bounds(flatten: str) -> None:
+    # c -> Dropout -> flatten -> d1 -> Dropout -> d2: bounds as before, without a warning.
+    keras.utils.set_random_seed(2)
+    conv, dense, drop = keras.layers.Conv2D, keras.layers.Dense, keras.layers.Dropout
+    flat = getattr(keras.layers, flatten)()
+    head = [flat, dense(6, activation="relu", name="d1"), drop(0.5), dense(2, name="d2")]
+    model = keras.Sequential(
+        [keras.Input((5, 5, 2)), conv(3, 2, activation="relu", name="c"), drop(0.5), *head]
+    )  # c's output: (4, 4, 3)
+    c, d1, d2 = (np.abs(model.get_layer(n).kernel.numpy()).astype(float) for n in ("c", "d1", "d2"))
+    per_channel = c.reshape(-1, 3).sum(0)  # ||y_c||_1 over the taps and input channels
+    d1_units = d1.reshape(-1, 3, 6).sum(0)  # d1 reads 16 positions per channel (GAP: 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = metric_values(model, pairs=[("d1", "d2")])  # (an odd "auto" chain warns)
+    want_path = (per_channel @ d1_units @ d2).sum()
+    want_prod = d2.sum() * per_channel.max() * d1.sum(0).max()
+    assert got["pathnorm/path_norm_bound"] == pytest.approx(want_path, rel=1e-6)
+    assert got["pathnorm/product_bound"] == pytest.approx(want_prod, rel=1e-6)
