@@ -51,7 +51,12 @@ def check_scalar(value: Any, name: str) -> float:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(
+            f"{name} must be a finite number >= 0, got an int too large for a float"
+        ) from None
     if math.isnan(result) or math.isinf(result) or result < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {result!r}")
     return result
@@ -162,8 +167,9 @@ def finite_flag(weights: Sequence[Tensor]) -> Tensor | None:
 
 
 def check_finite(w: Tensor, name: str) -> None:
-    """Raise :class:`NonFiniteWeightsError` on NaN/inf, with one host sync."""
-    flag = finite_flag([w])
+    """Raise :class:`NonFiniteWeightsError` on NaN/inf, with one host sync (none on the
+    ``meta`` device: no values there)."""
+    flag = None if w.is_meta else finite_flag([w])
     if flag is not None and not bool(flag):
         raise non_finite(name)
 

@@ -88,7 +88,10 @@ def prox_path_norm(
             second call with a layer shape, unless the environment sets
             ``PATHNORM_CUDA_GRAPHS=0``). ``"triton"``: one Triton kernel (CUDA). ``"auto"``:
             ``"kernel"`` on CPU when numba is installed, ``"triton"`` on CUDA when Triton is,
-            else ``"sort"``. All are exact and return the same minimiser (tie rule above).
+            else ``"sort"``. All are exact and return the same minimiser (tie rule above):
+            the minimiser as float64 resolves the objective, so a unit whose one side is
+            below ~1e-8 of the other's norm may lose that side at any ``lam > 0`` (a change
+            of the objective below 1e-16 of ``1/2 (|x|^2 + |y|^2)``; docs/keras.md).
 
     Returns:
         ``(w_in_new, w_out_new)``, new tensors of the input dtypes: every method computes

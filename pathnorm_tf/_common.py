@@ -104,7 +104,12 @@ def check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
         value = t.numpy().item()
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number (int or float), got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int beyond the float range
+        raise ValueError(
+            f"{name} must be a finite number >= 0, got an int too large for a float"
+        ) from None
     if math.isnan(value) or math.isinf(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return value

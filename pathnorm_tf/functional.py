@@ -14,9 +14,9 @@ exactly, with the same candidates and tie rule by ``"sort"`` (:mod:`pathnorm_tf.
 shortest exact algorithm: read it first) or ``"band"`` (:mod:`pathnorm_tf._band`, the default:
 it sorts only the band of the long side that can change support). The prox is
 scale-equivariant, so each unit is scaled by a power of two (exact) that brings its largest
-entry near 1: the result is exact at every finite magnitude, subnormals included. Static-shape
-tf ops: eager, ``tf.function`` and XLA (``jit_compile=True``), CPU and GPU; float16/bfloat16
-are computed in float32. The paper's layer-wise baselines live in :mod:`pathnorm_tf._baselines`
+entry near 1: the result is exact at every finite magnitude (TensorFlow's CPU kernels treat a
+subnormal weight as 0, docs/keras.md). Static-shape tf ops: eager, ``tf.function`` and XLA
+(``jit_compile=True``), CPU and GPU; float16/bfloat16 are computed in float32. The paper's layer-wise baselines live in :mod:`pathnorm_tf._baselines`
 and are public here.
 """
 

@@ -880,6 +880,7 @@ def test_ddp_two_cpu_processes_keep_identical_weights(
         ({"lam": -1.0}, ValueError, r"lam must be a finite number >= 0, got -1.0"),
         ({"lam": float("nan")}, ValueError, r"lam must be a finite number >= 0, got nan"),
         ({"lam": float("inf")}, ValueError, r"lam must be a finite number >= 0, got inf"),
+        ({"lam": 10**400}, ValueError, r"lam must be a finite number >= 0, got an int too large"),
         ({"lam": "0.1"}, TypeError, r"lam must be a real number, got '0.1'"),
         ({"lam": True}, TypeError, r"lam must be a real number, got True"),
         ({"lam": 0.1, "pairs": "all"}, ValueError, r"pairs must be 'auto' or a list"),

@@ -336,6 +336,14 @@ def test_in_place_equals_out_of_place(dtype: torch.dtype) -> None:
     assert isinstance(layer_in.weight, torch.nn.Parameter) and w_in.requires_grad
 
 
+@pytest.mark.parametrize("method", ["auto", "sort"])
+def test_meta_tensors_give_meta_results(method: str) -> None:
+    # no values to check or compute: shapes and dtypes only (as for tracing)
+    w_in, w_out = torch.empty(5, 7, device="meta"), torch.empty(3, 5, device="meta")
+    new_in, new_out = prox_path_norm(w_in, w_out, 0.1, method=method)  # type: ignore[arg-type]
+    assert (new_in.device.type, new_in.shape, new_out.shape) == ("meta", (5, 7), (3, 5))
+
+
 def test_lam_as_a_tensor() -> None:
     w_in, w_out = _layer(7, 8, 6, 3)
     a = prox_path_norm(w_in, w_out, torch.tensor(0.1, dtype=torch.float64))

@@ -253,6 +253,7 @@ def test_prox_l1_and_projections() -> None:
 
 
 BAD_LAMS = [(-0.1, "finite number >= 0"), (float("nan"), "finite"), (float("inf"), "finite")]
+BAD_LAMS += [(10**400, "finite number >= 0, got an int too large for a float")]
 
 
 @pytest.mark.parametrize(
