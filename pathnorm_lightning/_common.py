@@ -14,7 +14,6 @@ import functools
 import importlib
 import itertools
 import math
-import numbers
 import os
 import sys
 import warnings
@@ -24,6 +23,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+
+from shared_spec.scalars import finite_nonnegative
 
 
 class NonFiniteWeightsError(ValueError):
@@ -49,17 +50,7 @@ def check_scalar(value: Any, name: str) -> float:
         if value.dtype == torch.bool or value.is_complex():
             raise TypeError(f"{name} must be a real number, got a {value.dtype} tensor")
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-    try:
-        result = float(value)
-    except OverflowError:  # an int beyond the float range
-        raise ValueError(
-            f"{name} must be a finite number >= 0, got an int too large for a float"
-        ) from None
-    if math.isnan(result) or math.isinf(result) or result < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {result!r}")
-    return result
+    return finite_nonnegative(value, name)
 
 
 def check_matrix(w: Tensor, name: str) -> None:

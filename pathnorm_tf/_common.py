@@ -12,12 +12,12 @@ an ``InvalidArgumentError``, the type the graph runtime raises for a failed chec
 
 from __future__ import annotations
 
-import math
-import numbers
 import warnings
 from typing import Any
 
 import tensorflow as tf
+
+from shared_spec.scalars import finite_nonnegative
 
 try:  # TensorFlow's own test for "being traced for XLA" (private, hence the fallback)
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
@@ -102,17 +102,7 @@ def check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
             tf.debugging.assert_non_negative(t, message=message)
             return t
         value = t.numpy().item()
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number (int or float), got {value!r}")
-    try:
-        value = float(value)
-    except OverflowError:  # an int beyond the float range
-        raise ValueError(
-            f"{name} must be a finite number >= 0, got an int too large for a float"
-        ) from None
-    if math.isnan(value) or math.isinf(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return value
+    return finite_nonnegative(value, name)
 
 
 def as_matrix(w: Any, name: str, check_finite: bool) -> tf.Tensor:
