@@ -447,5 +447,36 @@ def compact(model: keras.Model, pairs: Any = "auto") -> tuple[keras.Model, Compa
         new.set_weights(plans[id(old)][1] if id(old) in plans else old.get_weights())
     if model.compiled and not new_model.compiled:
         new_model.compile_from_config(model.get_compile_config())
+    _check_same_function(model, new_model)
     result = CompactionReport(tuple(reports), model.count_params(), new_model.count_params())
     return new_model, result
+
+
+def _check_same_function(model: Any, new_model: Any) -> None:
+    """Refuse a compacted model whose outputs differ from the model's on a random batch (beyond
+    rounding): a Keras layer that computes something else at its new size. Keras 3.15 adds a
+    channels_first convolution's bias along the last axis when that axis happens to be as long
+    as the bias (``keras.ops.add``'s ``bias_add`` path), which a removed channel can cause."""
+    inputs = keras.tree.flatten(model.inputs or [])
+    if not inputs or any(
+        None in t.shape[1:] or not np.issubdtype(np.dtype(t.dtype), np.floating) for t in inputs
+    ):
+        return  # no float input of known shape to probe with
+    rng = np.random.default_rng(0)
+    x = [rng.standard_normal((2, *t.shape[1:])).astype(t.dtype) for t in inputs]
+    with keras.StatelessScope():  # no activity-regularizer loss left on the model
+        a, b = (
+            keras.tree.flatten(m(x if len(x) > 1 else x[0], training=False))
+            for m in (model, new_model)
+        )
+    for y, z in zip(a, b, strict=True):
+        y, z = np.asarray(y, np.float64), np.asarray(z, np.float64)
+        tol = 1e3 * np.finfo(np.asarray(a[0]).dtype).eps * max(1.0, float(np.abs(y).max()))
+        if np.abs(y - z).max() > tol:
+            raise ValueError(
+                f"compact: the compacted model's outputs differ from the model's by up to "
+                f"{np.abs(y - z).max():.3g} on a random batch, so it is not returned. A layer "
+                "computes something else at its new size (Keras adds a channels_first "
+                "convolution's bias along the wrong axis when its last axis is as long as the "
+                "bias); compact the model in channels_last, or report it with the model."
+            )

@@ -396,3 +396,34 @@ def test_a_pooling_probe_without_output_shows_nothing() -> None:
             return x[:, :0]
 
     assert not _keeps_constants(Empty(), keras.ops.ones((1, 5, 3)))
+
+
+def test_a_compacted_model_that_computes_something_else_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Keras 3.15 adds a channels_first conv's bias along the last axis when it is as long as
+    # the bias: here 4 -> 3 filters on a 3-wide output. Either refused, or the same function.
+    L = keras.layers
+    x = np.random.default_rng(0).standard_normal((16, 2, 5, 5)).astype("float32")
+    model = keras.Sequential([keras.Input((2, 5, 5)), L.Conv2D(4, 3, data_format="channels_first")])
+    model.add(L.Flatten())
+    model.add(L.Dense(3))
+    conv, _, dense = model.layers
+    conv.bias.assign(np.array([0.5, -1.0, 2.0, 0.3], "float32"))
+    kernel = dense.kernel.numpy()
+    kernel[9:18] = 0  # channel 1 has no outgoing weight
+    dense.kernel.assign(kernel)
+    try:
+        small, _ = compact(model)
+    except ValueError as err:
+        assert "outputs differ from the model's by up to" in str(err)
+    else:
+        np.testing.assert_allclose(small(x), model(x), rtol=1e-5, atol=1e-5)
+    # the check itself: a compacted model whose weights were written wrong
+    set_weights = keras.layers.Dense.set_weights
+    monkeypatch.setattr(
+        keras.layers.Dense, "set_weights", lambda self, w: set_weights(self, [2 * a for a in w])
+    )
+    mlp = keras.Sequential([keras.Input((4,)), _dense(5, "a"), _dense(3, "b")])
+    with pytest.raises(ValueError, match="outputs differ from the model's"):
+        compact(mlp)
