@@ -88,6 +88,12 @@ class SweepConfig:
                 reg != "none" and min(lams) <= 0
             ):
                 raise ValueError(f"lams[{reg!r}] must be finite and > 0 (none: 0), got {lams}")
+        lists = ("datasets", "regularizers", "optimizers", "lrs", "seeds", "select_seeds")
+        for name, values in [(n, tuple(getattr(self, n))) for n in lists] + [
+            (f"lams[{r!r}]", tuple(self.lams[r])) for r in self.regularizers
+        ]:
+            if len(set(values)) < len(values):
+                raise ValueError(f"{name} must be distinct, got {values}: give each value once")
         if not self.lrs or any(not (math.isfinite(v) and v > 0) for v in self.lrs):
             raise ValueError(f"lrs must be finite numbers > 0, got {self.lrs}")
         if not self.seeds or any(int(s) < 0 for s in self.seeds):

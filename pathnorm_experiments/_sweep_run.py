@@ -47,7 +47,7 @@ from pathnorm_experiments.runs import (
 )
 from pathnorm_experiments.settings import float_key
 
-__all__ = ["default_machine", "pending_groups", "run_sweep"]
+__all__ = ["check_device", "default_machine", "pending_groups", "run_sweep"]
 
 
 # ---------------------------------------------------------------- worker side
@@ -118,6 +118,23 @@ class _InlineExecutor:
 
 
 # ---------------------------------------------------------------- the scheduler
+
+
+def check_device(device: str) -> None:
+    """Refuse (ValueError) a device the sweep cannot use: it takes cpu, or cuda[:i] where
+    torch sees that GPU."""
+    try:
+        kind, index = torch.device(device).type, torch.device(device).index or 0
+    except RuntimeError:
+        kind, index = "?", 0
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r} is not supported: give cpu or cuda[:i]")
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "cuda" and index >= n:
+        raise ValueError(
+            f"device {device!r}: torch {torch.__version__} sees {n} CUDA device(s) here: give "
+            + (f"cpu or cuda:0 to cuda:{n - 1}" if n else "cpu")
+        )
 
 
 def default_machine(device: str = "cpu") -> str:
@@ -458,10 +475,11 @@ def run_sweep(
         this folder runs them), ``trained`` and ``evaluated`` (runs, now).
 
     Raises:
-        ValueError: as :func:`pending_groups`, before any run.
+        ValueError: as :func:`pending_groups` or :func:`check_device`, before any run.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    check_device(device)
     if shard is not None and not 1 <= shard[0] <= shard[1]:
         raise ValueError(f"shard must be K/N with 1 <= K <= N, got {shard[0]}/{shard[1]}")
     log = log or sys.stdout

@@ -220,10 +220,9 @@ def _where_to_get(spec: DatasetSpec, fname: str) -> str:
 def _find(
     spec: DatasetSpec, data_dir: Path, alternatives: tuple[FileSpec, ...]
 ) -> tuple[FileSpec, Path] | None:
-    for fs in alternatives:
-        for cand in (data_dir / spec.subdir / fs.name, data_dir / fs.name):
-            if cand.is_file():
-                return fs, cand
+    for fs in alternatives:  # never <data_dir>/<file>: the three datasets share file names
+        if (data_dir / spec.subdir / fs.name).is_file():
+            return fs, data_dir / spec.subdir / fs.name
     return None
 
 
@@ -256,8 +255,10 @@ def _read(spec: DatasetSpec, root: Path, split: str, verify: bool) -> np.ndarray
 
 def _missing(spec: DatasetSpec, data_dir: Path, alternatives: tuple[FileSpec, ...]) -> DataError:
     names = " or ".join(fs.name for fs in alternatives)
+    flat = [data_dir / fs.name for fs in alternatives if (data_dir / fs.name).is_file()]
+    note = f" ({flat[0]} is not read: the datasets share file names)" if flat else ""
     return DataError(
-        f"{spec.name}: {names} not found in {data_dir / spec.subdir}; "
+        f"{spec.name}: {names} not found in {data_dir / spec.subdir}{note}; "
         f"{_where_to_get(spec, alternatives[0].name)} (or set --data-dir / ${ENV_VAR}). "
         "Nothing is downloaded automatically."
     )
@@ -287,6 +288,10 @@ def _load_partial_train_images(
         raise DataError(f"{ppath}: SHA-256 mismatch with the known truncated copy")
     imgs = read_truncated_idx_gz(ppath)
     n = imgs.shape[0]
+    if n == 0:
+        raise DataError(
+            f"{ppath}: holds no complete image to train on: " + _where_to_get(spec, alts[0].name)
+        )
     warnings.warn(
         f"{spec.name}: using a PARTIAL training set: {n} of {part.count} training "
         f"images (from {ppath}), paired with the first {n} labels",

@@ -164,6 +164,9 @@ def preflight(args: argparse.Namespace, results: Path, out: Path) -> tuple[Any, 
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     cfg = sweep_config(args)
+    from pathnorm_experiments._sweep_run import check_device
+
+    check_device(args.device)
     data = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # KMNIST's partial training set: labelled in the report

@@ -177,11 +177,12 @@ def _truncated_gz(payload: bytes, keep: int) -> bytes:
     return (header + body)[:keep]
 
 
-def test_kmnist_partial_train_set(tmp_path: Path, small_counts: None) -> None:
+def make_kmnist_partial(root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """KMNIST's files but the full training images (30 train, 20 test)."""
     rng = np.random.default_rng(1)
     imgs = rng.integers(0, 256, (30, 28, 28), dtype=np.uint8)
     labels = rng.integers(0, 10, 30, dtype=np.uint8)
-    d = tmp_path / "kmnist"
+    d = root / "kmnist"
     blob = _truncated_gz(idx_bytes(imgs, "images"), keep=10**9)
     # keep the header and part of the stream: a prefix of the images decodes
     (d / "partial").mkdir(parents=True)
@@ -189,6 +190,11 @@ def test_kmnist_partial_train_set(tmp_path: Path, small_counts: None) -> None:
     write_gz(d / "train-labels-idx1-ubyte.gz", idx_bytes(labels, "labels"))
     write_gz(d / "t10k-images-idx3-ubyte.gz", idx_bytes(imgs[:20], "images"))
     write_gz(d / "t10k-labels-idx1-ubyte.gz", idx_bytes(labels[:20], "labels"))
+    return imgs, labels
+
+
+def test_kmnist_partial_train_set(tmp_path: Path, small_counts: None) -> None:
+    imgs, labels = make_kmnist_partial(tmp_path)
     with pytest.raises(D.DataError, match="allow_partial=True"):
         D.load_dataset("kmnist", tmp_path, verify=False)
     with pytest.warns(UserWarning, match=r"PARTIAL training set: (\d+) of 30"):
@@ -197,6 +203,28 @@ def test_kmnist_partial_train_set(tmp_path: Path, small_counts: None) -> None:
     assert 0 < n < 30 and ds.partial
     np.testing.assert_array_equal(ds.x_train, imgs[:n].reshape(n, 784) / np.float32(255))
     np.testing.assert_array_equal(ds.y_train, labels[:n])
+
+
+def test_files_directly_in_the_data_dir_are_not_read(tmp_path: Path, small_counts: None) -> None:
+    # MNIST's files flat in <data-dir> were taken for KMNIST's (or Fashion-MNIST's) missing
+    # training images: the three datasets share file names
+    make_mnist_dir(tmp_path)
+    for f in (tmp_path / "mnist").iterdir():
+        f.rename(tmp_path / f.name)
+    make_kmnist_partial(tmp_path)
+    with pytest.raises(D.DataError, match="allow_partial=True"):
+        D.load_dataset("kmnist", tmp_path, verify=False)
+    with pytest.warns(UserWarning, match="PARTIAL training set"):
+        assert D.load_dataset("kmnist", tmp_path, verify=False, allow_partial=True).partial
+    fashion = tmp_path / "fashion-mnist"
+    fashion.mkdir()
+    for f in (tmp_path / "kmnist").glob("*.gz"):  # all but the training images
+        (fashion / f.name).write_bytes(f.read_bytes())
+    for name in ("fashion-mnist", "mnist"):
+        with pytest.raises(D.DataError) as e:
+            D.load_dataset(name, tmp_path, verify=False)
+        assert f"not found in {tmp_path / name} ({tmp_path}/" in str(e.value)
+        assert "-ubyte.gz is not read: the datasets share file names); get" in str(e.value)
 
 
 def test_embedded_subset_is_stratified() -> None:

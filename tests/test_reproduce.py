@@ -46,6 +46,11 @@ def error_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
         (["--results", "{tmp}/r.csv"], "the sweep writes a file named runs.csv"),
         (["--datasets", "mnist", "--data-dir", "{tmp}"], "train-labels-idx1-ubyte.gz not found"),
         (["--datasets", "cifar"], "argument --datasets: invalid choice: 'cifar'"),
+        (["--seeds", "0", "0"], "error: seeds must be distinct, got (0, 0): give each value once"),
+        (["--datasets", "embedded", "embedded"], "datasets must be distinct"),
+        (["--device", "meta"], "error: device 'meta' is not supported: give cpu or cuda[:i]"),
+        (["--device", "bogus"], "error: device 'bogus' is not supported: give cpu or cuda[:i]"),
+        (["--device", "cuda:99"], "CUDA device(s) here: give cpu"),
     ],
 )
 def test_bad_settings_are_refused_before_training(

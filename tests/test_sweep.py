@@ -645,6 +645,34 @@ def test_cli_skips_missing_data_and_dry_run(
         S.SweepConfig(select_seeds=(7,))
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"regularizers": ("none", "none")},
+        {"lrs": (0.1, 0.1)},
+        {"seeds": (0, 1, 1)},
+        {"lams": {**CFG.lams, "l1": (1e-3, 1e-3)}},
+    ],
+)
+def test_a_repeated_value_is_refused(setting: dict[str, Any]) -> None:
+    # seeds 0 0 crashed the sweep (KeyError) after writing a group
+    with pytest.raises(ValueError, match=r"must be distinct, got \(.*\): give each value once"):
+        S.SweepConfig(**setting)
+
+
+def test_a_device_the_sweep_cannot_use_is_refused(
+    data: dict[str, S.Prepared], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(ValueError, match="device 'meta' is not supported: give cpu or cuda"):
+        S.run_sweep(CFG, data, tmp_path / "o", device="meta")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ValueError, match=r"device 'cuda': torch .* sees 0 CUDA device\(s\) here: give cpu$"
+    ):
+        S.run_sweep(CFG, data, tmp_path / "o", device="cuda")
+    assert not (tmp_path / "o").exists()
+
+
 def test_help_names_merge_and_each_default_once() -> None:
     text = " ".join(S.build_parser().format_help().split())
     assert "python -m pathnorm_experiments.sweep merge OUT.csv IN.csv [IN.csv ...]" in text

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import gzip
 import json
 import os
+import struct
 import subprocess
 import sys
 import warnings
@@ -307,6 +309,32 @@ def corrupt_kmnist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     np.savez(np_file, np.zeros(60000, dtype=np.uint8))
     np_file.write_bytes(np_file.read_bytes()[:1000])
     return tmp_path
+
+
+def test_a_partial_training_set_of_no_image_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # it was accepted as an empty training set, and training crashed (ZeroDivisionError)
+    d = tmp_path / "kmnist"
+
+    def idx(magic: int, *dims: int) -> bytes:  # an IDX file of zeros
+        return struct.pack(f">{1 + len(dims)}I", magic, *dims) + bytes(int(np.prod(dims)))
+
+    files = {  # the truncated training images: the IDX header alone
+        "partial/train-images-idx3-ubyte.gz.truncated": idx(data.IMAGE_MAGIC, 60000, 28, 28)[:16],
+        "train-labels-idx1-ubyte.gz": idx(data.LABEL_MAGIC, 60000),
+        "t10k-images-idx3-ubyte.gz": idx(data.IMAGE_MAGIC, 10000, 28, 28),
+        "t10k-labels-idx1-ubyte.gz": idx(data.LABEL_MAGIC, 10000),
+    }
+    for name, payload in files.items():
+        (d / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(gzip.compress(payload, 1))
+    args = ["--dataset", "kmnist", "--data-dir", str(tmp_path), "--allow-partial", "--no-verify"]
+    assert train.main([*TINY, "--out", str(tmp_path / "o"), *args]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"pathnorm-train: error: {d}/partial/train-images-idx3-ubyte.gz.truncated: holds no "
+        "complete image to train on: get train-images-idx3-ubyte.gz from http://codh.rois.ac.jp/"
+    )
 
 
 @pytest.mark.parametrize("command", ["train", "reproduce"])
