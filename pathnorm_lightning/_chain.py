@@ -111,11 +111,11 @@ class ChainSums:
         a = absolute(w)
         self._nonzero[key] = count_nonzero(a)
         if n is None:
-            self._rows[key] = rows(a).sum(1).to(self.dtype)
+            self._rows[key] = rows(a).sum(1, dtype=self.dtype)  # in float64: no overflow
         elif n == 0:  # reads no unit: every path through it is empty
             self._grids[key, n] = torch.zeros(w.shape[0], 0, dtype=self.dtype, device=w.device)
         else:
-            self._grids[key, n] = by_unit(a, n).sum(2).to(self.dtype)
+            self._grids[key, n] = by_unit(a, n).sum(2, dtype=self.dtype)
         return key
 
     def grid(self, w: Tensor, n: int) -> Tensor:

@@ -530,7 +530,7 @@ class L1Prox(_LayerwiseBase):
     @override
     def apply(self, target: StepTarget, lr: float, check: FiniteCheck) -> None:
         check(target)
-        prox_l1_(target.weights[0], self.lam * lr)
+        prox_l1_(target.weights[0], self.lam * lr, check_finite=False)  # checked
 
 
 class LayerwiseLinfProjection(_LayerwiseBase):
@@ -573,8 +573,8 @@ class LayerwiseLinfProjection(_LayerwiseBase):
     def apply(self, target: StepTarget, lr: float, check: FiniteCheck) -> None:
         check(target)
         if target.views is None:  # a target built by hand: its weight is the matrix
-            project_rows_l1_ball_(target.weights[0], self.radius)
+            project_rows_l1_ball_(target.weights[0], self.radius, check_finite=False)
             return
         (rows,) = target.views.matrices(target.weights)
-        project_rows_l1_ball_(rows, self.radius)
+        project_rows_l1_ball_(rows, self.radius, check_finite=False)  # checked
         target.views.write_back(target.weights, (rows,))

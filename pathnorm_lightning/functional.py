@@ -308,38 +308,45 @@ def product_bound(w_in: Tensor, w_out: Tensor) -> Tensor:
     return w_out.abs().sum() * top
 
 
-def prox_l1(w: Tensor, lam: float | Tensor) -> Tensor:
-    """Soft-thresholding ``sign(w) max(|w| - lam, 0)``: the prox of ``lam ||w||_1``."""
+def prox_l1(w: Tensor, lam: float | Tensor, *, check_finite: bool = True) -> Tensor:
+    """Soft-thresholding ``sign(w) max(|w| - lam, 0)``: the prox of ``lam ||w||_1``
+    (``check_finite``: raise :class:`NonFiniteWeightsError` on NaN/inf weights, one sync)."""
     lam = check_scalar(lam, "lam")
     if not isinstance(w, Tensor) or not w.is_floating_point():
         raise ValueError("w must be a floating-point torch.Tensor")
+    if check_finite:
+        _check_finite(w, "w")
     return _baselines.soft_threshold(w, lam)
 
 
-def prox_l1_(w: Tensor, lam: float | Tensor) -> Tensor:
+def prox_l1_(w: Tensor, lam: float | Tensor, *, check_finite: bool = True) -> Tensor:
     """In-place :func:`prox_l1`."""
-    new = prox_l1(w, lam)
+    new = prox_l1(w, lam, check_finite=check_finite)
     check_writable([(w, "w")])
     with torch.no_grad():
         w.copy_(new)
     return w
 
 
-def project_rows_l1_ball(w: Tensor, radius: float | Tensor) -> Tensor:
+def project_rows_l1_ball(w: Tensor, radius: float | Tensor, *, check_finite: bool = True) -> Tensor:
     """Project each row of ``w`` (shape (n, m)) onto ``{z : ||z||_1 <= radius}``, exactly
-    (sort-based, Duchi et al. 2008).
+    (sort-based, Duchi et al. 2008; ``check_finite`` as in :func:`prox_l1`).
 
     On an ``nn.Linear`` weight this enforces ``||w||_inf <= radius`` (the l_inf operator norm
     is the largest row l1 norm): the layer-wise constraint of Parseval-style training.
     """
     radius = check_scalar(radius, "radius")
     check_matrix(w, "w")
+    if check_finite:
+        _check_finite(w, "w")
     return _baselines.project_rows(w, radius)
 
 
-def project_rows_l1_ball_(w: Tensor, radius: float | Tensor) -> Tensor:
+def project_rows_l1_ball_(
+    w: Tensor, radius: float | Tensor, *, check_finite: bool = True
+) -> Tensor:
     """In-place :func:`project_rows_l1_ball`."""
-    new = project_rows_l1_ball(w, radius)
+    new = project_rows_l1_ball(w, radius, check_finite=check_finite)
     check_writable([(w, "w")])
     with torch.no_grad():
         w.copy_(new)

@@ -9,7 +9,14 @@ from typing import Any
 
 import tensorflow as tf
 
-from pathnorm_tf._common import Scalar, as_matrix, check_scalar, compute_dtype, scalar
+from pathnorm_tf._common import (
+    Scalar,
+    as_matrix,
+    check_finite_tensor,
+    check_scalar,
+    compute_dtype,
+    scalar,
+)
 
 __all__ = ["project_linf_operator_norm", "project_rows_l1_ball", "prox_l1", "soft_threshold"]
 
@@ -21,10 +28,10 @@ def soft_threshold(t: tf.Tensor, lam: float | tf.Tensor) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
-def prox_l1(w: Any, lam: Scalar) -> tf.Tensor:
+def prox_l1(w: Any, lam: Scalar, check_finite: bool = True) -> tf.Tensor:
     """Soft-thresholding ``sign(w) max(|w| - lam, 0)``, the prox of ``lam ||w||_1``, for a
     floating tensor ``w`` of any shape and ``lam`` finite and >= 0: a new tensor of ``w``'s shape
-    and dtype."""
+    and dtype (``check_finite``: NaN/inf weights raise, as in ``prox_path_norm``)."""
     lam = check_scalar(lam, "lam")
     try:
         t = tf.convert_to_tensor(w)
@@ -32,11 +39,11 @@ def prox_l1(w: Any, lam: Scalar) -> tf.Tensor:
         raise ValueError(f"w must be a floating-point tensor, got {type(w).__name__}") from None
     if not t.dtype.is_floating:
         raise ValueError(f"w must be a floating-point tensor, got dtype {t.dtype.name}")
-    return soft_threshold(t, lam)
+    return soft_threshold(check_finite_tensor(t, "w") if check_finite else t, lam)
 
 
 @tf.autograph.experimental.do_not_convert
-def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
+def project_rows_l1_ball(w: Any, radius: Scalar, check_finite: bool = True) -> tf.Tensor:
     """Project each row of ``w`` (shape (r, c)) onto ``{z : ||z||_1 <= radius}``.
 
     Exact (sort-based), vectorised over rows: the generic row-wise projection. For the l_inf
@@ -46,6 +53,7 @@ def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
     Args:
         w: a 2-D floating tensor.
         radius: the l1 radius, finite and >= 0.
+        check_finite: NaN/inf weights raise, as in ``prox_path_norm``.
 
     Returns:
         A new tensor of ``w``'s shape and dtype.
@@ -55,7 +63,7 @@ def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
         Learning in High Dimensions*, ICML 2008.
     """
     radius = check_scalar(radius, "radius")
-    t = as_matrix(w, "w", check_finite=False)
+    t = as_matrix(w, "w", check_finite)
     cd = compute_dtype(t.dtype)
     u = tf.cast(tf.stop_gradient(t), cd)
     if t.shape[1] == 0 or t.shape[0] == 0:
@@ -75,13 +83,14 @@ def project_rows_l1_ball(w: Any, radius: Scalar) -> tf.Tensor:
 
 
 @tf.autograph.experimental.do_not_convert
-def project_linf_operator_norm(kernel: Any, radius: Scalar) -> tf.Tensor:
+def project_linf_operator_norm(kernel: Any, radius: Scalar, check_finite: bool = True) -> tf.Tensor:
     """Project a Dense kernel (in, out) onto ``{K : ||K||_{inf -> inf} <= radius}`` (``radius``
-    finite and >= 0): a new tensor of its shape and dtype.
+    finite and >= 0; ``check_finite`` as in :func:`project_rows_l1_ball`): a new tensor of its
+    shape and dtype.
 
     The l_inf operator norm of ``u -> u @ K`` is the largest l1 norm of a column of ``K`` (the
     incoming weights of one output unit), so each *column* is projected onto the l1 ball: the
     paper's layer-wise baseline, equal to ``project_rows_l1_ball`` on the torch weight ``K.T``.
     """
-    t = as_matrix(kernel, "kernel", check_finite=False)
-    return tf.transpose(project_rows_l1_ball(tf.transpose(t), radius))
+    t = as_matrix(kernel, "kernel", check_finite)
+    return tf.transpose(project_rows_l1_ball(tf.transpose(t), radius, check_finite=False))

@@ -107,7 +107,7 @@ class LinfProjection(Regularizer):
         self, values: Sequence[tf.Tensor], layout: Any, learning_rate: Any, prox: Prox
     ) -> list[tf.Tensor]:
         (value,) = values
-        rows = project_linf_operator_norm(layout.in_view(value), self.value)
+        rows = project_linf_operator_norm(layout.in_view(value), self.value, check_finite=False)
         return [layout.in_native(rows, tuple(value.shape))]
 
 

@@ -483,6 +483,18 @@ def test_non_finite_weights_raise_the_value_error_subclass() -> None:
     assert issubclass(NonFiniteWeightsError, ValueError)
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize(
+    "baseline", [prox_l1, prox_l1_, project_rows_l1_ball, project_rows_l1_ball_]
+)
+def test_the_baselines_refuse_non_finite_weights(baseline: Callable, bad: float) -> None:
+    w = torch.tensor([[1.0, bad, -2.0]])
+    with pytest.raises(NonFiniteWeightsError, match="w contains NaN or inf"):
+        baseline(w, 10.0)
+    assert w[0, 0] == 1.0  # nothing written
+    assert baseline(w, 10.0, check_finite=False).shape == (1, 3)
+
+
 def test_check_finite_can_be_disabled() -> None:
     new_in, _ = prox_path_norm(_NAN, _B, 0.1, check_finite=False)
     assert new_in.shape == _NAN.shape

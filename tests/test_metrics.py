@@ -168,3 +168,15 @@ def test_half_precision_weights_do_not_overflow() -> None:
 def test_update_errors(metric_cls: type, weights: list, match: str) -> None:
     with pytest.raises(ValueError, match=rf"{metric_cls.__name__}\.update: .*{match}|{match}"):
         metric_cls().update(weights)
+
+
+@pytest.mark.parametrize("metric", [PathNormBound, ProductBound])
+def test_bounds_of_float32_weights_accumulate_in_float64(metric: type) -> None:
+    # |w| summed per row in float32 overflowed to inf at 1e38 scale; the bound is 1.6e9
+    weights = [torch.full((2, 4), 2e38), torch.full((1, 2), 1e-30)]
+    bound = metric()
+    bound.update(weights)
+    expected = metric()
+    expected.update([w.double() for w in weights])
+    assert bound.compute().item() == pytest.approx(expected.compute().item(), rel=1e-12)
+    assert math.isfinite(bound.compute().item())

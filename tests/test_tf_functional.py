@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -315,6 +316,15 @@ def test_bad_kernels(k_in: object, k_out: object, match: str) -> None:
     if "NaN" in match:  # the error has its own type, as on the torch side
         with pytest.raises(NonFiniteWeightsError):
             prox_path_norm(k_in, k_out, 0.1)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("baseline", [prox_l1, project_rows_l1_ball, project_linf_operator_norm])
+def test_the_baselines_refuse_non_finite_weights(baseline: Any, bad: float) -> None:
+    w = np.array([[1.0, bad, -2.0]])
+    with pytest.raises(NonFiniteWeightsError, match="contains NaN or inf"):
+        baseline(w, 10.0)
+    assert baseline(w, 10.0, check_finite=False).shape == (1, 3)
 
 
 def test_kernels_of_two_dtypes_are_refused_by_every_pair_function() -> None:
