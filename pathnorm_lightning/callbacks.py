@@ -283,8 +283,8 @@ class AfterOptimizerStep(Callback):
     ) -> None:
         if not self.log_metrics or self._hook is None or not self._hook.targets:
             return
-        if trainer.log_every_n_steps == 0:  # type: ignore[attr-defined]
-            return
+        if trainer.log_every_n_steps == 0 and self.log_every_n_steps is None:  # type: ignore[attr-defined]
+            return  # the trainer's interval, which is "never" (an own one still holds)
         # Runs after every batch: the cheapest test first (all must hold).
         step = trainer.global_step
         if self.log_every_n_steps is None:

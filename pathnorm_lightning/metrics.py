@@ -71,17 +71,18 @@ class _ChainBound(Metric):
     higher_is_better = False
     full_state_update = False
 
-    value_sum: Tensor
-    count: Tensor
     #: ``(chain, dtype, reuse) -> bound``: the bound of a checked chain, accumulated in ``dtype``
     _bound: Callable[[list[Tensor], torch.dtype, int], Tensor]
+    #: The states' prefix, ``<_state>_sum`` and ``<_state>_count``: one per class (with shared
+    #: names, a MetricCollection merges two bounds equal at their first update for good)
+    _state: str
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        self.add_state(
-            "value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum"
-        )
-        self.add_state("count", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        zero = torch.tensor(0.0, dtype=torch.float64)
+        self.add_state(f"{self._state}_sum", default=zero, dist_reduce_fx="sum")
+        count = torch.tensor(0, dtype=torch.long)
+        self.add_state(f"{self._state}_count", default=count, dist_reduce_fx="sum")
 
     def update(self, weights: Sequence[Tensor], *, reuse: int | None = None) -> None:
         """Add the bound of the network ``W_L act(... act(W_1 x))`` given as ``[W_1, ..., W_L]``.
@@ -105,14 +106,19 @@ class _ChainBound(Metric):
         if isinstance(reuse, bool) or not isinstance(reuse, int) or reuse < 1:
             raise ValueError(f"{name}.update: reuse must be a positive int, got {reuse!r}")
         value = self._bound(chain, acc_dtype(chain[0]), reuse)
-        self.value_sum += value.to(self.value_sum.device, self.value_sum.dtype)
-        self.count += 1
+        total, count = self._states()
+        setattr(self, f"{self._state}_sum", total + value.to(total.device, total.dtype))
+        setattr(self, f"{self._state}_count", count + 1)
+
+    def _states(self) -> tuple[Tensor, Tensor]:
+        return getattr(self, f"{self._state}_sum"), getattr(self, f"{self._state}_count")
 
     def compute(self) -> Tensor:
         """Mean of the bounds passed to ``update`` (NaN before any update)."""
-        if self.count == 0:
-            return torch.tensor(float("nan"), dtype=torch.float64, device=self.count.device)
-        return self.value_sum / self.count
+        total, count = self._states()
+        if count == 0:
+            return torch.tensor(float("nan"), dtype=torch.float64, device=count.device)
+        return total / count
 
 
 class PathNormBound(_ChainBound):
@@ -125,6 +131,7 @@ class PathNormBound(_ChainBound):
     """
 
     _bound = staticmethod(path_norm_bound)
+    _state = "path_norm"
 
 
 class ProductBound(_ChainBound):
@@ -135,3 +142,4 @@ class ProductBound(_ChainBound):
     """
 
     _bound = staticmethod(product_bound)
+    _state = "product"

@@ -596,11 +596,14 @@ def test_model_checkpoint_can_monitor_the_path_norm_bound(tmp_path: Path) -> Non
     assert math.isclose(float(ckpt.best_model_score), min(bounds), rel_tol=1e-6)
 
 
-def test_own_log_every_n_steps_writes_to_loggers_and_log_metrics_off(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trainer_every", [50, 0])  # 0: the trainer never logs steps
+def test_own_log_every_n_steps_writes_to_loggers_and_log_metrics_off(
+    tmp_path: Path, trainer_every: int
+) -> None:
     torch.manual_seed(0)
     cb = PathNormProx(lam=0.1, log_every_n_steps=4)
     logger = CSVLogger(tmp_path, name="own")
-    tr = trainer(max_epochs=2, callbacks=[cb], logger=logger, log_every_n_steps=50)
+    tr = trainer(max_epochs=2, callbacks=[cb], logger=logger, log_every_n_steps=trainer_every)
     model = MLP()
     tr.fit(model, loader(make_data()))
     rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).read_text().splitlines()))

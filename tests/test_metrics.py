@@ -180,3 +180,19 @@ def test_bounds_of_float32_weights_accumulate_in_float64(metric: type) -> None:
     expected.update([w.double() for w in weights])
     assert bound.compute().item() == pytest.approx(expected.compute().item(), rel=1e-12)
     assert math.isfinite(bound.compute().item())
+
+
+def test_the_two_bounds_stay_apart_in_a_metric_collection() -> None:
+    # torchmetrics groups metrics whose states have the same names and values after their first
+    # update: with shared names, bounds equal at the first update (one hidden unit) stayed one
+    from torchmetrics import MetricCollection
+
+    bounds = MetricCollection({"path": PathNormBound(), "product": ProductBound()})
+    bounds.update([torch.ones(1, 3), torch.ones(2, 1)])  # one unit: the bounds are equal (6)
+    bounds.reset()
+    weights = [torch.tensor([[1.0, 0.0], [0.0, 3.0]]), torch.tensor([[1.0, 1.0]])]
+    bounds.update(weights)
+    alone = ProductBound()
+    alone.update(weights)
+    assert bounds.compute()["product"].item() == alone.compute().item() == 6.0
+    assert bounds.compute()["path"].item() == 4.0
