@@ -333,7 +333,9 @@ def project_rows_l1_ball(w: Tensor, radius: float | Tensor, *, check_finite: boo
     (sort-based, Duchi et al. 2008; ``check_finite`` as in :func:`prox_l1`).
 
     On an ``nn.Linear`` weight this enforces ``||w||_inf <= radius`` (the l_inf operator norm
-    is the largest row l1 norm): the layer-wise constraint of Parseval-style training.
+    is the largest row l1 norm): the layer-wise constraint of Parseval-style training. Exact to
+    the rounding of the row's largest entry: a row whose largest entry exceeds ~2^52 times
+    ``radius`` (2^23 for float32 weights off the CPU kernel) may land outside the ball by that.
     """
     radius = check_scalar(radius, "radius")
     check_matrix(w, "w")

@@ -46,9 +46,10 @@ def prox_l1(w: Any, lam: Scalar, check_finite: bool = True) -> tf.Tensor:
 def project_rows_l1_ball(w: Any, radius: Scalar, check_finite: bool = True) -> tf.Tensor:
     """Project each row of ``w`` (shape (r, c)) onto ``{z : ||z||_1 <= radius}``.
 
-    Exact (sort-based), vectorised over rows: the generic row-wise projection. For the l_inf
-    operator-norm bound of a Dense kernel (whose rows are *inputs*) use
-    :func:`project_linf_operator_norm`.
+    Exact (sort-based) to the rounding of a row's largest entry (a row whose largest entry
+    exceeds ~2^23 times ``radius`` in float32, 2^52 in float64, may land outside the ball by
+    that), vectorised over rows: the generic row-wise projection. For the l_inf operator-norm
+    bound of a Dense kernel (whose rows are *inputs*) use :func:`project_linf_operator_norm`.
 
     Args:
         w: a 2-D floating tensor.
