@@ -1,6 +1,6 @@
 """Keras quick start: proximal SGD on the 1-path-norm, with the metrics in the History.
 
-Runs anywhere in about 20 s on 2 CPU cores, most of it TensorFlow's import and XLA compilation
+Runs anywhere in 13-19 s on 2 CPU cores, most of it TensorFlow's import and XLA compilation
 (synthetic data, no download):
 
     .venv/bin/python examples/keras_quickstart.py

@@ -51,7 +51,7 @@ selected runs. It appends one row per run to --results and is resumable: a rerun
 where the last one stopped. Then the report writes <out>/results.md and its plots
 (<out>/img/results/) from --results alone; --report-only writes only the report (no torch,
 no data needed). The full protocol takes hours (the sweep's --dry-run estimates it);
---quick runs a tiny grid on the embedded MNIST subset in about 20 s.
+--quick runs a tiny grid on the embedded MNIST subset in about 26 s.
 """
 
 
