@@ -319,6 +319,8 @@ def interval_margin_bounds(
     _act(activation, np.zeros(1))  # an unknown activation raises before any work
     bs = [_bias(w, b) for w, b in zip(weights, biases, strict=True)]
     x = np.asarray(x, dtype=np.float64)
+    if x.size and not 0.0 <= x.min() <= x.max() <= 1.0:  # the box would not contain x
+        raise ValueError(f"x must lie in [0, 1], the inputs' range, got [{x.min()}, {x.max()}]")
     y = np.asarray(y, dtype=np.int64)
     last, b_last = _readout(weights), bs[-1]
     out = np.empty((x.shape[0], last.shape[0]))

@@ -400,3 +400,13 @@ def test_no_attack_breaks_a_certified_conv_example(data: Dataset) -> None:
             broken = robust_error(model, x[idx], y[idx], eps, steps=30, loss=loss, return_mask=True)
             assert not bool(broken.any()), (eps, loss, int(broken.sum()))
     assert checked["interval"] >= 50 and checked["Lipschitz"] >= 20, checked  # not vacuous
+
+
+def test_interval_bounds_refuse_inputs_outside_the_unit_box() -> None:
+    # clip(x +- eps, 0, 1) would not contain x = 1.2: a misclassified x was certified
+    w1, w2 = np.array([[1.0]]), np.array([[-1.0], [1.0]])
+    b1, b2 = np.zeros(1), np.array([0.9, -0.9])
+    x, y = np.array([[1.2]]), np.array([0])
+    with pytest.raises(ValueError, match=r"x must lie in \[0, 1\]"):
+        C.interval_certified_mask([w1, w2], [b1, b2], x, y, 0.1, "relu")
+    assert C.interval_certified_mask([w1, w2], [b1, b2], x / 2, y, 0.1, "relu").shape == (1,)
