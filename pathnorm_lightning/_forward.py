@@ -18,7 +18,10 @@ from pathnorm_lightning._common import rank_zero_warn
 if TYPE_CHECKING:
     from pathnorm_lightning.pairing import LayerPair
 
-__all__ = ["ForwardCheck"]
+__all__ = ["OUTPUT", "ForwardCheck"]
+
+#: The name of the model's output in a link (no module name has "<")
+OUTPUT = "<output>"
 
 
 class ForwardCheck:
@@ -79,7 +82,7 @@ class ForwardCheck:
         if not self._recording() or not isinstance(output, torch.Tensor) or output.dim() == 0:
             return  # not the network's output (a loss, a structure)
         if self._last is None or _flows_from(output.grad_fn, self._last) is None:
-            self._broken.add((name, "output"))
+            self._broken.add((name, OUTPUT))
 
     def _second_ran(self, pair: LayerPair, args: Any) -> None:
         if not self._recording():
@@ -115,7 +118,7 @@ class ForwardCheck:
                 unseen.append(name)
             elif name in self._broken or calls != self._calls[id(p.second), 1]:
                 contradicted.append(name)
-        contradicted += [link for link in self._broken if link[1] == "output"]
+        contradicted += [link for link in self._broken if link[1] == OUTPUT]
         self.pairs = []
         if not warn:
             return contradicted

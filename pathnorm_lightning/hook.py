@@ -316,7 +316,7 @@ class StepHook:
             self.chain = None
             rank_zero_warn(
                 f"{self.owner}: in the forward pass, the input of the second of {broken} (the "
-                "model's output for 'output') does not come from the first's output alone "
+                "model's output for '<output>') does not come from the first's output alone "
                 "(a skip connection, a branch, a layer run twice, an op that mixes the units), "
                 "so the layers do not form a chain and the network bounds path_norm_bound and "
                 "product_bound are not computed."
