@@ -73,16 +73,16 @@ class _ChainBound(Metric):
 
     #: ``(chain, dtype, reuse) -> bound``: the bound of a checked chain, accumulated in ``dtype``
     _bound: Callable[[list[Tensor], torch.dtype, int], Tensor]
-    #: The states' prefix, ``<_state>_sum`` and ``<_state>_count``: one per class (with shared
+    #: The states' names, ``sum_<_state>`` and ``count_<_state>``: one per class (with shared
     #: names, a MetricCollection merges two bounds equal at their first update for good)
     _state: str
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
         zero = torch.tensor(0.0, dtype=torch.float64)
-        self.add_state(f"{self._state}_sum", default=zero, dist_reduce_fx="sum")
+        self.add_state(f"sum_{self._state}", default=zero, dist_reduce_fx="sum")
         count = torch.tensor(0, dtype=torch.long)
-        self.add_state(f"{self._state}_count", default=count, dist_reduce_fx="sum")
+        self.add_state(f"count_{self._state}", default=count, dist_reduce_fx="sum")
 
     def update(self, weights: Sequence[Tensor], *, reuse: int | None = None) -> None:
         """Add the bound of the network ``W_L act(... act(W_1 x))`` given as ``[W_1, ..., W_L]``.
@@ -107,11 +107,11 @@ class _ChainBound(Metric):
             raise ValueError(f"{name}.update: reuse must be a positive int, got {reuse!r}")
         value = self._bound(chain, acc_dtype(chain[0]), reuse)
         total, count = self._states()
-        setattr(self, f"{self._state}_sum", total + value.to(total.device, total.dtype))
-        setattr(self, f"{self._state}_count", count + 1)
+        setattr(self, f"sum_{self._state}", total + value.to(total.device, total.dtype))
+        setattr(self, f"count_{self._state}", count + 1)
 
     def _states(self) -> tuple[Tensor, Tensor]:
-        return getattr(self, f"{self._state}_sum"), getattr(self, f"{self._state}_count")
+        return getattr(self, f"sum_{self._state}"), getattr(self, f"count_{self._state}")
 
     def compute(self) -> Tensor:
         """Mean of the bounds passed to ``update`` (NaN before any update)."""
