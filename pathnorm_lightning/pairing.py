@@ -311,17 +311,14 @@ def _check_auto_pairs(
     layers, a convolution after a Linear layer, or (in one ``nn.Sequential``) modules between
     that :func:`~pathnorm_lightning.layers.check_between` refuses; return the pairs whose data
     flow the module tree does not show (see :class:`LayerPair`)."""
-    order = list(model.named_modules())
-    position = {name: index for index, (name, _) in enumerate(order)}
-    registered = collections.Counter(map(id, model.modules(remove_duplicate=False)))
+    order, position, registered = _tree(model)
     unverified = set()
     for (n1, l1), (n2, l2) in named:
         refuse = f"pairs='auto' would pair {n1!r} with {n2!r}, but"
         advice = "Name the pairs explicitly, e.g. pairs=[('encoder.0', 'encoder.2')]."
         between = order[position[n1] + 1 : position[n2]]
         for name, module in between:
-            own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
-            if own and not _has_entry(module):
+            if _holds_state(module) and not _has_entry(module):
                 learned = (
                     " (nn.PReLU learns its slope, which may leave [0, 1], the slopes for which "
                     "the path-norm bounds the Lipschitz constant)"
@@ -349,6 +346,22 @@ def _check_auto_pairs(
         except ValueError as err:
             raise ValueError(f"{refuse} {err}. {advice}") from None
     return unverified
+
+
+def _tree(
+    model: nn.Module,
+) -> tuple[list[tuple[str, nn.Module]], dict[str, int], collections.Counter[int]]:
+    """The modules in registration order, each name's position there, and how many times each
+    module is registered (a module used twice is registered twice)."""
+    order = list(model.named_modules())
+    position = {name: index for index, (name, _) in enumerate(order)}
+    return order, position, collections.Counter(map(id, model.modules(remove_duplicate=False)))
+
+
+def _holds_state(module: nn.Module) -> bool:
+    """Whether ``module`` has parameters or buffers of its own (a BatchNorm, a PReLU)."""
+    own = itertools.chain(module.parameters(recurse=False), module.buffers(recurse=False))
+    return next(own, None) is not None
 
 
 def _neighbours(
@@ -426,6 +439,25 @@ def layer_chain(model: nn.Module) -> list[nn.Module] | None:
     :func:`chains`) and the module tree allows a chain between each two (see
     :func:`chain_check`), else None: the network ``W_L act(... act(W_1 x))`` (pooling and a
     Flatten allowed after convolutions) for which the network-level bounds are defined."""
+    chain = _chain(model)
+    return None if chain is None else [layer for _, layer in chain[0]]
+
+
+def chain_check(model: nn.Module) -> ForwardCheck | None:
+    """A :class:`ForwardCheck` of the links of :func:`layer_chain` (two consecutive layers, as a
+    pair) whose data flow the module tree does not show, and of the model's output, which must
+    come from the last layer's alone (None: no chain, or an ``nn.Sequential`` that shows it
+    all): a skip connection, a branch or a layer run twice means no chain."""
+    chain = _chain(model)
+    if chain is None or (not chain[1] and isinstance(model, nn.Sequential)):
+        return None
+    found, links = chain
+    return ForwardCheck(links, tail=(model, *found[-1]))
+
+
+def _chain(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[LayerPair]] | None:
+    """The seam's layers of ``model`` in module order and the links between them that the
+    module tree does not verify (:func:`_links`); None where they do not form a chain."""
     found = _seam_layers(model)
     try:
         for _, layer in found:
@@ -434,19 +466,8 @@ def layer_chain(model: nn.Module) -> list[nn.Module] | None:
         return None
     if not found or not all(chains(a, b) for (_, a), (_, b) in itertools.pairwise(found)):
         return None
-    return None if _links(model, found) is None else [layer for _, layer in found]
-
-
-def chain_check(model: nn.Module) -> ForwardCheck | None:
-    """A :class:`ForwardCheck` of the links of :func:`layer_chain` (two consecutive layers, as a
-    pair) whose data flow the module tree does not show, and of the model's output, which must
-    come from the last layer's alone (None: no chain, or an ``nn.Sequential`` that shows it
-    all): a skip connection, a branch or a layer run twice means no chain."""
-    found = _seam_layers(model)
-    links = _links(model, found) if layer_chain(model) is not None else None
-    if links is None or (not links and isinstance(model, nn.Sequential)):
-        return None
-    return ForwardCheck(links, tail=(model, *found[-1]))
+    links = _links(model, found)
+    return None if links is None else (found, links)
 
 
 def _links(model: nn.Module, found: list[tuple[str, nn.Module]]) -> list[LayerPair] | None:
@@ -454,14 +475,11 @@ def _links(model: nn.Module, found: list[tuple[str, nn.Module]]) -> list[LayerPa
     the chain out: a module with parameters or buffers (a BatchNorm) registered between two of
     its layers, or modules between neighbours in one ``nn.Sequential`` that
     :func:`~pathnorm_lightning.layers.check_between` refuses."""
-    order = list(model.named_modules())
-    position = {name: index for index, (name, _) in enumerate(order)}
-    registered = collections.Counter(map(id, model.modules(remove_duplicate=False)))
+    order, position, registered = _tree(model)
     links = []
     for (n1, l1), (n2, l2) in itertools.pairwise(found):
-        for _, module in order[position[n1] + 1 : position[n2]]:
-            if [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-                return None
+        if any(_holds_state(m) for _, m in order[position[n1] + 1 : position[n2]]):
+            return None
         children = _neighbours(order, registered, (n1, l1), (n2, l2))
         if children is None:
             links.append(LayerPair(n1, n2, l1, l2, False, _check_chain(n1, l1, n2, l2)))
