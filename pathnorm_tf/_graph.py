@@ -20,6 +20,7 @@ __all__ = [
     "check_shared",
     "graph_calls",
     "graph_nodes",
+    "graphs",
     "layer_path",
     "leaves",
     "not_consecutive",
@@ -118,20 +119,27 @@ def graph_calls(model: Any) -> collections.Counter[str]:
     ``id`` (Keras names a graph's nodes ``"<id(layer)>_ib-<k>"``; a layer's own list of calls
     also holds calls from outside these graphs, e.g. the ones ``load_model`` makes while it
     rebuilds a model). Empty without a graph (a subclassed model)."""
-    keys: set[str] = set()
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
-        keys |= set(getattr(graph, "_nodes", ()) or ())
+    keys = {key for _, graph in graphs(model) for key in graph._nodes}
     return collections.Counter(key.partition("_ib-")[0] for key in keys)
+
+
+def graphs(model: Any) -> list[tuple[Any, Any]]:
+    """``(model, its graph)`` for ``model`` and each model inside it that has a graph (a
+    Sequential's is its ``_functional``); none for a subclassed model."""
+    found = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        graph = getattr(layer, "_functional", None) or layer
+        if getattr(graph, "_nodes_by_depth", None):
+            found.append((layer, graph))
+    return found
 
 
 def graph_nodes(model: Any) -> list[Any]:
     """The nodes (layer calls) of the graphs of ``model`` and of the models inside it, each
     once. Empty without a graph (a subclassed model)."""
     nodes: dict[int, Any] = {}
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
-        for level in (getattr(graph, "_nodes_by_depth", None) or {}).values():
+    for _, graph in graphs(model):
+        for level in graph._nodes_by_depth.values():
             nodes.update((id(node), node) for node in level)
     return list(nodes.values())
 

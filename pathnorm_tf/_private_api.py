@@ -167,8 +167,8 @@ ENTRIES: tuple[PrivateName, ...] = (
             "pathnorm_tf/compact.py:_graph_between",
             "pathnorm_tf/compact.py:_between",
             "pathnorm_tf/compact.py:compact",
+            "pathnorm_tf/_graph.py:graphs",
             "pathnorm_tf/_graph.py:graph_nodes",
-            "pathnorm_tf/metrics.py:_Graph",
         ),
         "a functional model's graph, to find the layers between a pair; its absence marks a "
         "subclassed model, whose data flow compact refuses",
@@ -186,7 +186,7 @@ ENTRIES: tuple[PrivateName, ...] = (
         )
         for name, more in (
             ("_nodes", ()),
-            ("_functional", ("pathnorm_tf/_graph.py:graph_nodes", "pathnorm_tf/metrics.py:_Graph")),
+            ("_functional", ("pathnorm_tf/_graph.py:graphs",)),
         )
     ),
     PrivateName(

@@ -44,7 +44,7 @@ import tensorflow as tf
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf._graph import graph_calls, graph_nodes, path_between
+from pathnorm_tf._graph import graph_calls, graph_nodes, graphs, path_between
 from pathnorm_tf._units import alive_units, links, warn_dead_pairs
 from pathnorm_tf.optimizers import PathNormSGD, ProxOptimizer
 
@@ -109,12 +109,10 @@ class _Graph:
             for parent in node.parent_nodes:
                 self.readers.setdefault(id(parent), []).append(node)
         self.output_of: dict[int, Any] = {}
-        for layer in model._flatten_layers(include_self=True, recursive=True):
-            graph = getattr(layer, "_functional", None) or layer  # (a Sequential's graph)
-            if getattr(graph, "_nodes_by_depth", None):
-                for history in (t._keras_history for t in graph.outputs):
-                    node = history.operation._inbound_nodes[history.node_index]
-                    self.output_of[id(node)] = layer
+        for layer, graph in graphs(model):
+            for history in (t._keras_history for t in graph.outputs):
+                node = history.operation._inbound_nodes[history.node_index]
+                self.output_of[id(node)] = layer
 
     def check_called_once(self, layer: Any) -> None:
         n = self.calls[str(id(layer))]
