@@ -179,12 +179,23 @@ def _flows_from(node: Any, source: Any, budget: int = 256) -> list[Any] | None:
 
 def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
     """Every node on the path is one of the seam's entrywise ops (or, after a convolution, of
-    its pooling ops), and (before a Linear layer after a convolution) a reshape of
-    ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions."""
+    its pooling ops: an average that does not scale its sums, a mean over positions only, no
+    power around it as in an Lp pooling), and (before a Linear layer after a convolution) a
+    reshape of ``(N, C, *S)`` with ``prod(S)`` the pair's flatten positions, or (one position)
+    a mean over every position."""
     spatial = layers.entry_of(pair.first).spatial
     allowed = layers.ENTRYWISE_OPS | layers.POOL_OPS if spatial else layers.ENTRYWISE_OPS
-    if any(layers.op_name(n) not in allowed for n in nodes):
+    names = [layers.op_name(n) for n in nodes]
+    if any(name not in allowed for name in names):
         return False
+    pooled = [n for n, name in zip(nodes, names, strict=True) if name in layers.POOL_OPS]
+    if pooled and "Pow" in names:
+        return False  # an Lp pooling (a power, pooled, a factor, the root) sums, not averages
+    if any(getattr(n, "_saved_divisor_override", None) is not None for n in pooled):
+        return False  # scales the window sums
+    means = [n for n in pooled if layers.op_name(n) == "Mean"]
+    if any(_mean_axes(n) is None for n in means):
+        return False  # a mean over the channels (or every axis) mixes the units
     if pair.flatten is None:
         return True
     channels = layers.entry_of(pair.first).units_out(pair.first)
@@ -194,7 +205,23 @@ def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
             shape = [int(d) for d in sizes]
             if shape[1] == channels and math.prod(shape[2:]) == pair.flatten:
                 return True
-    return False
+    # (N, C, *S) -> (N, C) by a mean over every position: one position
+    return pair.flatten == 1 and any(
+        not n._saved_keepdim and _mean_axes(n) == tuple(range(2, len(n._saved_self_sym_sizes)))
+        for n in means
+    )
+
+
+def _mean_axes(node: Any) -> tuple[int, ...] | None:
+    """The sorted axes a ``Mean`` node averages over, or None where they include the batch or
+    channel axis (or every axis)."""
+    dims = getattr(node, "_saved_dim", None)
+    sizes = getattr(node, "_saved_self_sym_sizes", None)
+    if dims is None or sizes is None:
+        return None
+    ndim = len(sizes)
+    axes = tuple(sorted({(d - 2**64 if d >= 2**63 else d) % ndim for d in dims}))
+    return axes if axes and axes[0] >= 2 else None
 
 
 _SCALINGS = ("MulBackward0", "DivBackward0")  # a constant factor: dropout's mask, a scale

@@ -85,6 +85,19 @@ def _saved_sizes() -> bool:
     return tuple(x.flatten(1).grad_fn._saved_self_sym_sizes) == (2, 3, 4, 5)  # type: ignore[union-attr]
 
 
+def _saved_pooling() -> bool:
+    x = torch.zeros(2, 3, 4, 4, requires_grad=True)
+    pool = torch.nn.functional.avg_pool2d(x, 2, divisor_override=1).grad_fn
+    mean = x.mean((2, -1)).grad_fn
+    sizes = tuple(mean._saved_self_sym_sizes)  # type: ignore[union-attr]
+    return (
+        pool._saved_divisor_override == 1  # type: ignore[union-attr]
+        and [d if d < 2**63 else d - 2**64 for d in mean._saved_dim] == [2, -1]  # type: ignore[union-attr]
+        and mean._saved_keepdim is False  # type: ignore[union-attr]
+        and sizes == (2, 3, 4, 4)
+    )
+
+
 def _found_inf() -> bool:
     weight = torch.nn.Parameter(torch.ones(3))
     optimizer = torch.optim.Adam([weight], fused=True)
@@ -173,9 +186,11 @@ ENTRIES: tuple[PrivateName, ...] = (
         (
             "pathnorm_lightning/compact.py:_sequential_between",
             "pathnorm_lightning/pairing.py:_children_between",
+            "pathnorm_lightning/_plan.py:submodule",
         ),
         "the children in registration order by name, None entries included, to find the "
-        "modules between the two layers of a pair",
+        "modules between the two layers of a pair; and, at every step, the module a pair's "
+        "layer name finds now (get_submodule's lookup without its per-call cost)",
         _modules,
     ),
     PrivateName(
@@ -219,6 +234,23 @@ ENTRIES: tuple[PrivateName, ...] = (
         "the input shape of a flatten in the training graph, to verify that a conv's channels "
         "reach the Linear layer as its units (renamed: such auto pairs would all be refused)",
         _saved_sizes,
+    ),
+    *(
+        PrivateName(
+            "torch",
+            name,
+            "autograd AvgPool2DBackward0._saved_divisor_override, MeanBackward1._saved_dim, "
+            "._saved_keepdim, ._saved_self_sym_sizes",
+            (
+                "pathnorm_lightning/_forward.py:_keeps_units",
+                "pathnorm_lightning/_forward.py:_mean_axes",
+            ),
+            "whether a pooling in the training graph averages the positions of each channel (no "
+            "divisor_override, a mean over positions only): renamed, a window sum or a mean "
+            "over the channels would pass as pooling, and the bounds would be too small",
+            _saved_pooling,
+        )
+        for name in ("_saved_divisor_override", "_saved_dim", "_saved_keepdim")
     ),
     *(
         PrivateName(

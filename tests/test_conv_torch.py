@@ -227,6 +227,56 @@ def test_the_forward_pass_verifies_a_conv_pair_through_global_average_pooling() 
     handle.remove()
 
 
+class _Between(nn.Module):
+    """Conv -> ``between`` -> Linear (or, with ``conv``, a second convolution), layers kept as
+    attributes: only the forward pass shows what stands between them."""
+
+    def __init__(self, between: Callable[[Tensor], Tensor], head: int, conv: bool = False):
+        super().__init__()
+        self.between, self.conv = between, nn.Conv2d(1, 3, 3)
+        self.head = nn.Conv2d(3, 2, 2) if conv else nn.Linear(head, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.between(F.relu(self.conv(x))))
+
+
+_SHALLOW = {  # (between, the Linear's inputs or 0 for a second conv): a shallow pair
+    "mean over positions": (lambda h: h.mean((2, 3)), 3),
+    "mean over positions, keepdim, flatten": (lambda h: h.mean((-1, -2), True).flatten(1), 3),
+    "average pooling": (lambda h: F.avg_pool2d(h, 2).flatten(1), 12),
+}
+_NOT_SHALLOW = {  # not a shallow pair, or its path norm does not bound it
+    "divisor_override": (lambda h: F.avg_pool2d(h, 2, divisor_override=1).flatten(1), 12),
+    "Lp pooling (a sum of the window)": (lambda h: F.lp_pool2d(h, 1, 2).flatten(1), 12),
+    "mean over the channels": (lambda h: h - h.mean(1, keepdim=True), 0),
+    "mean over every axis": (lambda h: h - h.mean(), 0),
+}
+
+
+@pytest.mark.parametrize("case", [*_SHALLOW, *_NOT_SHALLOW])
+def test_the_forward_pass_tells_pooling_from_scaling_and_mixing(case: str) -> None:
+    """Pooling keeps a pair shallow only when it averages (or takes maxima) over the positions
+    of each channel: a window sum, or a mean over the channels, is not verified (its bounds
+    would be below the network's Lipschitz constant)."""
+    between, head = {**_SHALLOW, **_NOT_SHALLOW}[case]
+    torch.manual_seed(0)
+    model = _Between(between, head, conv=head == 0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = attach(optimizer, model, lam=0.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        optimizer.zero_grad()
+        model(torch.randn(4, 1, 6, 6)).sum().backward()
+        optimizer.step()
+    unverified = [w for w in caught if "could not be verified" in str(w.message)]
+    bounds = {"path_norm_bound", "product_bound"} & set(handle.metrics())
+    if case in _SHALLOW:
+        assert not unverified and bounds, [str(w.message) for w in caught]
+    else:
+        assert unverified and not bounds
+    handle.remove()
+
+
 # --- the hook: one step against the exhaustive reference -------------------------------------
 
 
