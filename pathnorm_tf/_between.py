@@ -16,7 +16,17 @@ import keras
 
 from pathnorm_tf import layers as seam
 
-__all__ = ["BETWEEN", "MIXING", "STEEP", "Between", "Role", "check_between", "max_slope", "role_of"]
+__all__ = [
+    "BETWEEN",
+    "MIXING",
+    "STEEP",
+    "Between",
+    "Role",
+    "builtin_entrywise",
+    "check_between",
+    "max_slope",
+    "role_of",
+]
 
 
 class Role(enum.Enum):
@@ -85,6 +95,40 @@ def max_slope(layer: Any) -> float:
     return STEEP.get(_activation(layer), 1.0)
 
 
+def builtin_entrywise(fn: Any) -> bool:
+    """Whether ``fn`` is a Keras built-in activation that acts on each entry alone (not one
+    of :data:`MIXING`); a lambda or a user's function is not known to be."""
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or name in MIXING:
+        return False
+    try:
+        return keras.activations.get(name) is fn
+    except ValueError:
+        return False
+
+
+def _check_activation(where: str, layer: Any, strict: bool) -> None:
+    """Warn (``strict``: raise ValueError) where ``layer`` applies an activation that is not a
+    built-in entry-wise one: its units may be mixed, or its slope above 1."""
+    fn = getattr(layer, "activation", None)
+    if fn is None or builtin_entrywise(fn):
+        return
+    message = (
+        f"{where}: the activation {getattr(fn, '__name__', fn)!r} of {type(layer).__name__} "
+        f"{layer.name!r} is not a Keras built-in, so it is not known to act on each entry alone "
+        "with a slope of at most 1 (as relu, elu, tanh, sigmoid); if it does not, the pair is "
+        "not a shallow network and its path norm does not bound it"
+    )
+    if strict:
+        raise ValueError(message)
+    warnings.warn(
+        f"{message}. The pair is proxed as if it did, and PathNormMetrics leaves out the "
+        "bounds; a built-in activation (by name or keras.activations) removes this warning.",
+        UserWarning,
+        stacklevel=4,
+    )
+
+
 def _warn_steep(where: str, layer: Any) -> None:
     slope = max_slope(layer)
     if slope > 1.0:
@@ -116,13 +160,17 @@ class Between:
     flatten: Any | None
 
 
-def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
+def check_between(
+    first: Any, second: Any, between: Sequence[Any], *, strict: bool = False
+) -> Between:
     """Check the Keras layers between ``first`` and ``second`` (in the order they run).
 
     Allowed: an entry-wise activation of ``first`` itself (none of :data:`MIXING`); pointwise
     layers anywhere; pooling after a convolution, in the convolution's ``data_format``, before the
     flattening; exactly one ``Flatten`` or global pooling layer (``keepdims=False``) between a
-    convolution and a Dense layer, which that pair needs.
+    convolution and a Dense layer, which that pair needs. An activation that is not a Keras
+    built-in (a lambda, a user's function) is warned about, or with ``strict`` (the metrics'
+    bounds) refused.
 
     Raises:
         ValueError: naming the layer and why it breaks the pair.
@@ -139,10 +187,12 @@ def check_between(first: Any, second: Any, between: Sequence[Any]) -> Between:
             "pair would not be a shallow network and its path-norm would not bound it (pair "
             "other layers, or leave this pair out)"
         )
+    _check_activation(where, first, strict)
     for layer in between:
         role, label = role_of(layer), f"{type(layer).__name__} {layer.name!r}"
         if role is Role.POINTWISE:
             _warn_steep(where, layer)
+            _check_activation(where, layer, strict)
         if role is None:
             raise ValueError(
                 f"{where}: {label} is neither pointwise, nor pooling, nor a Flatten; the pair "

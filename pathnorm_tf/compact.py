@@ -47,7 +47,7 @@ import numpy as np
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf._between import MIXING
+from pathnorm_tf._between import builtin_entrywise
 from shared_spec.compaction import CompactionReport, PairCompaction
 
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
@@ -210,22 +210,12 @@ def _resolve(model: Any, pairs: Any) -> list[tuple[Any, Any]]:
     return [(owner[id(variables[p.first])], owner[id(variables[p.second])]) for p in resolved]
 
 
-def _pointwise_activation(fn: Any) -> bool:
-    name = getattr(fn, "__name__", None)
-    if not isinstance(name, str) or name in MIXING:
-        return False
-    try:
-        return keras.activations.get(name) is fn
-    except ValueError:
-        return False
-
-
 def _check_between(layer: Any, first: Any, second: Any) -> None:
     """Refuse a layer that may not stand between a pair: one the seam gives no role there, or a
     pointwise one whose activation is not a built-in entry-wise one."""
     role, activation = seam.role_of(layer), getattr(layer, "activation", None)
     pointwise = role is seam.Role.POINTWISE and (
-        activation is None or _pointwise_activation(activation)
+        activation is None or builtin_entrywise(activation)
     )
     if not pointwise and role in (None, seam.Role.POINTWISE):
         raise ValueError(
@@ -284,7 +274,7 @@ def _between(model: Any, first: Any, second: Any) -> tuple[list[Any], seam.Flat 
     """The layers from ``first`` to ``second``, and the pair's :class:`~pathnorm_tf.layers.Flat`;
     ValueError where the flow is not a chain of allowed ones (see the module docstring), or
     pooling and flattening do not stand where they keep the pair's units (the seam's check)."""
-    if not _pointwise_activation(first.activation):
+    if not builtin_entrywise(first.activation):
         raise ValueError(
             f"compact: {type(first).__name__} {first.name!r} has the activation "
             f"{first.activation!r}, not a built-in entry-wise one: its units are not "

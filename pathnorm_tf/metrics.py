@@ -183,7 +183,9 @@ def _chain_of(model: keras.Model) -> tuple[_Network | None, str]:
                     f"{a.name!r} through activations, dropout, pooling or a Flatten only: a "
                     "skip connection, a merge of branches or another layer lies between"
                 )
-            layouts.append(seam.layout_of(a, b, seam.check_between(a, b, between).flatten))
+            layouts.append(
+                seam.layout_of(a, b, seam.check_between(a, b, between, strict=True).flatten)
+            )
         for a, b in itertools.zip_longest(found, found[1:]):
             graph.check_read_on(a, b)
         last = seam.entry_of(found[-1])

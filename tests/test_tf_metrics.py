@@ -594,3 +594,50 @@ def test_chain_with_dropout_and_flatten_keeps_its_bounds(flatten: str) -> None:
     want_prod = d2.sum() * per_channel.max() * d1.sum(0).max()
     assert got["pathnorm/path_norm_bound"] == pytest.approx(want_path, rel=1e-6)
     assert got["pathnorm/product_bound"] == pytest.approx(want_prod, rel=1e-6)
+
+
+def _my_relu(x: Any) -> Any:
+    return keras.ops.relu(x)
+
+
+@pytest.mark.parametrize(
+    ("where", "activation"),
+    [
+        ("own", lambda x: 4.0 * x),  # slope 4: the bound would be 4x too small
+        ("own", lambda x: keras.ops.softmax(x, axis=-1)),  # mixes the units
+        ("own", _my_relu),  # harmless, but not known to be
+        ("layer", lambda x: 4.0 * x),
+    ],
+    ids=["own-scaled", "own-softmax", "own-user-function", "Activation-layer-scaled"],
+)
+def test_an_activation_that_is_not_a_keras_built_in_is_warned_and_drops_the_bounds(
+    where: str, activation: Any
+) -> None:
+    # Before, any activation not named on a list counted as entry-wise of slope <= 1: a
+    # lambda 4 * x gave a path_norm_bound of 57 for a network whose Lipschitz constant is 152.
+    dense = keras.layers.Dense
+    own = activation if where == "own" else None
+    between = [keras.layers.Activation(activation)] if where == "layer" else []
+    model = keras.Sequential(
+        [keras.Input((6,)), dense(4, activation=own, name="a"), *between, dense(2, name="b")]
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        PathNormSGD(0.1, lam=1e-3, model=model).build(model.trainable_variables)
+        got = metric_values(model)
+    pairing = [str(w.message) for w in caught if "is not a Keras built-in" in str(w.message)]
+    assert pairing and "The pair is proxed as if it did" in pairing[0], pairing
+    assert set(got) == {"pathnorm/sparsity", "pathnorm/alive_units"}
+
+
+@pytest.mark.parametrize("activation", ["relu", "swish", keras.activations.tanh, "linear"])
+def test_built_in_activations_keep_the_bounds_without_that_warning(activation: Any) -> None:
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(4, activation=activation), keras.layers.Dense(2)]
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        PathNormSGD(0.1, lam=1e-3, model=model).build(model.trainable_variables)
+        got = metric_values(model)
+    assert not [w for w in caught if "is not a Keras built-in" in str(w.message)]
+    assert "pathnorm/path_norm_bound" in got
