@@ -39,7 +39,8 @@ class Guard:
 
     groups: tuple[tuple[list[Any], int, tuple[tuple[list[Any], int], ...]], ...]
     placed: tuple[tuple[list[Any], int, Tensor], ...]
-    weights: tuple[tuple[nn.Module | None, Tensor | None, int, bool], ...]
+    weights: tuple[tuple[nn.Module | None, Tensor | None, int, bool, Any], ...]
+    modules: tuple[tuple[tuple[str, ...], nn.Module], ...]  # (path in the root, module)
 
     @classmethod
     def of(
@@ -47,8 +48,10 @@ class Guard:
         optimizers: Sequence[torch.optim.Optimizer],
         plan: Plan,
         targets: Sequence[StepTarget],
+        root: nn.Module | None = None,
     ) -> Guard:
-        """The guard of ``plan``, made from the optimizers and targets now."""
+        """The guard of ``plan``, made from the optimizers and targets now (and, with
+        ``root``, the module each target's layer name finds in it)."""
         groups = tuple(
             (
                 o.param_groups,
@@ -64,10 +67,19 @@ class Guard:
                     params = optimizer.param_groups[g]["params"]
                     index = next(i for i, p in enumerate(params) if p is weight)
                     placed.append((params, index, weight))
-        return cls(groups, tuple(placed), followed(targets))
+        modules = tuple(
+            (tuple(name.split(".")) if name else (), module)
+            for target in targets
+            for name, module in target.layers
+            if root is not None
+        )
+        return cls(groups, tuple(placed), followed(targets), modules)
 
     def holds(
-        self, optimizers: Sequence[torch.optim.Optimizer], targets: Sequence[StepTarget]
+        self,
+        optimizers: Sequence[torch.optim.Optimizer],
+        targets: Sequence[StepTarget],
+        root: nn.Module | None = None,
     ) -> bool:
         """Whether the optimizers and targets are still as planned."""
         for optimizer, (param_groups, n_groups, lists) in zip(optimizers, self.groups, strict=True):
@@ -81,21 +93,35 @@ class Guard:
         for params, index, weight in self.placed:
             if params[index] is not weight:
                 return False
-        for module, planned, pointer, trainable in self.weights:
+        for module, planned, pointer, trainable, layout in self.weights:
             w = planned if module is None else module._parameters.get("weight")
             if w is not planned:
                 return False
-            if w is not None and (w.data_ptr() != pointer or w.requires_grad != trainable):
-                return False
-        return True
+            if w is not None and (
+                w.data_ptr() != pointer
+                or w.requires_grad != trainable
+                or (w.shape, w.stride()) != layout
+            ):
+                return False  # new storage, trainability, or the same storage re-strided
+        return root is None or all(submodule(root, path) is m for path, m in self.modules)
+
+
+def submodule(root: nn.Module, path: tuple[str, ...]) -> nn.Module | None:
+    """The module at ``path`` (a dotted name, split) in ``root`` now, or None."""
+    module: nn.Module | None = root
+    for part in path:
+        if module is None:
+            return None
+        module = module._modules.get(part)
+    return module
 
 
 def followed(
     targets: Sequence[StepTarget],
-) -> tuple[tuple[nn.Module | None, Tensor | None, int, bool], ...]:
-    """Per target weight: ``(module, weight, storage, trainability)``, the weight read from its
-    module now (``module`` None for a weight taken as given)."""
-    found: list[tuple[nn.Module | None, Tensor | None, int, bool]] = []
+) -> tuple[tuple[nn.Module | None, Tensor | None, int, bool, Any], ...]:
+    """Per target weight: ``(module, weight, storage, trainability, (shape, strides))``, the weight read
+    from its module now (``module`` None for a weight taken as given)."""
+    found: list[tuple[nn.Module | None, Tensor | None, int, bool, Any]] = []
     for target in targets:
         pairs: list[tuple[nn.Module | None, Tensor | None]] = (
             [(module, module._parameters.get("weight")) for _, module in target.layers]
@@ -104,9 +130,9 @@ def followed(
         )
         for module, w in pairs:
             if isinstance(w, Tensor):
-                found.append((module, w, w.data_ptr(), w.requires_grad))
+                found.append((module, w, w.data_ptr(), w.requires_grad, (w.shape, w.stride())))
             else:
-                found.append((module, None, 0, False))
+                found.append((module, None, 0, False, None))
     return tuple(found)
 
 

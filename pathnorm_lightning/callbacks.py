@@ -235,6 +235,7 @@ class AfterOptimizerStep(Callback):
             watch_units=self.watch_units,
             forward_check=self.forward_check(),
             chain_check=chain_check(pl_module),
+            root=pl_module,
         )
         if self.log_metrics and chain is None:
             rank_zero_warn(

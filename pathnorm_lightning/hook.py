@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -41,7 +42,7 @@ from pathnorm_lightning._checks import (
     non_finite,
 )
 from pathnorm_lightning._common import NonFiniteWeightsError, check_scalar, rank_zero_warn
-from pathnorm_lightning._plan import Guard, Plan, Planned, no_grad, overlap
+from pathnorm_lightning._plan import Guard, Plan, Planned, no_grad, overlap, submodule
 from pathnorm_lightning._target import StepTarget, UnitViews, pair_target
 from pathnorm_lightning.functional import prox_path_norm_
 from pathnorm_lightning.pairing import (
@@ -134,9 +135,17 @@ class StepHook:
         watch_units: bool = False,
         forward_check: ForwardCheck | None = None,
         chain_check: ForwardCheck | None = None,
+        root: nn.Module | None = None,
     ) -> None:
         self.optimizers = list(dict.fromkeys(_unwrap(o) for o in optimizers))
         self.targets = list(targets)
+        # The model the targets' layer names were found in: a layer replaced there is refused.
+        found = root is not None and all(
+            submodule(root, tuple(name.split("."))) is m
+            for t in self.targets
+            for name, m in t.layers
+        )
+        self.root = root if found else None
         self.update = update
         self.owner = owner
         self.penalty = owner if penalty is None else penalty
@@ -248,6 +257,12 @@ class StepHook:
                 if item.lr_group is not None
                 else self._step_size(optimizer, item)
             )
+            if not 0.0 <= lr < math.inf:
+                raise ValueError(
+                    f"{self.owner}: {target.name}: the learning rate of its parameter group is "
+                    f"{lr!r}, so the prox step lam * lr is not a finite number >= 0; use a finite "
+                    "learning rate >= 0"
+                )
             finite = item.check if item.check is not None else self._check_for(target)
             try:
                 self.update(target, lr, finite)
@@ -326,15 +341,24 @@ class StepHook:
     def _replan(self) -> None:
         """Rebuild the plan unless its :class:`~pathnorm_lightning._plan.Guard` holds (checked
         in O(groups + targets), whatever the number of parameters)."""
-        if self._guard is None or not self._guard.holds(self.optimizers, self.targets):
+        if self._guard is None or not self._guard.holds(self.optimizers, self.targets, self.root):
             self._guard = None
             self._plan = self._build_plan()
-            self._guard = Guard.of(self.optimizers, self._plan, self.targets)
+            self._guard = Guard.of(self.optimizers, self._plan, self.targets, self.root)
 
     def _current(self, target: StepTarget) -> StepTarget:
         """``target`` with the weights its modules hold now (a clear error for a computed one)."""
         if not target.layers:
             return target
+        for name, module in target.layers:
+            if self.root is not None and submodule(self.root, tuple(name.split("."))) is not module:
+                raise ValueError(
+                    f"{self.owner}: {target.name}: the model's {name!r} is no longer the layer "
+                    "it was when the pairs were resolved (a module replaced or removed after "
+                    "that), so the prox would couple a layer that is not in the network. "
+                    "Resolve the pairs again: handle.remove() and attach() again (a Lightning "
+                    "callback resolves them at each fit's start)."
+                )
         try:
             weights = tuple(weight_parameter(name, module) for name, module in target.layers)
         except ValueError as err:
@@ -365,6 +389,14 @@ class StepHook:
                     "trigger its prox. Optimize it, freeze it (requires_grad=False), or "
                     "leave it out of the layers/pairs."
                 )
+            if len(target.weights) == 2:
+                a, b = target.weights
+                if a.dtype != b.dtype or a.device != b.device:
+                    raise ValueError(
+                        f"{self.owner}: {target.name}: its layers' weights are {a.dtype} on "
+                        f"{a.device} and {b.dtype} on {b.device}; the coupled prox needs both in "
+                        "one dtype on one device: cast or move one layer (e.g. model.to(dtype))"
+                    )
             trainable = [w.requires_grad for w in target.weights]
             if not any(trainable):
                 continue  # frozen: left as the optimizer leaves it
@@ -485,6 +517,7 @@ def attach(
         watch_units=True,
         forward_check=forward_check(layer_pairs),
         chain_check=chain_check(model),
+        root=model,
     )
 
 

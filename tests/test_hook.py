@@ -302,6 +302,102 @@ def test_a_weight_swapped_out_of_its_group_in_place_is_refused_at_the_next_step(
     assert torch.equal(weight.detach(), before) and handle.num_steps == 1
 
 
+def _square_pair(seed: int) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 3))
+
+
+def _square_step(model: nn.Sequential, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    optimizer.zero_grad()
+    torch.manual_seed(100 + seed)
+    model(torch.randn(8, 5)).square().sum().backward()
+    optimizer.step()
+
+
+def test_a_layer_replaced_in_the_model_after_attach_is_refused_at_the_next_step() -> None:
+    # Before, the hook kept proxing model[0] with the removed head's weight (the new head was
+    # never regularized, and metrics() described the removed layer), without a word.
+    model = _square_pair(0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = attach(optimizer, model, lam=0.5)
+    _square_step(model, optimizer, 0)
+    model[2] = nn.Linear(5, 3)
+    optimizer.add_param_group({"params": model[2].parameters()})
+    with pytest.raises(ValueError, match=r"pair \('0', '2'\): the model's '2' is no longer"):
+        _square_step(model, optimizer, 1)
+    assert handle.num_steps == 1
+    handle.remove()
+
+
+def test_a_weight_re_strided_over_the_same_storage_is_re_planned() -> None:
+    # weight.data = weight.data.t() keeps the storage: the plan (its cached views) must follow
+    # the new layout. Before, it kept the old one and drifted 2e-2 a step from the prox.
+    model, plain = _square_pair(1), _square_pair(1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    plain_optimizer = torch.optim.SGD(plain.parameters(), lr=0.1)
+    handle = attach(optimizer, model, lam=0.5)
+    for net in (model, plain):
+        net[0].weight.data = net[0].weight.data.t()
+    for step in range(3):
+        _square_step(model, optimizer, step)
+        _square_step(plain, plain_optimizer, step)
+        with torch.no_grad():
+            v, w = prox_path_norm(plain[0].weight, plain[2].weight, 0.5 * 0.1)
+            plain[0].weight.copy_(v)
+            plain[2].weight.copy_(w)
+        torch.testing.assert_close(model[0].weight, plain[0].weight, rtol=1e-6, atol=1e-7)
+        torch.testing.assert_close(model[2].weight, plain[2].weight, rtol=1e-6, atol=1e-7)
+    assert handle.num_steps == 3
+    handle.remove()
+
+
+@pytest.mark.parametrize("lr", [-0.1, math.nan, math.inf])
+def test_a_bad_learning_rate_is_named_as_such(lr: float) -> None:
+    model = _square_pair(2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = attach(optimizer, model, lam=0.3)
+    optimizer.param_groups[0]["lr"] = lr  # (before, the error said "lam must be ... >= 0")
+    with pytest.raises(ValueError, match=r"the learning rate of its parameter group is"):
+        _square_step(model, optimizer, 0)
+    handle.remove()
+
+
+def test_a_pair_of_two_dtypes_is_refused_when_attached_with_its_name() -> None:
+    model = _square_pair(3)
+    model[0].double()
+    with pytest.raises(ValueError, match=r"pair \('0', '2'\): its layers' weights are torch"):
+        attach(torch.optim.SGD(model.parameters(), lr=0.1), model, lam=0.3, pairs=[("0", "2")])
+
+
+def test_a_weight_held_as_a_buffer_is_refused_as_such() -> None:
+    model = _square_pair(4)
+    weight = model[0].weight.detach()
+    del model[0].weight
+    model[0].register_buffer("weight", weight)  # a common way to freeze it
+    with pytest.raises(ValueError, match=r"holds its weight as a buffer, not an nn\.Parameter"):
+        attach(torch.optim.SGD(model.parameters(), lr=0.1), model, lam=0.3, pairs=[("0", "2")])
+
+
+def test_a_parametrized_bias_of_the_first_layer_keeps_the_pair_and_its_bounds() -> None:
+    # Before, the bias's ParametrizationList (a child of layer 0) counted as a module
+    # registered between the two layers: the auto pair was refused, explicit pairs lost the
+    # bounds, and the same on layer 2 was accepted.
+    from torch.nn.utils import parametrize
+
+    class Clamp(nn.Module):
+        def forward(self, b: torch.Tensor) -> torch.Tensor:
+            return b.clamp(-1, 1)
+
+    model = _square_pair(5)
+    parametrize.register_parametrization(model[0], "bias", Clamp())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = attach(optimizer, model, lam=0.3)
+    _square_step(model, optimizer, 0)
+    assert handle.num_steps == 1
+    assert {"path_norm_bound", "product_bound"} <= set(handle.metrics())
+    handle.remove()
+
+
 def test_setting_check_finite_re_plans_the_check() -> None:
     torch.manual_seed(4)
     model = MLP()
