@@ -83,7 +83,8 @@ def check_pair(w_in: Tensor, w_out: Tensor) -> None:
 
 def check_writable(weights: Sequence[tuple[Tensor, str]]) -> None:
     """Raise ``ValueError`` when an in-place update could not write each entry once: a tensor
-    with a stride-0 dimension (``expand``), or two tensors sharing memory (``w`` passed twice,
+    with a stride-0 dimension (``expand``) or whose entries overlap (a view spanning fewer
+    memory locations than it has entries, as ``unfold`` makes), or two tensors sharing memory (``w`` passed twice,
     views of one storage, tied weights). Checked before anything is written."""
     for w, name in weights:
         if not w.is_contiguous() and any(
@@ -92,6 +93,14 @@ def check_writable(weights: Sequence[tuple[Tensor, str]]) -> None:
             raise ValueError(
                 f"{name} is an expanded tensor (stride 0: several entries share one memory "
                 "location), so an in-place update cannot give each entry its own value; pass "
+                f"{name}.contiguous() or use the out-of-place function"
+            )
+        if not w.is_contiguous() and w.numel() > 1 + sum(
+            (n - 1) * abs(s) for n, s in zip(w.shape, w.stride(), strict=True) if n > 0
+        ):
+            raise ValueError(
+                f"{name} is a view whose entries overlap in memory (e.g. from unfold or "
+                "as_strided), so an in-place update cannot give each entry its own value; pass "
                 f"{name}.contiguous() or use the out-of-place function"
             )
     for (a, name_a), (b, name_b) in itertools.combinations(weights, 2):

@@ -95,7 +95,9 @@ def prox_path_norm(
 
     Returns:
         ``(w_in_new, w_out_new)``, new tensors of the input dtypes: every method computes
-        the thresholds in float64, so the result is the exact prox rounded to them.
+        the thresholds in float64, so the result is the exact prox rounded to them. They
+        carry no autograd history (the prox updates weights, outside the graph): a loss of
+        them does not reach ``w_in`` and ``w_out``.
 
     Raises:
         TypeError: ``lam`` is not a real number.
@@ -310,7 +312,8 @@ def product_bound(w_in: Tensor, w_out: Tensor) -> Tensor:
 
 def prox_l1(w: Tensor, lam: float | Tensor, *, check_finite: bool = True) -> Tensor:
     """Soft-thresholding ``sign(w) max(|w| - lam, 0)``: the prox of ``lam ||w||_1``
-    (``check_finite``: raise :class:`NonFiniteWeightsError` on NaN/inf weights, one sync)."""
+    (``check_finite``: raise :class:`NonFiniteWeightsError` on NaN/inf weights, one sync).
+    Tensor ops, so autograd can follow it, unlike the path-norm prox and the projection."""
     lam = check_scalar(lam, "lam")
     if not isinstance(w, Tensor) or not w.is_floating_point():
         raise ValueError("w must be a floating-point torch.Tensor")
@@ -336,6 +339,7 @@ def project_rows_l1_ball(w: Tensor, radius: float | Tensor, *, check_finite: boo
     is the largest row l1 norm): the layer-wise constraint of Parseval-style training. Exact to
     the rounding of the row's largest entry: a row whose largest entry exceeds ~2^52 times
     ``radius`` (2^23 for float32 weights off the CPU kernel) may land outside the ball by that.
+    The result carries no autograd history (as :func:`prox_path_norm`).
     """
     radius = check_scalar(radius, "radius")
     check_matrix(w, "w")

@@ -130,6 +130,15 @@ def weight_parameter(name: str, layer: nn.Module) -> nn.Parameter:
             }
             found = [known[h.__name__] for h in hooks if h.__name__ in known]
             cause = f"wrapped by {found[0]}" if found else "computed by a forward pre-hook"
+            if not hooks:
+                own = dict(layer.named_buffers(recurse=False))
+                kind = "a buffer" if "weight" in own else "a plain tensor"
+                raise ValueError(
+                    f"layer {name!r} holds its weight as {kind}, not an nn.Parameter, so no "
+                    "optimizer updates it and the prox has nothing to follow. Register it as "
+                    "an nn.Parameter (requires_grad=False freezes it: a frozen pair is left "
+                    "alone), or leave this layer out of the pairs."
+                )
             undo = "torch.nn.utils.remove_weight_norm or remove_spectral_norm"
     raise ValueError(
         f"layer {name!r} is {cause}: its weight is computed from other tensors at every forward "
@@ -316,8 +325,7 @@ def _check_auto_pairs(
     for (n1, l1), (n2, l2) in named:
         refuse = f"pairs='auto' would pair {n1!r} with {n2!r}, but"
         advice = "Name the pairs explicitly, e.g. pairs=[('encoder.0', 'encoder.2')]."
-        between = order[position[n1] + 1 : position[n2]]
-        for name, module in between:
+        for name, module in _registered_between(order, position, n1, n2):
             if _holds_state(module) and not _has_entry(module):
                 learned = (
                     " (nn.PReLU learns its slope, which may leave [0, 1], the slopes for which "
@@ -356,6 +364,15 @@ def _tree(
     order = list(model.named_modules())
     position = {name: index for index, (name, _) in enumerate(order)}
     return order, position, collections.Counter(map(id, model.modules(remove_duplicate=False)))
+
+
+def _registered_between(
+    order: list[tuple[str, nn.Module]], position: dict[str, int], n1: str, n2: str
+) -> list[tuple[str, nn.Module]]:
+    """The modules registered after layer ``n1`` and before layer ``n2``, less ``n1``'s own
+    submodules (a parametrization of its bias, a Linear subclass's children)."""
+    inside = n1 + "."
+    return [(n, m) for n, m in order[position[n1] + 1 : position[n2]] if not n.startswith(inside)]
 
 
 def _holds_state(module: nn.Module) -> bool:
@@ -478,7 +495,7 @@ def _links(model: nn.Module, found: list[tuple[str, nn.Module]]) -> list[LayerPa
     order, position, registered = _tree(model)
     links = []
     for (n1, l1), (n2, l2) in itertools.pairwise(found):
-        if any(_holds_state(m) for _, m in order[position[n1] + 1 : position[n2]]):
+        if any(_holds_state(m) for _, m in _registered_between(order, position, n1, n2)):
             return None
         children = _neighbours(order, registered, (n1, l1), (n2, l2))
         if children is None:

@@ -160,6 +160,20 @@ def test_expanded_weights_are_refused_in_place(method: str) -> None:
     assert new_in.shape == (4, 6)
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_views_whose_entries_overlap_are_refused_in_place(method: str) -> None:
+    # unfold: 5 rows of 4 over 12 floats (strides (2, 1)); before, the prox wrote through the
+    # overlaps and left a point 0.09 above the minimum of the objective.
+    base = torch.randn(12)
+    w_in, w_out = base.unfold(0, 4, 2), torch.randn(3, 5)
+    kept = base.clone()
+    with pytest.raises(ValueError, match="w_in is a view whose entries overlap in memory"):
+        prox_path_norm_(w_in, w_out, 0.1, method=method)  # type: ignore[arg-type]
+    assert torch.equal(base, kept)
+    strided = torch.randn(6, 8)[::2, 1::3]  # gaps, no overlap: still written in place
+    prox_path_norm_(strided, torch.randn(2, 3), 0.1, method=method)  # type: ignore[arg-type]
+
+
 # --- method checks do not depend on lam --------------------------------------------------------
 
 
