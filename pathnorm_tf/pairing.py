@@ -351,7 +351,15 @@ def _layout(
         try:
             flat = seam.flat_of(conv, dense, flatten)
         except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
+            why = str(err)
+            if between is None and conv.data_format != "channels_last":
+                why = (
+                    f"{conv.name!r} is channels_first and the model's graph does not show the "
+                    "Flatten before the Dense layer (a subclassed model has no graph), so the "
+                    "order the Dense layer reads its channels in cannot be told: build the "
+                    "model as a Sequential or functional model, or use channels_last"
+                )
+            raise ValueError(f"{where}: {why}") from None
     layout = seam.PairLayout(first, second, flat)
     shape_i, shape_j = tuple(variables[i].shape), tuple(variables[j].shape)
     units = first.kernel_units_out(shape_i)

@@ -570,3 +570,26 @@ def test_register_adds_a_layer_type() -> None:
         layers.register(int, layers.DenseEntry())
     with pytest.raises(TypeError, match="entry must be a LayerEntry"):
         layers.register(Custom, object())  # type: ignore[arg-type]
+
+
+class _ChannelsFirstHead(keras.Model):
+    """conv (channels_first) -> Flatten -> Dense, subclassed: no graph shows the Flatten."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = K.Conv2D(3, 2, data_format="channels_first", name="conv")
+        self.flat, self.dense = K.Flatten(), K.Dense(2, name="dense")
+
+    def call(self, x: Any) -> Any:
+        return self.dense(self.flat(self.conv(x)))
+
+
+@pytest.mark.parametrize("pairs", ["auto", [("conv", "dense")]])
+def test_a_channels_first_conv_in_a_subclassed_model_says_what_to_do(pairs: Any) -> None:
+    # Before: "... pass the Flatten layer", which no optimizer argument takes.
+    from pathnorm_tf import PathNormSGD
+
+    model = _ChannelsFirstHead()
+    model(np.zeros((1, 1, 4, 4), "float32"))
+    with pytest.raises(ValueError, match="build the model as a Sequential or functional model"):
+        PathNormSGD(0.1, lam=1e-3, pairs=pairs, model=model).build(model.trainable_variables)
