@@ -15,7 +15,9 @@ from pathlib import Path
 
 __all__ = [
     "BACKEND_MODULES",
+    "CPU_INDEX",
     "MissingDependency",
+    "cpu_note",
     "default_backend",
     "installed_wheel_version",
     "missing",
@@ -33,6 +35,7 @@ _EXTRA = {
     "matplotlib": ("matplotlib", "experiments"),
 }
 BACKEND_MODULES = {"torch": ("torch",), "tf": ("tensorflow", "keras")}
+CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"  # PyTorch's CPU builds
 _ROOT = Path(__file__).resolve().parents[1]  # a checkout's root, or site-packages
 
 
@@ -95,8 +98,15 @@ def require(modules: tuple[str, ...], what: str) -> None:
         hint += f" ({_spec('tf')} for TensorFlow with GPU support)"
     raise MissingDependency(
         f"{what} needs {names}, which {'is' if len(gone) == 1 else 'are'} not installed: "
-        f"install {'it' if len(gone) == 1 else 'them'} with {hint}{where()}"
+        f"install {'it' if len(gone) == 1 else 'them'} with {hint}{where()}{cpu_note(extras)}"
     )
+
+
+def cpu_note(extras: list[str]) -> str:
+    """What a CPU-only machine adds to a pip command that installs the ``torch`` extra."""
+    if "torch" not in extras:
+        return ""
+    return f"; on a CPU-only machine add {CPU_INDEX} (else pip fetches CUDA's torch)"
 
 
 def default_backend() -> str:

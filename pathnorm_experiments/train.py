@@ -204,7 +204,7 @@ def _backend(args: argparse.Namespace) -> str:
         raise deps.MissingDependency(
             "pathnorm-train needs a backend, and neither is installed: "
             f"{deps.pip_install('torch')} (PyTorch) or {deps.pip_install('tf-cpu')} (TensorFlow "
-            f"and Keras){deps.where()}"
+            f"and Keras){deps.where()}{deps.cpu_note(['torch'])}"
         )
     backend = deps.default_backend() if args.backend == "auto" else args.backend
     if backend == "torch" and args.engine == "lightning":
@@ -291,7 +291,7 @@ def _write(result: dict[str, Any], out: Path) -> None:
             png.unlink(missing_ok=True)  # an earlier run's plot would not match these results
             print(
                 f"wrote {jpath} and {cpath} (no training-curve plot: matplotlib is not installed; "
-                'pip install -e ".[experiments]" adds it)'
+                f"{deps.pip_install('experiments')}{deps.where()} adds it)"
             )
             return
         from pathnorm_experiments.evaluation import plot_training_curve

@@ -21,6 +21,11 @@ import pytest
 from pathnorm_experiments import data, reproduce, settings, train
 from pathnorm_experiments.settings import TrainConfig
 
+CPU_NOTE = (
+    "; on a CPU-only machine add --extra-index-url https://download.pytorch.org/whl/cpu (else "
+    "pip fetches CUDA's torch)"
+)
+
 TINY = [
     "--epochs", "1", "--n-train", "300", "--n-test", "200", "--pgd-samples", "100",
     "--pgd-steps", "5", "--no-progress", "--threads", "1",
@@ -166,19 +171,20 @@ TF_HINT = (
             ("torch", "tensorflow"),
             [],
             'pathnorm-train needs a backend, and neither is installed: pip install -e ".[torch]" '
-            '(PyTorch) or pip install -e ".[tf-cpu]" (TensorFlow and Keras) in the pathnorm checkout',
+            '(PyTorch) or pip install -e ".[tf-cpu]" (TensorFlow and Keras) in the pathnorm checkout'
+            f"{CPU_NOTE}",
         ),
         (
             ("torch",),
             ["--backend", "torch", "--engine", "loop"],
             '--backend torch needs PyTorch, which is not installed: install it with pip install -e '
-            '".[torch]" in the pathnorm checkout',
+            f'".[torch]" in the pathnorm checkout{CPU_NOTE}',
         ),
         (
             ("lightning",),
             ["--backend", "torch"],
             '--backend torch (with --engine lightning) needs Lightning, which is not installed: '
-            'install it with pip install -e ".[torch]" in the pathnorm checkout',
+            f'install it with pip install -e ".[torch]" in the pathnorm checkout{CPU_NOTE}',
         ),
     ],
     ids=["torch-only-asks-tf", "no-keras", "nothing", "no-torch-loop", "no-lightning"],
@@ -477,9 +483,10 @@ def test_no_matplotlib_no_plot_and_a_stale_plot_is_removed(
     capsys.readouterr()
     assert train.main([*fast, "--overwrite"]) == 0
     assert not (out / "training_curve.png").exists()  # it showed the previous run
-    assert "no training-curve plot: matplotlib is not installed; pip install -e " in (
-        capsys.readouterr().out
-    )
+    assert (
+        'no training-curve plot: matplotlib is not installed; pip install -e ".[experiments]" '
+        "in the pathnorm checkout adds it)"
+    ) in capsys.readouterr().out
 
 
 # --- eps keys ------------------------------------------------------------------------------
