@@ -39,7 +39,9 @@ from shared_spec._inputs import (
     ERRATA_PROX_W2,
     ERRATA_W1,
     ERRATA_W2,
+    boundary_units,
     equal_norm_pair,
+    exact_boundary_units,
     f32,
     ties,
     uniform,
@@ -69,23 +71,68 @@ def errata_case() -> dict[str, Any]:
     return case
 
 
+BOUNDARY_EPS = 1e-6
+
+
+def _supports(case: dict[str, Any]) -> list[tuple[int, int]]:
+    """Per unit, the number of nonzeros of the expected ``(v, w)``."""
+    V, W = np.array(case["expected"]["V"]), np.array(case["expected"]["W"])
+    return [(int(np.count_nonzero(v)), int(np.count_nonzero(w))) for v, w in zip(V, W, strict=True)]
+
+
 def _boundary(k: int, l_: int, sign: float) -> dict[str, Any]:
-    """lam with k l lam^2 = (1 -/+ 1e-6)^2: the support pair (k, l) just feasible/infeasible."""
-    lam = (1.0 + sign * 1e-6) / math.sqrt(k * l_)
-    # Units whose leading entries are well separated, so the (k, l) pair decides the optimum.
-    X = uniform(400 + 10 * k + l_, (5, max(k + 1, 3)), scale=2.0)
-    Y = uniform(401 + 10 * k + l_, (5, max(l_ + 1, 4)), scale=2.0)
+    """lam with k l lam^2 = (1 -/+ 1e-6)^2: the support pair (k, l) just feasible/infeasible.
+
+    Units 0 to 2 (:func:`boundary_units`) have (k, l) as their minimiser below the boundary and
+    a different support above it; checked here, so a solver that drops near-boundary pairs fails.
+    """
+    lam = (1.0 + sign * BOUNDARY_EPS) / math.sqrt(k * l_)
     side = "below" if sign < 0 else "above"
-    return prox_case(
+    case = prox_case(
         f"lam_boundary_k{k}_l{l_}_{side}",
         f"lam = (1 {'-' if sign < 0 else '+'} 1e-6) / sqrt({k} * {l_}): k l lam^2 just "
-        f"{side} 1, where the support pair (k, l) = ({k}, {l_}) turns infeasible.",
+        f"{side} 1, where the support pair (k, l) = ({k}, {l_}) turns infeasible. Units 0 to 2 "
+        f"have top-{k} and top-{l_} sums in the ratio 1 : sqrt({l_}/{k}) and tails of at most 2e-4: "
+        f"their minimiser keeps {k} and {l_} entries below the boundary, fewer above.",
+        *boundary_units(k, l_, BOUNDARY_EPS),
+        lam,
+        # d = 1 - k l lam^2 is about 2e-6 here; the solution is that much worse conditioned.
+        tolerance={"rtol": 1e-7, "atol": 1e-9, "objective_rtol": 1e-9},
+    )
+    supports = _supports(case)
+    on_pair = [s == (k, l_) for s in supports]
+    if on_pair != ([True] * 3 + [False] * 2 if sign < 0 else [False] * 5):
+        raise GenerationError(
+            f"{case['name']}: per-unit supports {supports}; units 0 to 2 must keep ({k}, {l_}) "
+            "below the boundary and no unit may keep it above"
+        )
+    return case
+
+
+def _zero_over_zero(x: F64, y: F64, lam: float, k: int, l_: int) -> bool:
+    """Whether the closed form of the pair (k, l) is 0 / 0: d and both numerators exactly 0."""
+    cx, cy = np.sort(np.abs(x))[::-1][:k].sum(), np.sort(np.abs(y))[::-1][:l_].sum()
+    d = 1.0 - k * l_ * lam * lam
+    return d == 0.0 and cx - k * lam * cy == 0.0 and cy - l_ * lam * cx == 0.0
+
+
+def _exact_boundary(lam: float, pairs: tuple[tuple[int, int], ...]) -> dict[str, Any]:
+    """lam with k l lam^2 == 1 exactly: unit i divides 0 by 0 in ``pairs[i]``, checked here."""
+    kl = round(lam**-2)
+    X, Y = exact_boundary_units(lam, pairs, (5, 4, 8), 500 + kl)
+    for i, (k, l_) in enumerate(pairs):
+        if not _zero_over_zero(X[i], Y[i], lam, k, l_):
+            raise GenerationError(f"lam_exact_boundary_{lam}: unit {i} is not 0 / 0 in ({k}, {l_})")
+    listed = ", ".join(f"unit {i}: ({k}, {l_})" for i, (k, l_) in enumerate(pairs))
+    return prox_case(
+        f"lam_exact_boundary_{lam}",
+        f"lam = {lam}: k l lam^2 == 1 exactly (in floating point) for k l = {kl}; the pair must "
+        f"be skipped, not divided by zero. In {listed}, both numerators of the pair's closed "
+        "form are exactly 0 too (0 / 0 = NaN, which passes sign tests): a solver that does not "
+        "skip d == 0 and takes its least objective with argmin or torch.min returns NaN.",
         X,
         Y,
         lam,
-        unique=None,
-        # d = 1 - k l lam^2 is about 2e-6 here; the solution is that much worse conditioned.
-        tolerance={"rtol": 1e-7, "atol": 1e-9, "objective_rtol": 1e-9},
     )
 
 
@@ -218,18 +265,10 @@ def _prox_lam_boundary_cases() -> list[dict[str, Any]]:
     cases: list[dict[str, Any]] = []
     for k, l_ in ((1, 1), (2, 3), (1, 4)):
         cases += [_boundary(k, l_, -1.0), _boundary(k, l_, +1.0)]
-    for lam in (0.5, 0.25):
-        cases.append(
-            prox_case(
-                f"lam_exact_boundary_{lam}",
-                f"lam = {lam}: k l lam^2 == 1 exactly (in floating point) for k l = "
-                f"{round(lam**-2)}; the pair must be skipped, not divided by zero.",
-                uniform(500 + round(lam**-2), (5, 4), scale=lam * 4),
-                uniform(501 + round(lam**-2), (5, 8), scale=lam * 4),
-                lam,
-                unique=None,
-            )
-        )
+    cases += [
+        _exact_boundary(0.5, ((2, 2), (1, 4), (4, 1))),
+        _exact_boundary(0.25, ((2, 8), (4, 4))),
+    ]
     return cases
 
 

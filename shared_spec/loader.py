@@ -79,7 +79,8 @@ class Case:
     ``path_norm_prox``: inputs ``X`` (n, p), ``Y`` (n, m), ``lam``; expected ``V``, ``W``,
     ``objective``; a convolutional pair also has ``layers`` (:class:`Layers`). ``l1_prox``:
     inputs ``w``, ``lam``; ``l1_ball_rows``: ``w``, ``radius``; both expect ``expected_w``.
-    Fields that do not apply to the kind are None.
+    ``rival_rtol`` is set exactly when ``unique`` is false. Fields that do not apply to the
+    kind are None.
     """
 
     file: str
@@ -92,6 +93,7 @@ class Case:
     atol: float
     objective_rtol: float
     objective_atol: float
+    rival_rtol: float | None = None
     lam: float | None = None
     radius: float | None = None
     X: F64 | None = None
@@ -138,7 +140,10 @@ class Case:
         """Assert a backend's output conforms; ``check(w)`` for the l1 kinds.
 
         ``path_norm_prox``: the objective always; when ``unique``, also the point and its zero
-        pattern. Raises AssertionError naming the case and the worst entry.
+        pattern; otherwise each unit's objective, which must be within ``rival_rtol * (1 +
+        s_i)`` of the unit's minimum (``s_i = 1/2 (||X[i]||^2 + ||Y[i]||^2)``): any of the
+        unit's minimisers passes, a worse point does not. Raises AssertionError naming the case
+        and the worst entry or unit.
         """
         if self.kind != "path_norm_prox":
             _assert_close(self.id, "w", np.asarray(V, dtype=np.float64), self.expected_w, self)
@@ -170,6 +175,25 @@ class Case:
                         f"first {list(i)}: got {float(got_a[i])!r}, "
                         f"expected {float(want_a[i])!r}"  # type: ignore[index]
                     )
+        else:
+            self._check_units(V, W)
+
+    def _check_units(self, V: F64, W: F64) -> None:
+        """Each unit of a non-unique case is one of its minimisers, up to ``rival_rtol``."""
+        X, Y = self._pair()
+        assert self.V is not None and self.W is not None and self.rival_rtol is not None
+        lam = float(self.lam)  # type: ignore[arg-type]
+        got = reference.unit_objectives(V, W, X, Y, lam)
+        excess = got - reference.unit_objectives(self.V, self.W, X, Y, lam)
+        margin = self.rival_rtol * reference.unit_scales(X, Y)
+        if not (excess <= margin).all():
+            i = int(np.argmax(excess - margin))
+            raise AssertionError(
+                f"{self.id}: unit {i} is not a minimiser: its objective exceeds the unit's "
+                f"minimum by {float(excess[i]):.3g} > {float(margin[i]):.3g} = rival_rtol "
+                f"{self.rival_rtol} x (1 + s) (non-unique case: any point within the margin "
+                "passes)"
+            )
 
     def check_layers(self, backend: str, first: Any, second: Any) -> None:
         """Assert a backend's new native weights of a convolutional case conform.
@@ -248,6 +272,11 @@ def _matrix(value: list[list[float]], where: str, fail: Any, exact_f32: bool) ->
     return a
 
 
+#: The recorded objective must equal the objective of the recorded V, W to this relative
+#: accuracy (the generator writes the objective of exactly those values).
+OBJECTIVE_CONSISTENCY = 1e-12
+
+
 def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
     name = raw["name"]
 
@@ -261,7 +290,25 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
         "name": name,
         **{key: raw[key] for key in ("kind", "description", "dtype", "unique")},
         **{key: float(tol[key]) for key in ("rtol", "atol", "objective_rtol", "objective_atol")},
+        "rival_rtol": float(tol["rival_rtol"]) if "rival_rtol" in tol else None,
     }
+    if raw["unique"] and "rival_rtol" in tol:
+        fail(
+            "rival_rtol is for cases whose minimiser is not unique, and this one has unique "
+            "= true: remove it (or set unique to false if rival minimisers exist)",
+            f"{base}.tolerance.rival_rtol",
+        )
+    scalar_key = "radius" if raw["kind"] == "l1_ball_rows" else "lam"
+    scalar = float(inp[scalar_key])
+
+    def check_scalar() -> None:
+        if raw["dtype"] == "float32" and float(np.float32(scalar)) != scalar:
+            fail(
+                f"a float32 case's {scalar_key} {scalar!r} is not exactly representable in "
+                f"float32 (nearest: {float(np.float32(scalar))!r}); write that value and "
+                "regenerate the expected values",
+                f"{base}.inputs.{scalar_key}",
+            )
 
     def mat(group: dict[str, Any], key: str, where: str) -> F64:
         exact_f32 = raw["dtype"] == "float32" and where == "inputs"
@@ -280,23 +327,34 @@ def _parse_case(file: str, index: int, raw: dict[str, Any]) -> Case:
             fail(f"V has shape {V.shape}, X has {X.shape}", f"{base}.expected.V")
         if W.shape != Y.shape:
             fail(f"W has shape {W.shape}, Y has {Y.shape}", f"{base}.expected.W")
+        check_scalar()
+        objective = float(exp["objective"])
+        own = reference.path_norm_objective(V, W, X, Y, scalar)
+        if abs(objective - own) > OBJECTIVE_CONSISTENCY * (1.0 + abs(objective)):
+            fail(
+                f"objective {objective!r} is not the objective of the expected V, W at these "
+                f"inputs ({own!r}): the file contradicts itself (edited by hand?); regenerate "
+                "it with python -m shared_spec.generate",
+                f"{base}.expected.objective",
+            )
         native = _parse_layers(inp, exp, X, Y, V, W, base, fail) if "layers" in inp else None
         return Case(
             **common,
-            lam=float(inp["lam"]),
+            lam=scalar,
             X=X,
             Y=Y,
             V=V,
             W=W,
-            objective=float(exp["objective"]),
+            objective=objective,
             layers=native,
         )
     w, ew = mat(inp, "w", "inputs"), mat(exp, "w", "expected")
     if ew.shape != w.shape:
         fail(f"expected w has shape {ew.shape}, input w has {w.shape}", f"{base}.expected.w")
+    check_scalar()
     if raw["kind"] == "l1_prox":
-        return Case(**common, lam=float(inp["lam"]), w=w, expected_w=ew)
-    return Case(**common, radius=float(inp["radius"]), w=w, expected_w=ew)
+        return Case(**common, lam=scalar, w=w, expected_w=ew)
+    return Case(**common, radius=scalar, w=w, expected_w=ew)
 
 
 def _parse_layers(
@@ -465,16 +523,63 @@ def _decode(file: str, raw: bytes) -> str:
         ) from None
 
 
+def _packaged_name(path_or_name: str | os.PathLike[str]) -> str | None:
+    """The packaged file a bare string names (``"l1"``, ``"l1.json"``), else None.
+
+    Only a ``str`` without a directory part can name a packaged file; a ``Path`` (or any other
+    ``os.PathLike``) and a string such as ``"./l1.json"`` are filesystem paths."""
+    if not isinstance(path_or_name, str) or len(Path(path_or_name).parts) != 1:
+        return None
+    name = path_or_name if path_or_name.endswith(".json") else f"{path_or_name}.json"
+    return name if name in vector_files() else None
+
+
 def _read(path_or_name: str | os.PathLike[str]) -> tuple[str, str]:
-    """(display name, text) of a packaged file name or a filesystem path."""
+    """(display name, text) of a packaged file name or a filesystem path.
+
+    A packaged name always reads the packaged file, never a same-named file in the current
+    directory (``"./l1.json"`` or ``Path("l1.json")`` read that one)."""
+    name = _packaged_name(path_or_name)
+    if name is not None:
+        return name, _decode(name, (_package_dir() / "vectors" / name).read_bytes())
     p = Path(path_or_name)
     if p.is_file():
         return str(p), _decode(str(p), p.read_bytes())
-    name = p.name if p.suffix == ".json" else f"{p.name}.json"
-    entry = _package_dir() / "vectors" / name
-    if len(p.parts) == 1 and entry.is_file():
-        return name, _decode(name, entry.read_bytes())
     raise SpecError(f"no vector file {str(path_or_name)!r}: give a path or one of {vector_files()}")
+
+
+class _Repeated(dict):  # type: ignore[type-arg]
+    """A JSON object in which ``key`` appeared more than once (json keeps the last value)."""
+
+    key: str
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: a dict, marked (:class:`_Repeated`) when a key repeats."""
+    out = dict(pairs)
+    if len(out) == len(pairs):
+        return out
+    marked = _Repeated(out)
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            marked.key = key
+            break
+        seen.add(key)
+    return marked
+
+
+def _first_repeated_key(doc: Any) -> list[Any] | None:
+    """JSON path (ending in the key) of the first repeated key, in document order, else None."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(doc, ())]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, _Repeated):
+            return [*path, node.key]
+        if isinstance(node, dict | list):
+            items = list(node.items() if isinstance(node, dict) else enumerate(node))
+            stack.extend((value, (*path, key)) for key, value in reversed(items))
+    return None
 
 
 def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Case]:
@@ -482,16 +587,19 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
 
     Args:
         path_or_name: None for every packaged file (sorted by name); a packaged file name
-            with or without ``.json`` (``"l1"``, ``"path_norm_prox.json"``); or a path.
+            with or without ``.json`` (``"l1"``, ``"path_norm_prox.json"``), which always
+            reads the packaged file; or a path (a ``Path``, or a string with a directory part
+            such as ``"./l1.json"``, or a bare string that names no packaged file).
 
     Raises:
-        SpecError: the file is missing, not UTF-8, not JSON, nested too deep, holds a number
-            that is not a finite float64 (``NaN``, or a literal such as ``1e999`` that
-            overflows), fails the schema, or has inconsistent shapes; the message names the
-            file, the case and the JSON path.
+        SpecError: the file is missing, not UTF-8, not JSON, nested too deep, repeats a key
+            in an object, holds a number that is not a finite float64 (``NaN``, or a literal
+            such as ``1e999`` that overflows), fails the schema, has inconsistent shapes, an
+            objective that is not that of its own V, W, or a float32 case whose lam or radius
+            is not a float32 value; the message names the file, the case and the JSON path.
     """
     if path_or_name is None:
-        return [c for f in vector_files() for c in load_vectors(f)]
+        return [c for f in vector_files() for c in load_vectors(f)]  # packaged names only
     file, text = _read(path_or_name)
 
     def reject(token: str) -> None:
@@ -500,7 +608,9 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
     try:
         # parse_float keeps the text of an overflowing literal (1e999) for parse_document's
         # message, which also names the case and the JSON path
-        doc = json.loads(text, parse_constant=reject, parse_float=_parse_float)
+        doc = json.loads(
+            text, parse_constant=reject, parse_float=_parse_float, object_pairs_hook=_object
+        )
     except json.JSONDecodeError as e:
         raise SpecError(f"{file}: not valid JSON: {e}") from None
     except RecursionError:  # json's decoder recurses once per nesting level
@@ -508,6 +618,13 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
             f"{file}: nested more than {MAX_DEPTH} levels deep (too deep to parse; a vector "
             "file nests 6: $.cases[i].inputs.X[row][col])"
         ) from None
+    repeated = _first_repeated_key(doc)
+    if repeated is not None:
+        raise SpecError(
+            f"{file}:{_case_at(doc, repeated)} at {_json_path(repeated)}: the key "
+            f"{repeated[-1]!r} appears more than once in this object (JSON keeps only the last "
+            "value); remove the duplicate"
+        )
     return parse_document(doc, file)
 
 

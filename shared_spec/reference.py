@@ -65,6 +65,20 @@ def path_norm_objective(V: F64, W: F64, X: F64, Y: F64, lam: float) -> float:
     )
 
 
+def unit_objectives(V: F64, W: F64, X: F64, Y: F64, lam: float) -> F64:
+    """Each unit's term of :func:`path_norm_objective`: ``h(V[i], W[i], X[i], Y[i])``."""
+    return (
+        0.5 * np.sum((V - X) ** 2, 1)
+        + 0.5 * np.sum((W - Y) ** 2, 1)
+        + lam * (np.abs(V).sum(1) * np.abs(W).sum(1))
+    )
+
+
+def unit_scales(X: F64, Y: F64) -> F64:
+    """Each unit's scale ``1 + 1/2 (||X[i]||^2 + ||Y[i]||^2)``, as in :func:`minimiser_margin`."""
+    return 1.0 + 0.5 * (np.sum(X * X, 1) + np.sum(Y * Y, 1))
+
+
 def prox_l1(w: F64, lam: float) -> F64:
     """Soft-thresholding: prox of ``lam * ||w||_1``."""
     lam = _check(lam)

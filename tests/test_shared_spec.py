@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from shared_spec import (
 from shared_spec import generate as gen
 from shared_spec import reference as ref
 from shared_spec.loader import parse_document, vector_files
+from shared_spec.reference import F64
 
 ALL_CASES = load_vectors()
 PROX_CASES = [c for c in ALL_CASES if c.kind == "path_norm_prox"]
@@ -108,6 +110,27 @@ def test_load_by_path_and_missing_name(tmp_path: Path) -> None:
         load_vectors("nope")
 
 
+def test_packaged_names_ignore_same_named_files_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    packaged = load_vectors("l1")
+    doc = json.loads((Path(gen.VECTORS_DIR) / "l1.json").read_text())
+    doc["cases"] = doc["cases"][:1]
+    doc["cases"][0]["expected"]["w"][0][0] = 123.0
+    (tmp_path / "l1.json").write_text(json.dumps(doc))
+    monkeypatch.chdir(tmp_path)
+    for got in (load_vectors("l1.json"), load_vectors("l1"), load_vectors()[: len(packaged)]):
+        assert [c.name for c in got] == [c.name for c in packaged]
+        assert got[0].expected_w is not None and packaged[0].expected_w is not None
+        assert got[0].expected_w[0, 0] == packaged[0].expected_w[0, 0] != 123.0
+    assert len(list(iter_cases("l1_prox"))) == sum(c.kind == "l1_prox" for c in packaged) == 5
+    # A Path, or a string with a directory part, is the file on disk.
+    for path in (Path("l1.json"), "./l1.json"):
+        (case,) = load_vectors(path)
+        assert case.file == str(Path("l1.json")) and case.expected_w is not None
+        assert case.expected_w[0, 0] == 123.0
+
+
 def test_layout_helpers() -> None:
     case = next(c for c in PROX_CASES if c.name == "more_outputs_than_inputs")
     assert case.X is not None and case.Y is not None
@@ -151,7 +174,7 @@ def test_check_rejects_a_changed_zero_pattern() -> None:
         case.check(case.V, W)
 
 
-def test_check_on_a_non_unique_case_compares_the_objective_only() -> None:
+def test_check_on_a_non_unique_case_accepts_any_minimiser() -> None:
     case = next(c for c in PROX_CASES if c.name == "lam_huge_equal_norms")
     assert not case.unique and case.X is not None and case.Y is not None
     # The other minimiser: every unit keeps its incoming side instead.
@@ -162,11 +185,135 @@ def test_check_on_a_non_unique_case_compares_the_objective_only() -> None:
         case.check(np.full_like(case.X, np.nan), case.Y)
 
 
+def _f32_wide() -> Case:
+    return next(c for c in PROX_CASES if c.name == "f32_wide_p64_m96")
+
+
+def test_non_unique_cases_record_the_rival_margin() -> None:
+    flagged = {c.name: c.rival_rtol for c in PROX_CASES if not c.unique}
+    assert flagged == {"lam_huge_equal_norms": 1e-12, "f32_wide_p64_m96": 1e-6}
+    assert all(c.rival_rtol is None for c in ALL_CASES if c.unique)
+
+
+def test_non_unique_check_rejects_a_unit_outside_the_rival_margin() -> None:
+    """Per unit, every candidate of the exhaustive reference within ``rival_rtol * (1 + s)``
+    of the minimum passes and every other fails, although most of those pass the layer's
+    objective tolerance (the probe found 23 such wrong points, up to 0.022 off)."""
+    case = _f32_wide()
+    assert case.X is not None and case.Y is not None and case.V is not None
+    assert case.W is not None and case.lam is not None and case.rival_rtol is not None
+    scales = ref.unit_scales(case.X, case.Y)
+    assert case.objective is not None
+    layer_tol = case.objective_atol + case.objective_rtol * case.objective
+    rivals, caught, caught_by_unit_only = 0, 0, 0
+    for i in range(case.X.shape[0]):
+        best = ref.objective(case.V[i], case.W[i], case.X[i], case.Y[i], case.lam)
+        for h, v, w in ref.prox_unit_candidates(case.X[i], case.Y[i], case.lam):
+            V, W = case.V.copy(), case.W.copy()
+            V[i], W[i] = v, w
+            if h - best <= case.rival_rtol * scales[i]:
+                case.check(V, W)
+                rivals += 1
+                continue
+            layer_passes = abs(case.objective_of(V, W) - case.objective) <= layer_tol
+            unit_message = rf"f32_wide_p64_m96: unit {i} is not a minimiser"
+            with pytest.raises(AssertionError, match=unit_message if layer_passes else "objective"):
+                case.check(V, W)
+            caught += 1
+            caught_by_unit_only += layer_passes
+    # each unit's own point plus 6 rivals within the margin; 23 wrong points within the
+    # layer's objective tolerance
+    assert (rivals, caught_by_unit_only) == (4 + 6, 23) and caught > 100
+
+
 def test_check_l1_kind() -> None:
     case = next(c for c in ALL_CASES if c.name == "l1_random")
     assert case.expected_w is not None
     with pytest.raises(AssertionError, match=r"l1::l1_random: w\[\d+, \d+\]"):
         case.check(case.expected_w + 1e-3)
+
+
+# --- the boundary vectors catch solvers that mishandle d = 1 - k l lam^2 near 0 --------------
+
+
+def _enumerating_prox(X: F64, Y: F64, lam: float, skip: Callable[[float], bool]) -> tuple[F64, F64]:
+    """A prox like the reference's that skips the pairs with ``skip(d)``, and that takes the
+    least objective with ``np.argmin`` (a NaN objective wins, as in ``torch.min``). With
+    ``d <= 0`` it is right; ``d < 1e-3`` drops near-boundary pairs; ``d < 0`` divides 0 by 0."""
+    V, W = np.zeros_like(X), np.zeros_like(Y)
+    for i, (x, y) in enumerate(zip(X, Y, strict=True)):
+        ox, oy = np.argsort(-np.abs(x), kind="stable"), np.argsort(-np.abs(y), kind="stable")
+        xs, ys = np.abs(x)[ox], np.abs(y)[oy]
+        points = [(x.copy(), np.zeros_like(y)), (np.zeros_like(x), y.copy())]
+        for k in range(1, x.size + 1):
+            for l_ in range(1, y.size + 1):
+                d = np.float64(1.0) - k * l_ * lam * lam
+                if skip(float(d)):
+                    continue
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    a = (xs[:k].sum() - k * lam * ys[:l_].sum()) / d
+                    b = (ys[:l_].sum() - l_ * lam * xs[:k].sum()) / d
+                if a < 0 or b < 0 or xs[k - 1] - lam * b < 0 or ys[l_ - 1] - lam * a < 0:
+                    continue  # a NaN norm passes: every comparison with NaN is false
+                v, w = np.zeros_like(x), np.zeros_like(y)
+                v[ox[:k]] = np.sign(x[ox[:k]]) * (xs[:k] - lam * b)
+                w[oy[:l_]] = np.sign(y[oy[:l_]]) * (ys[:l_] - lam * a)
+                points.append((v, w))
+        with np.errstate(invalid="ignore"):
+            h = [ref.objective(v, w, x, y, lam) for v, w in points]
+        V[i], W[i] = points[int(np.argmin(h))]
+    return V, W
+
+
+BOUNDARY = [c for c in PROX_CASES if c.name.startswith("lam_boundary_")]
+EXACT_BOUNDARY = [c for c in PROX_CASES if c.name.startswith("lam_exact_boundary_")]
+
+
+def _run(case: Case, skip: Callable[[float], bool]) -> None:
+    assert case.X is not None and case.Y is not None and case.lam is not None
+    case.check(*_enumerating_prox(case.X, case.Y, case.lam, skip))
+
+
+@pytest.mark.parametrize("case", BOUNDARY + EXACT_BOUNDARY, ids=lambda c: c.id)
+def test_boundary_vectors_pass_the_right_enumeration(case: Case) -> None:
+    _run(case, lambda d: d <= 0)
+
+
+@pytest.mark.parametrize("case", BOUNDARY, ids=lambda c: c.id)
+def test_boundary_vectors_keep_their_support_pair_below_only(case: Case) -> None:
+    k, l_ = (int(t) for t in re.findall(r"_k(\d+)_l(\d+)_", case.name)[0])
+    assert case.X is not None and case.V is not None and case.W is not None
+    assert case.lam is not None and case.Y is not None
+    below = case.name.endswith("_below")
+    assert (k * l_ * case.lam**2 < 1) == below
+    supports = [
+        (int(np.count_nonzero(v)), int(np.count_nonzero(w)))
+        for v, w in zip(case.V, case.W, strict=True)
+    ]
+    assert supports[:3] == ([(k, l_)] * 3 if below else supports[:3])
+    assert ((k, l_) in supports) == below
+    for x, y in zip(case.X[:3], case.Y[:3], strict=True):
+        table = ref._unit_candidate_objectives(x, y, case.lam)
+        assert any(r[1] == k and r[2] == l_ for r in table[2:]) == below  # feasible pair
+
+
+@pytest.mark.parametrize(
+    "case", [c for c in BOUNDARY if c.name.endswith("_below")], ids=lambda c: c.id
+)
+def test_dropping_near_boundary_pairs_fails_the_below_vectors(case: Case) -> None:
+    with pytest.raises(AssertionError, match=rf"{case.name}: (objective|V|W)"):
+        _run(case, lambda d: d < 1e-3)
+
+
+@pytest.mark.parametrize("case", EXACT_BOUNDARY, ids=lambda c: c.id)
+def test_dividing_by_zero_at_the_exact_boundary_fails_the_vector(case: Case) -> None:
+    """A prox that does not skip d == 0 gets 0 / 0 = NaN in the units built for it."""
+    assert case.X is not None and case.Y is not None and case.lam is not None
+    V, W = _enumerating_prox(case.X, case.Y, case.lam, lambda d: d < 0)
+    bad = [i for i in range(len(V)) if np.isnan(V[i]).any() or np.isnan(W[i]).any()]
+    assert bad == ([0, 1, 2] if case.lam == 0.5 else [0, 1])
+    with pytest.raises(AssertionError, match=rf"{case.name}: output contains NaN"):
+        case.check(V, W)
 
 
 # --- malformed files -------------------------------------------------------------------------
@@ -243,11 +390,110 @@ MALFORMED = {
         _set(["cases", 2, "tolerance", "rtol"], float("inf")),
         r"case 'single_output_lam_0\.2' \(cases\[2\]\) at \$\.cases\[2\]\.tolerance\.rtol: inf is not a finite",
     ),
+    "missing_kind": (
+        _set(["cases", 0, "kind"], _DELETE),
+        r"case 'errata_conformance' \(cases\[0\]\) at \$\.cases\[0\]: 'kind' is a required "
+        r"property \(schema: shared_spec/schema\.json, 1 error\(s\) in all\)",
+    ),
+    "inputs_not_an_object": (
+        _set(["cases", 0, "inputs"], []),
+        r"at \$\.cases\[0\]\.inputs: \[\] is not of type 'object'",
+    ),
+    "objective_not_that_of_V_W": (
+        _set(["cases", 0, "expected", "objective"], 0.2),
+        r"case 'errata_conformance' \(cases\[0\]\) at \$\.cases\[0\]\.expected\.objective: "
+        r"objective 0\.2 is not the objective of the expected V, W at these inputs "
+        r"\(0\.15176712071692877\): the file contradicts itself",
+    ),
+    "lam_edited": (
+        _set(["cases", 0, "inputs", "lam"], 0.12),
+        r"at \$\.cases\[0\]\.expected\.objective: objective 0\.15176712071692877 is not the "
+        r"objective of the expected V, W at these inputs \(0\.1754462506676630\d\)",
+    ),
+    "V_edited": (
+        _set(["cases", 0, "expected", "V", 0, 0], 0.5),
+        r"at \$\.cases\[0\]\.expected\.objective: objective 0\.15176712071692877 is not the",
+    ),
+    "unique_flipped_on_a_non_unique_case": (
+        _set(["cases", 18, "unique"], True),
+        r"case 'lam_huge_equal_norms' \(cases\[18\]\) at "
+        r"\$\.cases\[18\]\.tolerance\.rival_rtol: rival_rtol is for cases whose minimiser is not "
+        r"unique, and this one has unique = true: remove it",
+    ),
+    "non_unique_without_rival_margin": (
+        _set(["cases", 0, "unique"], False),
+        r"at \$\.cases\[0\]\.tolerance: 'rival_rtol' is a required property",
+    ),
     "nan_entry": (
         _set(["cases", 0, "expected", "V", 2, 1], float("nan")),
         r"case 'errata_conformance' \(cases\[0\]\) at \$\.cases\[0\]\.expected\.V\[2\]\[1\]: nan is not a finite",
     ),
 }
+
+
+def test_layers_on_an_l1_case_is_rejected_where_it_is() -> None:
+    doc = json.loads((Path(gen.VECTORS_DIR) / "l1.json").read_text())
+    doc["cases"][0]["inputs"]["layers"] = _conv_doc()["cases"][0]["inputs"]["layers"]
+    with pytest.raises(SpecError) as info:
+        parse_document(doc, "broken.json")
+    assert str(info.value) == (
+        "broken.json: case 'l1_random' (cases[0]) at $.cases[0].inputs: Additional properties "
+        "are not allowed ('layers' was unexpected) (schema: shared_spec/schema.json, 1 error(s) "
+        "in all)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("file", "name", "key"),
+    [
+        ("path_norm_prox_float32.json", "f32_multi_output", "lam"),
+        ("l1.json", "l1_f32", "lam"),
+        ("l1.json", "ball_f32", "radius"),
+    ],
+)
+def test_float32_case_with_a_scalar_not_in_float32_is_rejected(
+    file: str, name: str, key: str
+) -> None:
+    doc = json.loads((Path(gen.VECTORS_DIR) / file).read_text())
+    i = next(i for i, c in enumerate(doc["cases"]) if c["name"] == name)
+    doc["cases"][i]["inputs"][key] = 0.1
+    with pytest.raises(SpecError) as info:
+        parse_document(doc, "broken.json")
+    assert str(info.value) == (
+        f"broken.json: case {name!r} (cases[{i}]) at $.cases[{i}].inputs.{key}: a float32 "
+        f"case's {key} 0.1 is not exactly representable in float32 (nearest: "
+        "0.10000000149011612); write that value and regenerate the expected values"
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "where"),
+    [
+        ('"lam": 0.1\n', '"lam": 0.1,\n        "lam": 0.7\n', "case 'errata_conformance' "),
+        (
+            '"name": "errata_conformance",',
+            '"name": "errata_conformance",\n      "name": "renamed",',
+            "case 'renamed' ",
+        ),
+        ('"format_version": 1', '"format_version": 1,\n  "format_version": 1', ""),
+    ],
+    ids=["lam", "name", "top-level"],
+)
+def test_repeated_key_is_rejected(tmp_path: Path, old: str, new: str, where: str) -> None:
+    """json keeps the last of two equal keys; the loader refuses the file instead."""
+    text = (Path(gen.VECTORS_DIR) / "path_norm_prox.json").read_text()
+    assert text.count(old) == 1
+    path = tmp_path / "twice.json"
+    path.write_text(text.replace(old, new))
+    with pytest.raises(SpecError) as info:
+        load_vectors(path)
+    key = re.findall(r'"(\w+)"', old)[0]
+    at = {"lam": "$.cases[0].inputs.lam", "name": "$.cases[0].name"}.get(key, "$.format_version")
+    cases = "(cases[0]) " if where else ""
+    assert str(info.value) == (
+        f"{path}: {where}{cases}at {at}: the key {key!r} appears more than once in this object "
+        "(JSON keeps only the last value); remove the duplicate"
+    )
 
 
 def _conv_doc() -> dict[str, Any]:
