@@ -196,10 +196,14 @@ def _chain_of(model: keras.Model) -> tuple[_Network | None, str]:
 
 
 def _regularizing_optimizer(model: keras.Model) -> Any:
-    """The model's PathNormSGD/ProxOptimizer (unwrapping a LossScaleOptimizer), or None."""
+    """The model's PathNormSGD/ProxOptimizer (unwrapping a LossScaleOptimizer; in a
+    ``MultiOptimizer``, its one built such optimizer), or None."""
     opt = getattr(model, "optimizer", None)
     while isinstance(opt, keras.optimizers.LossScaleOptimizer):
         opt = opt.inner_optimizer
+    if isinstance(opt, getattr(keras.optimizers, "MultiOptimizer", ())):  # Keras >= 3.15
+        found = [o for o in opt.optimizers if isinstance(o, (PathNormSGD, ProxOptimizer))]
+        opt = found[0] if len(found) == 1 and found[0].built else None
     return opt if isinstance(opt, (PathNormSGD, ProxOptimizer)) else None
 
 
