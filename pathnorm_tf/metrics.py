@@ -202,7 +202,8 @@ def _regularizing_optimizer(model: keras.Model) -> Any:
     while isinstance(opt, keras.optimizers.LossScaleOptimizer):
         opt = opt.inner_optimizer
     if isinstance(opt, getattr(keras.optimizers, "MultiOptimizer", ())):  # Keras >= 3.15
-        found = [o for o in opt.optimizers if isinstance(o, (PathNormSGD, ProxOptimizer))]
+        inner = getattr(opt, "optimizers", [])
+        found = [o for o in inner if isinstance(o, (PathNormSGD, ProxOptimizer))]
         opt = found[0] if len(found) == 1 and found[0].built else None
     return opt if isinstance(opt, (PathNormSGD, ProxOptimizer)) else None
 
