@@ -312,20 +312,21 @@ def resume_state(group: Group, rows: Sequence[Mapping[str, str]], index: int) ->
     if not rows:
         return GroupState(group, index)
     mine = sorted({float_key(lr) for lr in group.lrs}, key=float)
-    lrs = sorted({r["lr"] for r in rows}, key=float)
+    lr_of = [(float_key(float(r["lr"])), r) for r in rows]  # by value: 5e-01 is 0.5
+    lrs = sorted({lr for lr, _ in lr_of}, key=float)
     if lrs != mine:
         raise ValueError(
             f"group {group.key} has runs at lr {' '.join(lrs)} and this sweep selects among "
             f"{' '.join(mine)} (--lrs): the selection would differ; give --lrs {' '.join(lrs)} "
             "to continue it, or another --out"
         )
-    chosen = sorted({r["lr"] for r in rows if r["selected"] == "1"}, key=float)
+    chosen = sorted({lr for lr, r in lr_of if r["selected"] == "1"}, key=float)
     if len(chosen) > 1:
         raise ValueError(
             f"group {group.key} has selected runs at two lrs ({', '.join(chosen)}): keep the rows "
             "of one selection"
         )
-    picked = {int(r["seed"]) for r in rows if r["lr"] not in chosen}
+    picked = {int(r["seed"]) for lr, r in lr_of if lr not in chosen}
     if picked and picked != set(group.select_seeds):
         seeds = " ".join(map(str, sorted(picked)))
         raise ValueError(
@@ -335,7 +336,7 @@ def resume_state(group: Group, rows: Sequence[Mapping[str, str]], index: int) ->
         )
     if not chosen:
         return None  # every lr diverged: no lr is selected, no seed to add
-    have = {int(r["seed"]) for r in rows if r["lr"] == chosen[0]}
+    have = {int(r["seed"]) for lr, r in lr_of if lr == chosen[0]}
     missing = tuple(s for s in group.seeds if s not in have)
     if not missing:
         return None

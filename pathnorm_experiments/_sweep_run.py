@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import math
 import multiprocessing
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -63,16 +66,29 @@ class _Task:
     weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
 
-def _worker_init(device: str, data: Mapping[str, Prepared] | None = None) -> None:
+def _worker_init(
+    device: str, data: Mapping[str, Prepared] | None = None, parent: int | None = None
+) -> None:
     """One thread; the datasets (inherited through fork, or passed to a spawned worker) on
-    ``device``."""
+    ``device``. A pool's worker (``parent``: the sweep's pid) leaves Ctrl-C to the sweep, ends
+    at SIGTERM, and exits once the sweep is gone (killed, even by SIGKILL)."""
     torch.set_num_threads(1)
+    if parent is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     if data is not None:
         _DATA.clear()
         _DATA.update(data)
     if device != "cpu":
         for name, p in list(_DATA.items()):
             _DATA[name] = Prepared(p.name, *(getattr(p, f).to(device) for f in _TENSOR_FIELDS))
+
+
+def _exit_with(parent: int) -> None:
+    while os.getppid() == parent:  # re-parented when the sweep ends
+        time.sleep(0.5)
+    os._exit(1)
 
 
 _TENSOR_FIELDS = ("x_train", "y_train", "x_val", "y_val", "x_eval", "y_eval", "x_test", "y_test")
@@ -113,7 +129,7 @@ class _InlineExecutor:
             fut.set_exception(e)
         return fut
 
-    def shutdown(self, wait: bool = True) -> None:
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Nothing to stop."""
 
 
@@ -439,8 +455,21 @@ def _start_pool(jobs: int, device: str, start_method: str, data: Mapping[str, Pr
         initializer=_worker_init,
         # fork shares the parent's tensors; a spawned worker (CUDA cannot be used in a
         # forked child once the parent initialised it) gets its own copy
-        initargs=(device, None if start_method == "fork" else dict(data)),
+        initargs=(device, None if start_method == "fork" else dict(data), os.getpid()),
     )
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt("SIGTERM")  # stops the sweep as Ctrl-C does
+
+
+def _stop_pool(pool: Any, finished: bool) -> None:
+    """Shut the pool down; a sweep stopped early (an error, Ctrl-C, SIGTERM) ends its workers
+    at once (their runs are redone on resuming)."""
+    if not finished:
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+    pool.shutdown(wait=True, cancel_futures=not finished)
 
 
 def run_sweep(
@@ -465,7 +494,7 @@ def run_sweep(
         shard: ``(K, N)``: only the groups of shard K (1-based) of N.
         machine: the ``machine`` column (default: :func:`default_machine`).
         device: ``"cpu"`` or a CUDA device for the workers' tensors.
-        stop_after: seconds after which no new task starts (the running ones finish).
+        stop_after: seconds (> 0) after which no new task starts (the running ones finish).
         log: a text stream for progress lines (default stdout).
         start_method: how workers start (default: ``fork`` on CPU, ``spawn`` on CUDA).
 
@@ -474,11 +503,15 @@ def run_sweep(
         given their missing seeds now), ``remaining``, ``claimed`` (skipped: another sweep of
         this folder runs them), ``trained`` and ``evaluated`` (runs, now).
 
+    Ctrl-C or SIGTERM stops the workers and exits (SystemExit 130 or 143) with one line.
+
     Raises:
         ValueError: as :func:`pending_groups` or :func:`check_device`, before any run.
     """
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if stop_after is not None and not (math.isfinite(stop_after) and stop_after > 0):
+        raise ValueError(f"--stop-after must be a number of seconds > 0, got {stop_after}")
     check_device(device)
     if shard is not None and not 1 <= shard[0] <= shard[1]:
         raise ValueError(f"shard must be K/N with 1 <= K <= N, got {shard[0]}/{shard[1]}")
@@ -503,9 +536,19 @@ def run_sweep(
     _DATA.update(data)
     pool = _start_pool(jobs, device, start_method, data)
     scheduler = _Scheduler(cfg, out, results_path(out, shard), plan, counts, machine, log)
+    main = threading.current_thread() is threading.main_thread()
+    term = signal.signal(signal.SIGTERM, _sigterm) if main else None
+    finished = False
     try:
         scheduler.run(pool, jobs, stop_after)
+        finished = True
+    except KeyboardInterrupt as e:
+        how = "SIGTERM" if e.args == ("SIGTERM",) else "Ctrl-C"
+        print(f"sweep stopped ({how}): rerun the same command to continue", file=sys.stderr)
+        raise SystemExit(143 if how == "SIGTERM" else 130) from None
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, term or signal.SIG_DFL)
         scheduler.release_all()
-        pool.shutdown(wait=True)
+        _stop_pool(pool, finished)
     return counts

@@ -165,7 +165,7 @@ def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting
     protocol: dict[tuple[str, str], set[str]] = {}
     for r in rows:
         for c in PROTOCOL:
-            protocol.setdefault((r["dataset"], c), set()).add(r[c])
+            protocol.setdefault((r["dataset"], c), set()).add(str(int(r[c])))  # by value
         if r["selected"] == "1":
             key = (r["dataset"], r["regularizer"], r["optimizer"], float(r["lam"]))
             groups.setdefault(key, []).append(r)
@@ -177,10 +177,8 @@ def settings_from_rows(rows: Iterable[Mapping[str, str]]) -> dict[tuple, Setting
             )
     out = {}
     for key, rs in sorted(groups.items()):
-        if len({r["lr"] for r in rs}) > 1:
-            raise ReportError(
-                f"{key}: selected rows at several lrs {sorted({r['lr'] for r in rs})}"
-            )
+        if len(lrs := {float(r["lr"]) for r in rs}) > 1:
+            raise ReportError(f"{key}: selected rows at several lrs {sorted(lrs)}")
         stats = {}
         for c in _NUMERIC:
             pairs = [(int(r["seed"]), v) for r in rs if (v := parse_value(r[c])) is not None]

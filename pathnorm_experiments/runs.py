@@ -83,14 +83,21 @@ def join_key(*parts: str) -> str:
     return "|".join(parts)
 
 
-def row_key(row: Mapping[str, str]) -> str:
-    """The run key of a CSV row."""
-    return join_key(*(str(row[c]) for c in KEY_COLUMNS))
+def _key_cell(column: str, text: str) -> str:
+    """A key cell's value as the sweep writes it (``1e-03`` -> ``0.001``, ``00`` -> ``0``)."""
+    if column in ("lam", "lr"):
+        return float_key(float(text) + 0.0)  # + 0.0: -0.0 is 0
+    return str(int(text)) if column in _INT_MIN else text
 
 
-def row_group_key(row: Mapping[str, str]) -> str:
+def row_key(row: Mapping[str, Any]) -> str:
+    """The run key of a CSV row, its numbers as the sweep writes them: one run, one key."""
+    return join_key(*(_key_cell(c, str(row[c])) for c in KEY_COLUMNS))
+
+
+def row_group_key(row: Mapping[str, Any]) -> str:
     """The lr-selection group key of a CSV row (its run key without lr and seed)."""
-    return join_key(*(row[c] for c in KEY_COLUMNS if c not in ("lr", "seed")))
+    return join_key(*(_key_cell(c, str(row[c])) for c in KEY_COLUMNS if c not in ("lr", "seed")))
 
 
 def _fmt(value: Any) -> str:
@@ -112,8 +119,7 @@ def _flocked(f: IO[Any], operation: int) -> Iterator[None]:
 
 def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """Append ``rows`` (keys :data:`COLUMNS`) to the CSV ``path`` in one locked, flushed write,
-    with the header if the file is new. A torn last line (a writer killed mid-write) is cut off
-    first, so the file always holds whole rows."""
+    with the header if the file is new (after a newline if its last line lacks one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n")
@@ -121,9 +127,8 @@ def append_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> None:
         writer.writerow({c: _fmt(row[c]) for c in COLUMNS})
     with path.open("a+b") as f, _flocked(f, fcntl.LOCK_EX):  # appending: writes go to the end
         f.seek(0)
-        cut = f.read().rfind(b"\n") + 1
-        f.truncate(cut)
-        head = "" if cut else ",".join(COLUMNS) + "\n"
+        old = f.read()
+        head = ("" if old.endswith(b"\n") else "\n") if old else ",".join(COLUMNS) + "\n"
         f.write((head + buf.getvalue()).encode())
         f.flush()
         os.fsync(f.fileno())
@@ -216,10 +221,12 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     """The rows of a results CSV as cell text, every cell checked; [] if missing or empty.
 
     Read under a shared lock, so a group appended by :func:`append_rows` is read whole or not
-    at all. A torn last line (a writer killed mid-row) is left out, blank lines skipped.
+    at all. Blank lines are skipped; a last line without its newline is read (a cut one is
+    refused: it has too few fields).
     Everything else must be as the sweep writes it: the header :data:`COLUMNS`, every column,
     known names, numbers in range (errors and shares in [0, 100], lr > 0, whole seeds ...), each
-    run key on one row. ``hidden_alive`` may be empty (older rows, diverged runs).
+    run key (compared by value, :func:`row_key`) on one row. ``hidden_alive`` may be empty
+    (older rows, diverged runs).
 
     Raises:
         ResultsError: the first problem, with the file, the line (1 is the header) and column.
@@ -229,7 +236,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     # shared: an append (exclusive) is seen whole or not at all
     with path.open("rb") as f, _flocked(f, fcntl.LOCK_SH):
         text = f.read().decode()
-    reader = csv.reader(io.StringIO(text[: text.rfind("\n") + 1]))  # without a torn last line
+    reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None:
         return []
@@ -247,6 +254,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
                 if n < len(COLUMNS)
                 else f"{n - len(COLUMNS)} fields more than the header's"
             )
+            if not text.endswith("\n") and line > text.count("\n"):
+                where += " (the file ends within this row: a copy cut short?)"
             raise ResultsError(
                 f"{path}, line {line}: {n} fields where the header has {len(COLUMNS)}: {where}; "
                 "repair or remove the row"
@@ -277,14 +286,34 @@ def protocol_clash(
     rows: Sequence[Mapping[str, str]], dataset: str, expected: Mapping[str, Any]
 ) -> tuple[str, str] | None:
     """``(column, the row's value)`` of the first setting in which a row of ``dataset``
-    differs from ``expected`` (column -> value, e.g. ``{"epochs": 20}``); None if all agree."""
-    want = {c: _fmt(v) for c, v in expected.items()}
+    differs from ``expected`` (column -> whole number, e.g. ``{"epochs": 20}``); None if all
+    agree."""
     for r in rows:
         if r["dataset"] == dataset:
-            for c, v in want.items():
-                if r[c] != v:
+            for c, v in expected.items():
+                if int(r[c]) != int(v):
                     return c, r[c]
     return None
+
+
+def _merge_protocols(files: Sequence[tuple[Path, Sequence[Mapping[str, str]]]]) -> None:
+    """Raise ValueError naming two of ``files`` whose rows of one dataset differ in epochs,
+    n_train or a :data:`PROTOCOL_COLUMNS` setting."""
+    first: dict[str, tuple[Path, Mapping[str, str]]] = {}
+    for path, rows in files:
+        for r in rows:
+            first.setdefault(r["dataset"], (path, r))
+        for ds, (p0, r0) in first.items():
+            clash = protocol_clash(
+                rows, ds, {c: r0[c] for c in ("epochs", "n_train", *PROTOCOL_COLUMNS)}
+            )
+            if clash is not None:
+                col, theirs = clash
+                other = "" if p0 == path else f" {p0}"
+                raise ValueError(
+                    f"{path} holds {ds} runs with {col} {theirs} and{other} with {col} {r0[col]}: "
+                    "the shards were run with other settings; merge only runs of one protocol"
+                )
 
 
 def merge(inputs: Sequence[Path], output: Path) -> int:
@@ -292,16 +321,20 @@ def merge(inputs: Sequence[Path], output: Path) -> int:
     atomically and sorted by the key columns; returns the number of rows.
 
     Rows of one key that agree apart from ``machine`` are kept once; rows that differ are an
-    error (two machines produced different numbers for the same run).
+    error (two machines produced different numbers for the same run), and so are files whose
+    rows of one dataset have another protocol (epochs, n_train, :data:`PROTOCOL_COLUMNS`).
     """
-    rows: dict[str, dict[str, str]] = {}
     for p in inputs:
         if not p.is_file():
             raise FileNotFoundError(f"{p}: no such results file")
-        for r in read_rows(p):
+    files = [(p, read_rows(p)) for p in inputs]
+    _merge_protocols(files)
+    rows: dict[str, dict[str, str]] = {}
+    for _, file_rows in files:
+        for r in file_rows:
             k = row_key(r)
             old = rows.setdefault(k, r)
-            diff = [c for c in COLUMNS if c != "machine" and old[c] != r[c]]
+            diff = [c for c in COLUMNS[len(KEY_COLUMNS) :] if c != "machine" and old[c] != r[c]]
             if diff:
                 raise ValueError(
                     f"run {k} appears twice with different values ({', '.join(diff[:5])}; "

@@ -23,6 +23,7 @@ the results files, the pending cache and the claims in :mod:`~pathnorm_experimen
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from collections.abc import Mapping, Sequence
@@ -96,6 +97,16 @@ def _parse_shard(text: str) -> tuple[int, int]:
     return k, n
 
 
+def _parse_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        v = math.nan
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m pathnorm_experiments.sweep``."""
     p = argparse.ArgumentParser(
@@ -148,25 +159,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the machine column; None: this machine's CPU or GPU and torch version",
     )
-    p.add_argument("--stop-after", type=float, default=None, help="seconds; then start no new run")
+    p.add_argument(
+        "--stop-after",
+        type=_parse_seconds,
+        default=None,
+        help="seconds (> 0); then start no new run",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the grid size and a time estimate")
     return p
 
 
-def _merge_main(paths: Sequence[str]) -> int:
+def _merge_main(argv: Sequence[str]) -> int:
     """``merge OUT IN...``: join result files into OUT; the exit status."""
-    if len(paths) < 2:
-        print(
-            "usage: python -m pathnorm_experiments.sweep merge OUT.csv IN.csv...",
-            file=sys.stderr,
-        )
-        return 2
+    p = argparse.ArgumentParser(
+        prog="python -m pathnorm_experiments.sweep merge",
+        description="Join result files (the shards of --shard) by run key into OUT.csv (which "
+        "may be among the inputs). Rows of one run key must agree (apart from the machine "
+        "column), and the rows of one dataset must share one protocol (epochs, n_train, "
+        "batch_size, hidden, eval_samples, pgd_steps, strong_restarts). The rows do not record "
+        "--lrs and --select-seeds: merge only shards run with the same ones.",
+    )
+    p.add_argument("out", metavar="OUT.csv")
+    p.add_argument("inputs", metavar="IN.csv", nargs="+")
+    args = p.parse_args(argv)
     try:
-        n = merge([Path(a) for a in paths[1:]], Path(paths[0]))
+        n = merge([Path(a) for a in args.inputs], Path(args.out))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {n} rows to {paths[0]}")
+    print(f"wrote {n} rows to {args.out}")
     return 0
 
 

@@ -307,6 +307,14 @@ def test_ordering_violations_are_counted(tmp_path: Path) -> None:
             lambda rows: [*rows[:2], rows[1], *rows[2:]],
             "runs.csv, line 4: run mnist|none|prox|0|0.1|0|20|55000 is already on line 3",
         ),
+        (  # the same run under another spelling of its numbers: one seed, not two
+            lambda rows: [*rows[:2], {**rows[1], "lam": "0.0", "seed": "00"}, *rows[2:]],
+            "runs.csv, line 4: run mnist|none|prox|0|0.1|0|20|55000 is already on line 3",
+        ),
+        (
+            lambda rows: [*rows[:4], {**rows[3], "lr": "1e-1", "val_error": 1.0}, *rows[4:]],
+            "runs.csv, line 6: run mnist|none|prox|0|0.1|2|20|55000 is already on line 5",
+        ),
         (
             lambda rows: [rows[0], {**rows[1], "robust_error@0.1": 250}, *rows[2:]],
             "runs.csv, line 3, column robust_error@0.1: 250 is not a percentage in [0, 100]",
@@ -324,6 +332,22 @@ def test_ordering_violations_are_counted(tmp_path: Path) -> None:
 def test_unreportable_results_are_refused(tmp_path: Path, edit: Any, message: str) -> None:
     path = write_csv(tmp_path / "runs.csv", edit(scenario()))
     with pytest.raises(report_data.ReportError, match=re.escape(message)):
+        report.write_report(path, tmp_path / "o")
+
+
+def test_a_last_row_without_newline_is_read_and_a_cut_one_refused(tmp_path: Path) -> None:
+    rows = scenario()
+    path = write_csv(tmp_path / "runs.csv", rows)
+    whole = path.read_bytes()
+    path.write_bytes(whole.rstrip(b"\r\n"))  # an editor's save: every row whole
+    assert len(read_rows(path)) == len(rows)  # the last seed of kmnist's L1 counts
+    st = report_data.settings_from_rows(read_rows(path))[("kmnist", "l1", "prox", 1e-3)]
+    assert st.seeds == (0, 1, 2)
+    path.write_bytes(whole[:-40])  # a copy cut short
+    with pytest.raises(report_data.ReportError, match=re.escape(
+        f"{path}, line {len(rows) + 1}: 37 fields where the header has 46: column nonzero_live "
+        "(38 of 46) and after are missing (the file ends within this row: a copy cut short?)"
+    )):  # fmt: skip
         report.write_report(path, tmp_path / "o")
 
 

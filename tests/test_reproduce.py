@@ -135,6 +135,19 @@ def test_results_of_another_protocol_are_refused_before_training(
     assert f"{results}, line 2, column seed: 'x' is not a whole number" in err
 
 
+@pytest.mark.parametrize("value", ["-1", "0", "nan"])
+def test_stop_after_must_be_positive_seconds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    # -1 and 0 started no run and sent every rerun to the same end; nan meant no limit
+    out = tmp_path / "o"
+    assert error_of(["--quick", "--out", str(out), "--stop-after", value], capsys) == (
+        "pathnorm-reproduce: error: --stop-after must be a number of seconds > 0, got "
+        f"{float(value)}\n"
+    )
+    assert not (out / "results").exists()
+
+
 def test_report_only_refuses_a_missing_or_foreign_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -168,7 +181,8 @@ def test_without_torch_training_is_refused_in_one_line(tmp_path: Path) -> None:
     assert proc.stderr == (
         "pathnorm-reproduce: error: pathnorm-reproduce (the sweep trains with the torch loop) "
         'needs PyTorch, which is not installed: install it with pip install -e ".[torch]" in '
-        "the pathnorm checkout\n"
+        "the pathnorm checkout; on a CPU-only machine add --extra-index-url "
+        "https://download.pytorch.org/whl/cpu (else pip fetches CUDA's torch)\n"
     )
 
 

@@ -400,8 +400,8 @@ def test_the_cli_refuses_another_protocol_by_name(
     tmp_path: Path, full_run: tuple[Path, dict[str, int]], capsys: pytest.CaptureFixture[str]
 ) -> None:
     shutil.copy(full_run[0], tmp_path / "runs.csv")
-    # (--stop-after 0: a sweep that does not refuse starts no run)
-    argv = ["--datasets", "embedded", "--regularizers", "none", "--stop-after", "0"]
+    # (--stop-after 0.001: a sweep that does not refuse starts no run)
+    argv = ["--datasets", "embedded", "--regularizers", "none", "--stop-after", "0.001"]
     rc = S.main([*argv, "--out", str(tmp_path), "--epochs", "2"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith(f"error: {tmp_path / 'runs.csv'} holds embedded runs ")
@@ -450,6 +450,154 @@ def test_shards_add_up_to_the_unsharded_sweep(
         S.merge([merged, bad], tmp_path / "out.csv")
 
 
+def _respelled(row: dict[str, str]) -> dict[str, str]:
+    """``row`` with its numbers written otherwise (``0.001`` -> ``1.000000e-03``, ``0`` ->
+    ``00``), as a spreadsheet may save them."""
+    out = {c: f"{float(row[c]):e}" for c in ("lam", "lr")}
+    return {**row, **out, **{c: f"0{row[c]}" for c in ("seed", "epochs", "n_train")}}
+
+
+def test_a_run_is_one_run_however_its_numbers_are_written(
+    data: dict[str, S.Prepared],
+    tmp_path: Path,
+    full_run: tuple[Path, dict[str, int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    rows = S.read_rows(full_run[0])
+    S.append_rows(tmp_path / "runs.csv", [_respelled(r) for r in rows])
+    assert S.row_key(_respelled(rows[0])) == S.row_key(rows[0])
+    calls: list[str] = []
+    monkeypatch.setattr(_sweep_run, "_execute", lambda task, cfg: calls.append(task.spec.key))
+    counts = S.run_sweep(CFG, data, tmp_path, log=io.StringIO())  # every group is finished
+    assert (calls, counts["written"], counts["done_before"]) == ([], 0, 6)
+    assert len(S.read_rows(tmp_path / "runs.csv")) == 18
+    # merge keeps one row per run (the first file's spelling)
+    merged = tmp_path / "merged.csv"
+    assert S.merge([full_run[0], tmp_path / "runs.csv"], merged) == 18
+    assert _by_key(merged) == _by_key(full_run[0])
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "setting"),
+    [("eval_samples", "50", "eval_samples 50"), ("epochs", "2", "epochs 2")],
+)
+def test_merge_refuses_shards_of_another_protocol(
+    tmp_path: Path, full_run: tuple[Path, dict[str, int]], column: str, value: str, setting: str
+) -> None:
+    rows = S.read_rows(full_run[0])
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    S.append_rows(a, rows[:9])
+    S.append_rows(b, [{**r, column: value} for r in rows[9:]])
+    with pytest.raises(ValueError, match=re.escape(
+        f"{b} holds embedded runs with {setting} and {a} with {column} {rows[0][column]}: the "
+        "shards were run with other settings; merge only runs of one protocol"
+    )):  # fmt: skip
+        S.merge([a, b], tmp_path / "merged.csv")
+    assert not (tmp_path / "merged.csv").exists()
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan", "inf", "x"])
+def test_stop_after_must_be_positive_seconds(
+    data: dict[str, S.Prepared], tmp_path: Path, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        S.main(["--datasets", "embedded", "--out", str(tmp_path), "--stop-after", value])
+    assert e.value.code == 2
+    message = f"argument --stop-after: expected a number of seconds > 0, got '{value}'"
+    assert message in capsys.readouterr().err
+    if value != "x":  # the API (and pathnorm-reproduce through it) refuses it before any run
+        with pytest.raises(ValueError, match="--stop-after must be a number of seconds > 0"):
+            S.run_sweep(CFG, data, tmp_path / "o", stop_after=float(value))
+    assert not (tmp_path / "o").exists()
+
+
+def test_merge_help_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        S.main(["merge", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.startswith("usage: python -m pathnorm_experiments.sweep merge [-h] OUT.csv IN.csv")
+    assert "The rows do not record --lrs and --select-seeds" in text
+
+
+_CHILD = """
+import pickle, signal, sys
+from pathlib import Path
+from pathnorm_experiments import sweep as S
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+cfg, data = pickle.loads(Path(sys.argv[1]).read_bytes())
+S.run_sweep(cfg, data, Path(sys.argv[2]), jobs=2, machine="test machine")
+"""
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (from /proc; zombies excluded)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == pid and state != "Z":
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+@pytest.mark.parametrize(
+    ("signum", "rc", "said"),
+    [
+        (15, 143, "sweep stopped (SIGTERM): rerun the same command to continue\n"),
+        (2, 130, "sweep stopped (Ctrl-C): rerun the same command to continue\n"),
+        (9, -9, ""),
+    ],
+)
+def test_stopping_a_sweep_stops_its_workers_and_it_resumes(
+    data: dict[str, S.Prepared],
+    tmp_path: Path,
+    full_run: tuple[Path, dict[str, int]],
+    signum: int,
+    rc: int,
+    said: str,
+) -> None:
+    """A real sweep with --jobs 2 stopped by SIGTERM, Ctrl-C or SIGKILL once it has run a
+    task: its workers end too (they were left running for ever), and a rerun completes it with
+    the rows of an uninterrupted sweep."""
+    import pickle
+    import time
+
+    cfg = replace(CFG, regularizers=("none", "l1"), optimizers=("prox",))  # 2 groups
+    (tmp_path / "in.pkl").write_bytes(pickle.dumps((cfg, data)))
+    out, log = tmp_path / "out", tmp_path / "log"
+    with log.open("w") as f:
+        child = [sys.executable, "-c", _CHILD, str(tmp_path / "in.pkl"), str(out)]
+        proc = subprocess.Popen(child, stdout=f, stderr=subprocess.PIPE, text=True)
+    workers: set[int] = set()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (len(workers) < 2 or " train " not in log.read_text()):
+        workers |= _children(proc.pid)
+        time.sleep(0.05)
+    assert len(workers) == 2 and proc.poll() is None, log.read_text()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (rc, said)
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, workers))
+    counts = S.run_sweep(cfg, data, out, machine="test machine", log=io.StringIO())
+    assert counts["done_before"] + counts["written"] == 2 and counts["written"] >= 1
+    rows = _by_key(out / "runs.csv")
+    assert len(rows) == 6 and rows == {k: v for k, v in _by_key(full_run[0]).items() if k in rows}
+
+
 def _row(**values: Any) -> dict[str, Any]:
     """A valid unselected row of the sweep's format, with ``values`` changed."""
     row: dict[str, Any] = dict.fromkeys(S.COLUMNS, "")
@@ -460,15 +608,25 @@ def _row(**values: Any) -> dict[str, Any]:
     return row
 
 
-def test_append_rows_repairs_a_torn_line(tmp_path: Path) -> None:
+def test_a_last_row_without_newline_is_read_and_a_cut_one_refused(tmp_path: Path) -> None:
     path = tmp_path / "runs.csv"
-    S.append_rows(path, [_row()])
-    with path.open("a") as f:
-        f.write("embedded,l1,prox,0.001,0.1,1,1,5,0,2.")  # a writer killed mid-row
-    assert len(S.read_rows(path)) == 1  # the torn line is not read
-    S.append_rows(path, [_row(seed=2)])
+    S.append_rows(path, [_row(), _row(seed=1)])
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))  # whole rows, no final newline
+    assert [r["seed"] for r in S.read_rows(path)] == ["0", "1"]
+    assert S.merge([path], tmp_path / "merged.csv") == 2
+    S.append_rows(path, [_row(seed=2)])  # on a line of its own
     rows = S.read_rows(path)
-    assert [r["seed"] for r in rows] == ["0", "2"] and rows[1]["machine"] == "m, with a comma"
+    assert [r["seed"] for r in rows] == ["0", "1", "2"] and rows[2]["machine"] == "m, with a comma"
+    with path.open("a") as f:
+        f.write("embedded,l1,prox,0.001,0.1,3,1,5,0,2.")  # a writer killed mid-row
+    message = (
+        f"{path}, line 5: 10 fields where the header has 46: column clean_error (11 of 46) and "
+        "after are missing (the file ends within this row: a copy cut short?); repair or remove"
+    )
+    with pytest.raises(ValueError, match=re.escape(message)):
+        S.read_rows(path)
+    with pytest.raises(ValueError, match=re.escape(message)):  # merge: no run lost silently
+        S.merge([path], tmp_path / "merged.csv")
     (tmp_path / "other.csv").write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match="not a results file of the sweep: 46 columns missing"):
         S.read_rows(tmp_path / "other.csv")
@@ -505,6 +663,19 @@ def test_locks_are_released_though_a_forked_process_holds_the_file(tmp_path: Pat
             [_row(), _row(val_error=2.0)],  # two sweeps wrote one run
             "line 3: run embedded|l1|prox|0.001|0.1|0|1|5 is already on line 2, and a run has "
             "one row",
+        ),
+        # one run under another spelling of its numbers
+        (
+            [_row(), _row(lam="1e-03", val_error=2.0)],
+            "line 3: run embedded|l1|prox|0.001|0.1|0|1|5 is already on line 2",
+        ),
+        (
+            [_row(), _row(lr="0.10", seed="00", epochs="01", n_train="005")],
+            "line 3: run embedded|l1|prox|0.001|0.1|0|1|5 is already on line 2",
+        ),
+        (
+            [_row(regularizer="none", lam="0"), _row(regularizer="none", lam="0.0")],
+            "line 3: run embedded|none|prox|0|0.1|0|1|5 is already on line 2",
         ),
         (
             [_row(selected=1, **{"robust_error@0.1": 250})],
