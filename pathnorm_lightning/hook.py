@@ -389,14 +389,13 @@ class StepHook:
                     "trigger its prox. Optimize it, freeze it (requires_grad=False), or "
                     "leave it out of the layers/pairs."
                 )
-            if len(target.weights) == 2:
-                a, b = target.weights
-                if a.dtype != b.dtype or a.device != b.device:
-                    raise ValueError(
-                        f"{self.owner}: {target.name}: its layers' weights are {a.dtype} on "
-                        f"{a.device} and {b.dtype} on {b.device}; the coupled prox needs both in "
-                        "one dtype on one device: cast or move one layer (e.g. model.to(dtype))"
-                    )
+            a, b = target.weights[0], target.weights[-1]  # a pair's two (a layer's one)
+            if a.dtype != b.dtype or a.device != b.device:
+                raise ValueError(
+                    f"{self.owner}: {target.name}: its layers' weights are {a.dtype} on "
+                    f"{a.device} and {b.dtype} on {b.device}; the coupled prox needs both in "
+                    "one dtype on one device: cast or move one layer (e.g. model.to(dtype))"
+                )
             trainable = [w.requires_grad for w in target.weights]
             if not any(trainable):
                 continue  # frozen: left as the optimizer leaves it

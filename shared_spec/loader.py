@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 import os
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -30,7 +28,8 @@ import numpy as np
 from jsonschema import Draft202012Validator
 from numpy.typing import NDArray
 
-from shared_spec import layouts, reference
+from shared_spec import _json, layouts, reference
+from shared_spec._json import MAX_DEPTH
 
 F64 = NDArray[np.float64]
 
@@ -408,66 +407,6 @@ def _parse_layers(
     return Layers(network, torch_in, keras_in, torch_out, keras_out)
 
 
-class _Literal(float):
-    """A float that remembers the JSON text it was parsed from (kept for non-finite ones)."""
-
-    literal: str
-
-
-def _parse_float(text: str) -> float:
-    value = float(text)
-    if math.isfinite(value):
-        return value
-    out = _Literal(value)  # 1e999: json gives inf, which the schema's "number" accepts
-    out.literal = text
-    return out
-
-
-def _first_non_finite(node: Any, path: tuple[Any, ...] = ()) -> tuple[list[Any], str] | None:
-    """(JSON path, description) of the first number that is not a finite float64, else None."""
-    if isinstance(node, float):
-        if not math.isfinite(node):
-            return list(path), getattr(node, "literal", repr(node))
-    elif isinstance(node, int) and not isinstance(node, bool):
-        if abs(node) > sys.float_info.max:  # float(node) would raise OverflowError
-            digits, sign = str(abs(node)), "-" if node < 0 else ""
-            return list(path), f"{sign}{digits[:10]}... (an integer of {len(digits)} digits)"
-    elif isinstance(node, dict | list):
-        items = node.items() if isinstance(node, dict) else enumerate(node)
-        for key, value in items:
-            found = _first_non_finite(value, (*path, key))
-            if found is not None:
-                return found
-    return None
-
-
-def _case_at(doc: Any, path: list[Any]) -> str:
-    """`` case 'name' (cases[i])`` when ``path`` lies inside a case, else ``""``."""
-    if len(path) >= 2 and path[0] == "cases" and isinstance(path[1], int):
-        case = doc["cases"][path[1]]
-        cname = case.get("name", "?") if isinstance(case, dict) else "?"
-        return f" case {cname!r} (cases[{path[1]}])"
-    return ""
-
-
-# A vector file nests six levels deep ($.cases[i].inputs.X[r][c]); the validators recurse,
-# so a far deeper document would end in RecursionError instead of a message.
-MAX_DEPTH = 32
-
-
-def _too_deep(doc: Any) -> list[Any] | None:
-    """JSON path of the first node nested deeper than :data:`MAX_DEPTH`, else None (iterative)."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(doc, ())]
-    while stack:
-        node, path = stack.pop()
-        if len(path) > MAX_DEPTH:
-            return list(path)
-        if isinstance(node, dict | list):
-            items = node.items() if isinstance(node, dict) else enumerate(node)
-            stack.extend((value, (*path, key)) for key, value in items)
-    return None
-
-
 def parse_document(doc: Any, file: str) -> list[Case]:
     """Validate a parsed vector file against the schema and build its cases.
 
@@ -481,17 +420,17 @@ def parse_document(doc: Any, file: str) -> list[Case]:
     Raises:
         SpecError: the document is malformed (the message names the file, case and JSON path).
     """
-    deep = _too_deep(doc)
+    deep = _json.too_deep(doc)
     if deep is not None:
         raise SpecError(
             f"{file}: at {_json_path(deep[: MAX_DEPTH + 1])}: nested more than {MAX_DEPTH} levels "
             "deep (a vector file nests 6: $.cases[i].inputs.X[row][col])"
         )
-    bad = _first_non_finite(doc)
+    bad = _json.first_non_finite(doc)
     if bad is not None:
         path, text = bad
         raise SpecError(
-            f"{file}:{_case_at(doc, path)} at {_json_path(path)}: {text} is not a finite "
+            f"{file}:{_json.case_at(doc, path)} at {_json_path(path)}: {text} is not a finite "
             "float64 number (vectors hold finite numbers only)"
         )
     errors = sorted(_validator().iter_errors(doc), key=lambda e: list(e.absolute_path))
@@ -500,7 +439,7 @@ def parse_document(doc: Any, file: str) -> list[Case]:
         err = max(errors, key=lambda e: len(e.absolute_path))
         path = list(err.absolute_path)
         raise SpecError(
-            f"{file}:{_case_at(doc, path)} at {_json_path(path)}: {err.message} "
+            f"{file}:{_json.case_at(doc, path)} at {_json_path(path)}: {err.message} "
             f"(schema: shared_spec/schema.json, {len(errors)} error(s) in all)"
         )
     cases = [_parse_case(file, i, raw) for i, raw in enumerate(doc["cases"])]
@@ -548,40 +487,6 @@ def _read(path_or_name: str | os.PathLike[str]) -> tuple[str, str]:
     raise SpecError(f"no vector file {str(path_or_name)!r}: give a path or one of {vector_files()}")
 
 
-class _Repeated(dict):  # type: ignore[type-arg]
-    """A JSON object in which ``key`` appeared more than once (json keeps the last value)."""
-
-    key: str
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook``: a dict, marked (:class:`_Repeated`) when a key repeats."""
-    out = dict(pairs)
-    if len(out) == len(pairs):
-        return out
-    marked = _Repeated(out)
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            marked.key = key
-            break
-        seen.add(key)
-    return marked
-
-
-def _first_repeated_key(doc: Any) -> list[Any] | None:
-    """JSON path (ending in the key) of the first repeated key, in document order, else None."""
-    stack: list[tuple[Any, tuple[Any, ...]]] = [(doc, ())]
-    while stack:
-        node, path = stack.pop()
-        if isinstance(node, _Repeated):
-            return [*path, node.key]
-        if isinstance(node, dict | list):
-            items = list(node.items() if isinstance(node, dict) else enumerate(node))
-            stack.extend((value, (*path, key)) for key, value in reversed(items))
-    return None
-
-
 def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Case]:
     """Load and validate vector files.
 
@@ -609,7 +514,10 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
         # parse_float keeps the text of an overflowing literal (1e999) for parse_document's
         # message, which also names the case and the JSON path
         doc = json.loads(
-            text, parse_constant=reject, parse_float=_parse_float, object_pairs_hook=_object
+            text,
+            parse_constant=reject,
+            parse_float=_json.parse_float,
+            object_pairs_hook=_json.object_hook,
         )
     except json.JSONDecodeError as e:
         raise SpecError(f"{file}: not valid JSON: {e}") from None
@@ -618,10 +526,10 @@ def load_vectors(path_or_name: str | os.PathLike[str] | None = None) -> list[Cas
             f"{file}: nested more than {MAX_DEPTH} levels deep (too deep to parse; a vector "
             "file nests 6: $.cases[i].inputs.X[row][col])"
         ) from None
-    repeated = _first_repeated_key(doc)
+    repeated = _json.first_repeated_key(doc)
     if repeated is not None:
         raise SpecError(
-            f"{file}:{_case_at(doc, repeated)} at {_json_path(repeated)}: the key "
+            f"{file}:{_json.case_at(doc, repeated)} at {_json_path(repeated)}: the key "
             f"{repeated[-1]!r} appears more than once in this object (JSON keeps only the last "
             "value); remove the duplicate"
         )
