@@ -354,10 +354,11 @@ def _layout(
             why = str(err)
             if between is None and conv.data_format != "channels_last":
                 why = (
-                    f"{conv.name!r} is channels_first and the model's graph does not show the "
-                    "Flatten before the Dense layer (a subclassed model has no graph), so the "
-                    "order the Dense layer reads its channels in cannot be told: build the "
-                    "model as a Sequential or functional model, or use channels_last"
+                    f"{conv.name!r} is channels_first and the model's graph does not show a "
+                    "Flatten before the Dense layer (a subclassed model has no graph; a Reshape "
+                    "is no Flatten), so the order the Dense layer reads its channels in cannot "
+                    "be told: put a Flatten between them in a Sequential or functional model, "
+                    "or use channels_last"
                 )
             raise ValueError(f"{where}: {why}") from None
     layout = seam.PairLayout(first, second, flat)

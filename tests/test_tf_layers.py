@@ -591,5 +591,7 @@ def test_a_channels_first_conv_in_a_subclassed_model_says_what_to_do(pairs: Any)
 
     model = _ChannelsFirstHead()
     model(np.zeros((1, 1, 4, 4), "float32"))
-    with pytest.raises(ValueError, match="build the model as a Sequential or functional model"):
+    with pytest.raises(
+        ValueError, match="put a Flatten between them in a Sequential or functional model"
+    ):
         PathNormSGD(0.1, lam=1e-3, pairs=pairs, model=model).build(model.trainable_variables)
