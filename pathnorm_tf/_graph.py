@@ -160,11 +160,12 @@ def check_shared(calls: collections.Counter[str], first: Any, second: Any) -> No
         )
 
 
-def path_between(first: Any, second: Any) -> list[Any] | None:
+def path_between(first: Any, second: Any, *, any_layer: bool = False) -> list[Any] | None:
     """The layers through which, in the model's graph, every call of ``second`` takes the
     output of ``first``, in the order they run: layers the seam gives a role between a pair
-    (:func:`~pathnorm_tf.layers.role_of`), the same ones for every call. None where the graph
-    does not show that (another layer, a merge, no graph: a subclassed model)."""
+    (:func:`~pathnorm_tf.layers.role_of`; with ``any_layer``, any single-input layer), the
+    same ones for every call. None where the graph does not show that (another layer, a merge,
+    no graph: a subclassed model)."""
     found: list[list[Any]] = []
     for node in getattr(second, "_inbound_nodes", ()):
         between: list[Any] = []
@@ -175,7 +176,7 @@ def path_between(first: Any, second: Any) -> list[Any] | None:
             node = parents[0]
             if node.operation is first:
                 break
-            if seam.role_of(node.operation) is None:
+            if not any_layer and seam.role_of(node.operation) is None:
                 return None
             between.append(node.operation)
         found.append(between[::-1])

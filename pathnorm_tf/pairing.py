@@ -319,6 +319,11 @@ class Pair(NamedTuple):
     layout: seam.PairLayout
 
 
+def _moves(layer: Any) -> bool:
+    """Whether ``layer`` reorders its input's axes (a ``Permute``)."""
+    return isinstance(layer, keras.layers.Permute)
+
+
 def _layout(
     variables: Sequence[Any],
     i: int,
@@ -343,6 +348,13 @@ def _layout(
             raise _needs_model(variables[j], what)
         between = path_between(conv, dense)
         flatten = None
+        moved = [x.name for x in path_between(conv, dense, any_layer=True) or () if _moves(x)]
+        if moved:  # the Dense rows would be matched to channels by the conv's layout: wrong
+            raise ValueError(
+                f"{where}: {moved[0]!r} between them moves the entries the Dense layer reads, "
+                f"so its rows cannot be matched to the channels of {conv.name!r} (pair other "
+                "layers, or leave this pair out)"
+            )
         if between is not None:
             try:
                 flatten = seam.check_between(conv, dense, between).flatten

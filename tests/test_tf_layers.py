@@ -595,3 +595,15 @@ def test_a_channels_first_conv_in_a_subclassed_model_says_what_to_do(pairs: Any)
         ValueError, match="put a Flatten between them in a Sequential or functional model"
     ):
         PathNormSGD(0.1, lam=1e-3, pairs=pairs, model=model).build(model.trainable_variables)
+
+
+@pytest.mark.parametrize("pairs", ["auto", [("c", "d")]])
+def test_a_permute_between_a_conv_and_its_dense_layer_is_refused(pairs: Any) -> None:
+    # Before: the Dense rows were matched to the channels by the conv's own layout (wrong
+    # after the Permute) and proxed; with explicit pairs, without a word.
+    from pathnorm_tf import PathNormSGD
+
+    head = [K.Permute((3, 1, 2)), K.Flatten(), K.Dense(2, name="d")]
+    model = keras.Sequential([keras.Input((6, 6, 2)), K.Conv2D(3, 3, name="c"), *head])
+    with pytest.raises(ValueError, match=r"'permute.*' between them moves the entries"):
+        PathNormSGD(0.1, lam=1e-3, pairs=pairs, model=model).build(model.trainable_variables)
