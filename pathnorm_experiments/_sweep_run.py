@@ -11,9 +11,7 @@ import math
 import multiprocessing
 import os
 import platform
-import signal
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -66,29 +64,16 @@ class _Task:
     weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
 
-def _worker_init(
-    device: str, data: Mapping[str, Prepared] | None = None, parent: int | None = None
-) -> None:
+def _worker_init(device: str, data: Mapping[str, Prepared] | None = None) -> None:
     """One thread; the datasets (inherited through fork, or passed to a spawned worker) on
-    ``device``. A pool's worker (``parent``: the sweep's pid) leaves Ctrl-C to the sweep, ends
-    at SIGTERM, and exits once the sweep is gone (killed, even by SIGKILL)."""
+    ``device``."""
     torch.set_num_threads(1)
-    if parent is not None:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        threading.Thread(target=_exit_with, args=(parent,), daemon=True).start()
     if data is not None:
         _DATA.clear()
         _DATA.update(data)
     if device != "cpu":
         for name, p in list(_DATA.items()):
             _DATA[name] = Prepared(p.name, *(getattr(p, f).to(device) for f in _TENSOR_FIELDS))
-
-
-def _exit_with(parent: int) -> None:
-    while os.getppid() == parent:  # re-parented when the sweep ends
-        time.sleep(0.5)
-    os._exit(1)
 
 
 _TENSOR_FIELDS = ("x_train", "y_train", "x_val", "y_val", "x_eval", "y_eval", "x_test", "y_test")
@@ -129,7 +114,7 @@ class _InlineExecutor:
             fut.set_exception(e)
         return fut
 
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+    def shutdown(self, wait: bool = True) -> None:
         """Nothing to stop."""
 
 
@@ -455,21 +440,8 @@ def _start_pool(jobs: int, device: str, start_method: str, data: Mapping[str, Pr
         initializer=_worker_init,
         # fork shares the parent's tensors; a spawned worker (CUDA cannot be used in a
         # forked child once the parent initialised it) gets its own copy
-        initargs=(device, None if start_method == "fork" else dict(data), os.getpid()),
+        initargs=(device, None if start_method == "fork" else dict(data)),
     )
-
-
-def _sigterm(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt("SIGTERM")  # stops the sweep as Ctrl-C does
-
-
-def _stop_pool(pool: Any, finished: bool) -> None:
-    """Shut the pool down; a sweep stopped early (an error, Ctrl-C, SIGTERM) ends its workers
-    at once (their runs are redone on resuming)."""
-    if not finished:
-        for proc in list((getattr(pool, "_processes", None) or {}).values()):
-            proc.terminate()
-    pool.shutdown(wait=True, cancel_futures=not finished)
 
 
 def run_sweep(
@@ -503,8 +475,6 @@ def run_sweep(
         given their missing seeds now), ``remaining``, ``claimed`` (skipped: another sweep of
         this folder runs them), ``trained`` and ``evaluated`` (runs, now).
 
-    Ctrl-C or SIGTERM stops the workers and exits (SystemExit 130 or 143) with one line.
-
     Raises:
         ValueError: as :func:`pending_groups` or :func:`check_device`, before any run.
     """
@@ -536,19 +506,9 @@ def run_sweep(
     _DATA.update(data)
     pool = _start_pool(jobs, device, start_method, data)
     scheduler = _Scheduler(cfg, out, results_path(out, shard), plan, counts, machine, log)
-    main = threading.current_thread() is threading.main_thread()
-    term = signal.signal(signal.SIGTERM, _sigterm) if main else None
-    finished = False
     try:
         scheduler.run(pool, jobs, stop_after)
-        finished = True
-    except KeyboardInterrupt as e:
-        how = "SIGTERM" if e.args == ("SIGTERM",) else "Ctrl-C"
-        print(f"sweep stopped ({how}): rerun the same command to continue", file=sys.stderr)
-        raise SystemExit(143 if how == "SIGTERM" else 130) from None
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, term or signal.SIG_DFL)
         scheduler.release_all()
-        _stop_pool(pool, finished)
+        pool.shutdown(wait=True)
     return counts
