@@ -188,12 +188,13 @@ def _keeps_units(pair: LayerPair, nodes: list[Any]) -> bool:
     names = [layers.op_name(n) for n in nodes]
     if any(name not in allowed for name in names):
         return False
-    pooled = [n for n, name in zip(nodes, names, strict=True) if name in layers.POOL_OPS]
+    named = list(zip(nodes, names, strict=True))
+    pooled = [n for n, name in named if name in layers.POOL_OPS]
     if pooled and "Pow" in names:
         return False  # an Lp pooling (a power, pooled, a factor, the root) sums, not averages
     if any(getattr(n, "_saved_divisor_override", None) is not None for n in pooled):
         return False  # scales the window sums
-    means = [n for n in pooled if layers.op_name(n) == "Mean"]
+    means = [n for n, name in named if name == "Mean"]
     if any(_mean_axes(n) is None for n in means):
         return False  # a mean over the channels (or every axis) mixes the units
     if pair.flatten is None:

@@ -68,7 +68,7 @@ class Guard:
                     index = next(i for i, p in enumerate(params) if p is weight)
                     placed.append((params, index, weight))
         modules = tuple(
-            (tuple(name.split(".")) if name else (), module)
+            (path_of(name), module)
             for target in targets
             for name, module in target.layers
             if root is not None
@@ -104,6 +104,11 @@ class Guard:
             ):
                 return False  # new storage, trainability, or the same storage re-strided
         return root is None or all(submodule(root, path) is m for path, m in self.modules)
+
+
+def path_of(name: str) -> tuple[str, ...]:
+    """A module's dotted name split into its parts (the root's name ``""``: ``()``)."""
+    return tuple(name.split(".")) if name else ()
 
 
 def submodule(root: nn.Module, path: tuple[str, ...]) -> nn.Module | None:

@@ -42,7 +42,7 @@ from pathnorm_lightning._checks import (
     non_finite,
 )
 from pathnorm_lightning._common import NonFiniteWeightsError, check_scalar, rank_zero_warn
-from pathnorm_lightning._plan import Guard, Plan, Planned, no_grad, overlap, submodule
+from pathnorm_lightning._plan import Guard, Plan, Planned, no_grad, overlap, path_of, submodule
 from pathnorm_lightning._target import StepTarget, UnitViews, pair_target
 from pathnorm_lightning.functional import prox_path_norm_
 from pathnorm_lightning.pairing import (
@@ -351,7 +351,7 @@ class StepHook:
         if not target.layers:
             return target
         for name, module in target.layers:
-            if self.root is not None and submodule(self.root, tuple(name.split("."))) is not module:
+            if self.root is not None and submodule(self.root, path_of(name)) is not module:
                 raise ValueError(
                     f"{self.owner}: {target.name}: the model's {name!r} is no longer the layer "
                     "it was when the pairs were resolved (a module replaced or removed after "
