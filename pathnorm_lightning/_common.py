@@ -32,24 +32,16 @@ class NonFiniteWeightsError(ValueError):
 
 
 def check_scalar(value: Any, name: str) -> float:
-    """``value`` (a Python or NumPy real, or a 0-d real tensor) as a Python float, checked to be
-    finite and >= 0; ``name`` is the argument's name, for the error message.
+    """``value`` (a Python or NumPy real, or a 0-d real array or tensor) as a Python float,
+    checked to be finite and >= 0; ``name`` is the argument's name, for the error message.
+    The rule, and its messages, are the Keras package's (:mod:`shared_spec.scalars`).
 
     Raises:
-        TypeError: not a real number (str, None, bool, complex, a bool or complex tensor).
-        ValueError: NaN, inf, negative, or a tensor that is not 0-d.
+        TypeError: not a real number (str, None, complex, a bool of any kind).
+        ValueError: NaN, inf, negative, or an array or tensor that is not 0-d.
     """
     if type(value) is float and 0.0 <= value < math.inf:  # the common case, checked quickly
         return value
-    if isinstance(value, Tensor):
-        if value.dim() != 0:
-            raise ValueError(
-                f"{name} must be a scalar (a 0-d tensor), got a tensor of shape "
-                f"{tuple(value.shape)}"
-            )
-        if value.dtype == torch.bool or value.is_complex():
-            raise TypeError(f"{name} must be a real number, got a {value.dtype} tensor")
-        value = value.item()
     return finite_nonnegative(value, name)
 
 

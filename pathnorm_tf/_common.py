@@ -17,7 +17,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from shared_spec.scalars import finite_nonnegative
+from shared_spec.scalars import finite_nonnegative, not_scalar_message
 
 try:  # TensorFlow's own test for "being traced for XLA" (private, hence the fallback)
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
@@ -81,27 +81,27 @@ def warn_if_xla(what: str, stacklevel: int = 3) -> None:
 
 
 def check_scalar(value: Scalar, name: str) -> float | tf.Tensor:
-    """``value`` (a Python or NumPy real, or a tensor holding one) as a Python float, checked
-    now, or, for a symbolic tensor, as a 0-d tensor with run-time assertions.
+    """``value`` (a Python or NumPy real, or a 0-d real array or tensor) as a Python float,
+    checked now, or, for a symbolic tensor, as a 0-d tensor with run-time assertions. The rule,
+    and its messages, are the torch package's (:mod:`shared_spec.scalars`).
 
     Raises:
-        TypeError: ``value`` is not a real number.
-        ValueError: it is NaN, inf or negative, or a tensor of more than one element.
+        TypeError: ``value`` is not a real number (a bool of any kind included).
+        ValueError: it is NaN, inf or negative, or an array or tensor that is not 0-d.
     """
-    if isinstance(value, (tf.Tensor, tf.Variable)) or hasattr(value, "dtype"):
+    if tf.is_tensor(value) or isinstance(value, tf.Variable):
         t = tf.convert_to_tensor(value)
-        if not (t.dtype.is_floating or t.dtype.is_integer) or t.dtype == tf.bool:
-            raise TypeError(f"{name} must be a real number, got dtype {t.dtype.name}")
-        if t.shape.rank not in (None, 0) and t.shape.num_elements() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(t.shape)}")
-        t = tf.reshape(t, [])
-        if is_symbolic(t):
+        if is_symbolic(t):  # only the graph knows the value: checked when it runs
+            if t.shape.rank not in (None, 0):
+                raise ValueError(not_scalar_message(name, type(value).__name__, t.shape.as_list()))
+            if not (t.dtype.is_floating or t.dtype.is_integer) or t.dtype == tf.bool:
+                raise TypeError(f"{name} must be a real number, got a {t.dtype.name} tensor")
+            t = tf.ensure_shape(t, [])
             warn_if_xla(f"a tensor {name} (finite, >= 0)")
             message = f"{name} must be a finite number >= 0"
             tf.debugging.assert_all_finite(tf.cast(t, tf.float64), message)
             tf.debugging.assert_non_negative(t, message=message)
             return t
-        value = t.numpy().item()
     return finite_nonnegative(value, name)
 
 

@@ -62,11 +62,10 @@ def _check_backend(cls_name: str) -> None:
 
 def _check_strength(value: Any, name: str, owner: str) -> float:
     """``lam``/``radius`` as a float: the rule of :func:`pathnorm_tf._common.check_scalar`
-    (``TypeError`` for a non-real, ``ValueError`` for NaN, inf, negative or a shape)."""
+    (``TypeError`` for a non-real, ``ValueError`` for NaN, inf, negative or not 0-d); None, the
+    keyword's default, is an argument not given."""
     if value is None:
         raise TypeError(f"{owner} needs {name} (a finite number >= 0), e.g. {name}=1e-4")
-    if getattr(value, "shape", ()) != ():  # (prox_path_norm also takes a 1-element tensor)
-        raise ValueError(f"{name} must be a real number, not an array of shape {value.shape}")
     return float(check_scalar(value, name))
 
 

@@ -900,7 +900,18 @@ def test_ddp_two_cpu_processes_keep_identical_weights(
             r"log_every_n_steps must be a positive int",
         ),
         ({"lam": 0.1, "prog_bar": "yes"}, TypeError, r"prog_bar must be a bool"),
-        ({"lam": torch.tensor([0.1])}, ValueError, r"lam must be a scalar \(a 0-d tensor\)"),
+        (
+            {"lam": torch.tensor([0.1])},
+            ValueError,
+            r"lam must be a scalar \(a number, or a 0-d array or tensor\), got an array of "
+            r"shape \(1,\) \(Tensor\): pass its one element as a number",
+        ),
+        ({"lam": np.array([0.1, 0.2])}, ValueError, r"got an array of shape \(2,\) \(ndarray\)$"),
+        (
+            {"lam": np.True_},
+            TypeError,
+            r"^PathNormProx: lam must be a real number, got True \(bool\)",
+        ),
         ({"lam": 1j}, TypeError, r"lam must be a real number, got 1j"),
         ({"lam": np.float32("nan")}, ValueError, r"lam must be a finite number >= 0, got nan"),
         ({"lam": 0.1, "log_prefix": ""}, ValueError, r"log_prefix must be a non-empty string"),
@@ -913,7 +924,15 @@ def test_path_norm_prox_rejects_bad_arguments(kwargs: dict, error: type, match: 
 
 
 @pytest.mark.parametrize(
-    "lam", [np.float32(0.25), np.float64(0.25), np.int64(0), torch.tensor(0.25), torch.tensor(0)]
+    "lam",
+    [
+        np.float32(0.25),
+        np.float64(0.25),
+        np.int64(0),
+        np.array(0.25),
+        torch.tensor(0.25),
+        torch.tensor(0),
+    ],
 )
 def test_numpy_and_tensor_scalars_are_accepted_as_floats(lam: Any) -> None:
     for cb in (PathNormProx(lam=lam), L1Prox(lam=lam), LayerwiseLinfProjection(radius=lam)):
