@@ -22,7 +22,17 @@ from pathnorm_experiments.report_data import ReportError
 from pathnorm_experiments.results import unwritable_dir
 from pathnorm_experiments.runs import protocol_clash, read_rows
 
-__all__ = ["QUICK", "build_parser", "main", "preflight", "run_sweep", "sweep_config"]
+__all__ = [
+    "QUICK",
+    "TRAINING_ONLY",
+    "build_parser",
+    "given_options",
+    "main",
+    "parse_args",
+    "preflight",
+    "run_sweep",
+    "sweep_config",
+]
 
 # --quick: every regularizer and optimizer at 3 lams (enough for every claim to be decided),
 # 2 lrs and 2 seeds, on the embedded subset with short training and a short evaluation
@@ -40,6 +50,18 @@ QUICK: dict[str, Any] = {
     "pgd_steps": 10,
     "strong_restarts": 1,
 }
+
+#: The options that act on the sweep alone: given with --report-only (which trains nothing),
+#: they are refused rather than ignored. --quick stays: it also sets the default --out.
+TRAINING_ONLY = (
+    "--data-dir",
+    "--datasets",
+    "--seeds",
+    "--epochs",
+    "--jobs",
+    "--device",
+    "--stop-after",
+)
 
 DESCRIPTION = """\
 The paper's protocol end to end: the sweep, then the report.
@@ -71,7 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         "attacked with 10 PGD steps",
     )
     p.add_argument(
-        "--report-only", action="store_true", help="only write the report from --results"
+        "--report-only",
+        action="store_true",
+        help="only write the report from --results (the training options are refused)",
     )
     p.add_argument("--results", default=None, help="the sweep's CSV (None: <out>/results/runs.csv)")
     p.add_argument(
@@ -95,6 +119,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda[:i] for the sweep's tensors")
     p.add_argument("--stop-after", type=float, default=None, help="seconds; then start no new run")
     return p
+
+
+def given_options(argv: Sequence[str] | None, options: Sequence[str]) -> list[str]:
+    """Those of ``options`` that the command line ``argv`` gives (abbreviated or not, whatever
+    their value, a default's included), in the order of ``options``."""
+    dests = {option: option.lstrip("-").replace("-", "_") for option in options}
+    unset = object()  # argparse fills in a default only where the namespace has no value
+    args = build_parser().parse_args(
+        argv, argparse.Namespace(**dict.fromkeys(dests.values(), unset))
+    )
+    return [option for option, dest in dests.items() if getattr(args, dest) is not unset]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The parsed command line; argparse's error (status 2) for a training option given with
+    ``--report-only``, which would silently not act."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.report_only:
+        given = given_options(argv, TRAINING_ONLY)
+        if given:
+            verb = "acts" if len(given) == 1 else "act"
+            parser.error(
+                f"{', '.join(given)} only {verb} on the training, which --report-only skips "
+                "(it writes the report from --results alone): drop "
+                f"{'it' if len(given) == 1 else 'them'}, or drop --report-only"
+            )
+    return args
 
 
 def sweep_config(args: argparse.Namespace) -> Any:
@@ -203,7 +255,7 @@ def run_sweep(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point ``pathnorm-reproduce``; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     out = Path(args.out or ("reproduce_out" if args.quick else "docs"))
     results = Path(args.results) if args.results else out / "results" / "runs.csv"
     t0 = time.perf_counter()

@@ -170,6 +170,46 @@ def test_report_only_refuses_a_missing_or_foreign_file(
     )
 
 
+@pytest.mark.usefixtures("no_sweep")
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (["--quick", "--seeds", "5", "--epochs", "3", "--jobs", "0"], "--seeds, --epochs, --jobs"),
+        (["--jobs=1"], "--jobs"),  # the default's value, given: still refused
+        (["--device", "cpu"], "--device"),
+        (["--epo", "3"], "--epochs"),  # abbreviated
+        (["--data-dir", "{tmp}", "--datasets", "mnist", "--stop-after", "9"], None),
+    ],
+)
+def test_report_only_refuses_the_training_options(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], named: str | None
+) -> None:
+    """They would be ignored: --report-only trains nothing."""
+    out = tmp_path / "o"
+    argv = ["--report-only", "--out", str(out), *(a.format(tmp=tmp_path) for a in extra)]
+    err = error_of(argv, capsys).splitlines()[-1]
+    named = named or "--data-dir, --datasets, --stop-after"
+    verb = "act" if "," in named else "acts"
+    assert err == (
+        f"pathnorm-reproduce: error: {named} only {verb} on the training, which --report-only "
+        "skips (it writes the report from --results alone): drop "
+        f"{'them' if ',' in named else 'it'}, or drop --report-only"
+    )
+    assert not out.exists()
+
+
+def test_report_only_takes_quick_out_and_results(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The options that act on the report pass (--quick: the default --out)."""
+    missing = tmp_path / "none.csv"
+    argv = ["--report-only", "--quick", "--out", str(tmp_path / "o"), "--results", str(missing)]
+    assert error_of(argv, capsys) == (
+        f"pathnorm-reproduce: error: --results {missing}: no such file: run the sweep first\n"
+    )
+    assert reproduce.given_options(["--quick"], reproduce.TRAINING_ONLY) == []
+
+
 def test_without_torch_training_is_refused_in_one_line(tmp_path: Path) -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"
