@@ -5,9 +5,10 @@ Runs anywhere in 13-19 s on 2 CPU cores, most of it TensorFlow's import and XLA 
 
     .venv/bin/python examples/keras_quickstart.py
 
-It trains the paper's kind of network (Dense -> ELU -> Dense) three ways -- plain SGD,
-``PathNormSGD`` (exact path-norm prox after every step), and Adam wrapped in ``ProxOptimizer`` --
-then prints accuracy, sparsity and the Lipschitz bounds, saves the model and reloads it.
+It trains the paper's kind of network (Dense -> ELU -> Dense) four ways -- plain SGD,
+``PathNormSGD`` (exact path-norm prox after every step), Adam wrapped in ``ProxOptimizer``, and
+SGD with the layer-wise l_inf baseline (``ProxOptimizer(..., regularizer="linf")``) -- then
+prints accuracy, sparsity and the Lipschitz bounds, saves the model and reloads it.
 """
 
 from __future__ import annotations

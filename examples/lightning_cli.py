@@ -10,8 +10,9 @@ The callbacks take plain typed arguments, so every option (``lam``, ``pairs``,
 ``log_every_n_steps``, ``prog_bar``, ...) is a CLI flag / YAML key; the baselines
 ``pathnorm_lightning.L1Prox`` and ``pathnorm_lightning.LayerwiseLinfProjection`` work the same
 way. The data module reads the embedded MNIST subset by default, or a real dataset
-(``--data.dataset mnist --data.data_dir DATA_DIR``, DATA_DIR holding ``mnist/*.gz``). Needs ``jsonargparse[signatures]``
-(``pip install "jsonargparse[signatures]"``).
+(``--data.dataset mnist --data.data_dir DATA_DIR``, DATA_DIR holding ``mnist/*.gz``). Needs
+``jsonargparse[signatures]`` (in the ``torch`` extra; else
+``pip install "jsonargparse[signatures]"``).
 """
 
 from __future__ import annotations
