@@ -41,6 +41,7 @@ __all__ = [
     "claim_group",
     "folder_rows",
     "join_key",
+    "key_cell",
     "load_pending",
     "merge",
     "pending_path",
@@ -83,7 +84,7 @@ def join_key(*parts: str) -> str:
     return "|".join(parts)
 
 
-def _key_cell(column: str, text: str) -> str:
+def key_cell(column: str, text: str) -> str:
     """A key cell's value as the sweep writes it (``1e-03`` -> ``0.001``, ``00`` -> ``0``)."""
     if column in ("lam", "lr"):
         return float_key(float(text) + 0.0)  # + 0.0: -0.0 is 0
@@ -92,12 +93,12 @@ def _key_cell(column: str, text: str) -> str:
 
 def row_key(row: Mapping[str, Any]) -> str:
     """The run key of a CSV row, its numbers as the sweep writes them: one run, one key."""
-    return join_key(*(_key_cell(c, str(row[c])) for c in KEY_COLUMNS))
+    return join_key(*(key_cell(c, str(row[c])) for c in KEY_COLUMNS))
 
 
 def row_group_key(row: Mapping[str, Any]) -> str:
     """The lr-selection group key of a CSV row (its run key without lr and seed)."""
-    return join_key(*(_key_cell(c, str(row[c])) for c in KEY_COLUMNS if c not in ("lr", "seed")))
+    return join_key(*(key_cell(c, str(row[c])) for c in KEY_COLUMNS if c not in ("lr", "seed")))
 
 
 def _fmt(value: Any) -> str:
@@ -455,16 +456,20 @@ def claim_group(out: Path, group_key: str, alive: Callable[[str], bool] = _alive
     """Claim the group ``group_key`` of ``out`` for this process: None when it now holds the
     claim, else the holder (``"HOST PID"``).
 
-    A claim is a file naming its holder. One whose holder is not ``alive`` (a killed sweep of
-    this machine; tests replace the check) is stale and taken over.
+    A claim is a file naming its holder, written whole or not at all (a sweep killed while
+    writing it left an empty one, which held its group for ever). One whose holder is not
+    ``alive`` (a killed sweep of this machine; tests replace the check), or empty, is stale and
+    taken over.
     """
     path = _claim_path(out, group_key)
     with _claims_locked(out):
         if path.is_file():
             holder = path.read_text().split("\n", 1)[0]
-            if alive(holder):
+            if holder and alive(holder):
                 return holder
-        path.write_text(f"{_me()}\n{group_key}\n")
+        tmp = path.with_suffix(".tmp")  # one writer at a time: under the lock
+        tmp.write_text(f"{_me()}\n{group_key}\n")
+        os.replace(tmp, path)
     return None
 
 
