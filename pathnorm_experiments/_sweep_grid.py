@@ -21,7 +21,7 @@ from torch import Tensor
 
 from pathnorm_experiments.data import FULL_TRAIN, Dataset
 from pathnorm_experiments.regularizers import OPTIMIZERS, REGULARIZERS, TABLE
-from pathnorm_experiments.runs import COLUMNS, PROTOCOL_COLUMNS, join_key
+from pathnorm_experiments.runs import COLUMNS, PROTOCOL_COLUMNS, join_key, key_cell
 from pathnorm_experiments.settings import SWEEP_EPS, float_key
 
 __all__ = [
@@ -312,7 +312,7 @@ def resume_state(group: Group, rows: Sequence[Mapping[str, str]], index: int) ->
     if not rows:
         return GroupState(group, index)
     mine = sorted({float_key(lr) for lr in group.lrs}, key=float)
-    lr_of = [(float_key(float(r["lr"])), r) for r in rows]  # by value: 5e-01 is 0.5
+    lr_of = [(key_cell("lr", r["lr"]), r) for r in rows]  # by value: 5e-01 is 0.5
     lrs = sorted({lr for lr, _ in lr_of}, key=float)
     if lrs != mine:
         raise ValueError(

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import ctypes
 import math
 import multiprocessing
 import os
 import platform
+import signal
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -64,9 +67,13 @@ class _Task:
     weights: tuple[list[np.ndarray], list[np.ndarray]] | None = None
 
 
-def _worker_init(device: str, data: Mapping[str, Prepared] | None = None) -> None:
+def _worker_init(
+    device: str, data: Mapping[str, Prepared] | None = None, parent: int | None = None
+) -> None:
     """One thread; the datasets (inherited through fork, or passed to a spawned worker) on
-    ``device``."""
+    ``device``. A pool's worker (``parent``: the sweep's pid) dies with the sweep."""
+    if parent is not None:
+        _die_with(parent)
     torch.set_num_threads(1)
     if data is not None:
         _DATA.clear()
@@ -74,6 +81,47 @@ def _worker_init(device: str, data: Mapping[str, Prepared] | None = None) -> Non
     if device != "cpu":
         for name, p in list(_DATA.items()):
             _DATA[name] = Prepared(p.name, *(getattr(p, f).to(device) for f in _TENSOR_FIELDS))
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with(parent: int) -> None:
+    """End this worker as soon as the sweep ``parent`` ends, however it ends (SIGTERM, SIGKILL,
+    an error): on Linux the kernel sends it SIGKILL (``PR_SET_PDEATHSIG``), elsewhere a daemon
+    thread polls the parent pid. A worker writes no file (the sweep writes rows and caches), so
+    being killed costs only its current run, which a resumed sweep redoes.
+
+    The kernel's signal follows the thread that forked the worker: the one that calls
+    :func:`run_sweep` (``submit`` starts the workers), which outlives the pool."""
+    if not _set_pdeathsig(signal.SIGKILL):
+        watch = threading.Thread(target=_exit_with, args=(parent,), name="die-with-sweep")
+        watch.daemon = True
+        watch.start()
+    if os.getppid() != parent:  # the sweep ended before the worker was armed
+        os._exit(1)
+
+
+def _set_pdeathsig(signum: int) -> bool:
+    """Ask the kernel to send this process ``signum`` when its parent ends; False where
+    ``prctl`` is not available (not Linux) or refuses."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    prctl.restype = ctypes.c_int
+    prctl.argtypes = [ctypes.c_int, *[ctypes.c_ulong] * 4]
+    return bool(prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0)
+
+
+def _exit_with(parent: int, interval: float = 0.5) -> None:
+    """Exit this process once it is no longer the child of ``parent`` (re-parented when the
+    sweep ends)."""
+    while os.getppid() == parent:
+        time.sleep(interval)
+    os._exit(1)
 
 
 _TENSOR_FIELDS = ("x_train", "y_train", "x_val", "y_val", "x_eval", "y_eval", "x_test", "y_test")
@@ -440,7 +488,8 @@ def _start_pool(jobs: int, device: str, start_method: str, data: Mapping[str, Pr
         initializer=_worker_init,
         # fork shares the parent's tensors; a spawned worker (CUDA cannot be used in a
         # forked child once the parent initialised it) gets its own copy
-        initargs=(device, None if start_method == "fork" else dict(data)),
+        # the sweep's pid: a worker dies with the sweep (it was left running, an orphan)
+        initargs=(device, None if start_method == "fork" else dict(data), os.getpid()),
     )
 
 

@@ -13,9 +13,11 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -321,6 +323,7 @@ def test_claims_skip_a_live_sweep_and_take_over_a_dead_ones(
     dead.wait()  # a process that has ended, as a killed sweep's
     for holder, taken in (
         (f"{host} {dead.pid}", None),  # stale: taken over
+        ("", None),  # empty, as a sweep killed while writing it left it (before: held for ever)
         (f"{host} {os.getppid()}", f"{host} {os.getppid()}"),  # a live process of this machine
         ("another-machine 12", "another-machine 12"),  # cannot be checked: counts as live
     ):
@@ -339,6 +342,120 @@ def test_claims_skip_a_live_sweep_and_take_over_a_dead_ones(
     counts = S.run_sweep(cfg, data, tmp_path, log=io.StringIO())
     assert (counts["written"], counts["claimed"], counts["remaining"]) == (1, 0, 0)
     assert not path.exists()
+
+
+_SWEEP = """
+import pickle, sys
+from pathlib import Path
+from pathnorm_experiments import sweep as S
+cfg, data = pickle.loads(Path(sys.argv[1]).read_bytes())
+S.run_sweep(cfg, data, Path(sys.argv[2]), jobs=2, machine="test machine")
+"""
+
+
+def _children(pid: int) -> set[int]:
+    """The live processes whose parent is ``pid`` (from /proc; zombies excluded)."""
+    kids = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == pid and state != "Z":
+            kids.add(int(stat.parent.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pids: set[int], seconds: float) -> set[int]:
+    """The processes of ``pids`` still alive after up to ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return set(filter(_alive, pids))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+def test_a_sweep_killed_by_sigterm_takes_its_workers_and_resumes(
+    data: dict[str, S.Prepared], tmp_path: Path
+) -> None:
+    """A real sweep with --jobs 2, SIGTERMed while its workers run: it dies (default SIGTERM),
+    its workers die with it (they were left running, orphans), and a rerun redoes exactly the
+    groups without rows, each group once."""
+    import pickle
+
+    cfg = replace(CFG, regularizers=("none", "l1"), optimizers=("prox",))  # 2 groups
+    (tmp_path / "in.pkl").write_bytes(pickle.dumps((cfg, data)))
+    out, log = tmp_path / "out", tmp_path / "log"
+    with log.open("w") as f:
+        child = [sys.executable, "-c", _SWEEP, str(tmp_path / "in.pkl"), str(out)]
+        proc = subprocess.Popen(child, stdout=f, stderr=subprocess.STDOUT)
+    try:
+        workers: set[int] = set()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and (
+            len(workers) < 2 or " train " not in log.read_text()
+        ):
+            workers |= _children(proc.pid)
+            time.sleep(0.05)
+        assert len(workers) == 2 and proc.poll() is None, log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM, log.read_text()
+        assert _wait_gone(workers, 10) == set()
+    finally:  # nothing left running when the test fails
+        proc.kill()
+        proc.wait()
+        for pid in filter(_alive, workers):
+            os.kill(pid, signal.SIGKILL)
+    before = S.read_rows(out / "runs.csv")  # whole groups: a killed sweep tears no row
+    done = {row_group_key(r) for r in before}
+    assert len(before) == 3 * len(done)
+    claims = [c.read_text() for c in (out / ".claims").glob("*.claim")]  # the killed sweep's
+    counts = S.run_sweep(cfg, data, out, jobs=2, machine="test machine", log=io.StringIO())
+    assert (counts["done_before"], counts["written"]) == (len(done), 2 - len(done)), claims
+    assert counts["claimed"] == 0  # the killed sweep's claims were taken over
+    rows = S.read_rows(out / "runs.csv")  # refuses a run written twice
+    groups = [row_group_key(r) for r in rows]
+    assert sorted(set(groups)) == ["embedded|l1|prox|0.001|1|540", "embedded|none|prox|0|1|540"]
+    assert [groups.count(g) for g in set(groups)] == [3, 3]  # 2 lrs at seed 0, 1 at seed 1
+    assert all(r in rows for r in before)  # the rows written before stay as they were
+    assert sum(r["selected"] == "1" for r in rows) == 4
+
+
+_ORPHAN = """
+import os, sys, time
+from pathnorm_experiments import _sweep_run as R
+if sys.argv[1] == "poll":
+    R._set_pdeathsig = lambda signum: False  # as where prctl is missing
+parent, (r, w) = os.getpid(), os.pipe()
+pid = os.fork()
+if pid == 0:
+    R._die_with(parent)
+    os.write(w, b"armed")
+    time.sleep(60)
+    os._exit(0)
+assert os.read(r, 5) == b"armed"
+print(pid, flush=True)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").is_file(), reason="reads /proc")
+@pytest.mark.parametrize("how", ["prctl", "poll"])
+def test_a_worker_dies_with_its_parent(how: str) -> None:
+    """A worker armed by ``_die_with`` ends once its parent has: by the kernel's signal, or,
+    where prctl is missing, by its thread polling the parent pid."""
+    done = subprocess.run(
+        [sys.executable, "-c", _ORPHAN, how], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert _wait_gone({int(done.stdout)}, 5) == set()
 
 
 def test_a_rerun_adds_missing_seeds_and_refuses_another_protocol(
