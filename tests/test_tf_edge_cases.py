@@ -18,6 +18,12 @@ from pathnorm_tf import path_norm, product_bound, prox_path_norm
 from shared_spec import reference as ref
 
 METHODS = ["band", "sort", "auto"]
+# Eagerly every method; under XLA "band" and "sort" only: "auto" is "band" (prox_path_norm takes
+# the band path for every method but "sort", a choice made in Python while tracing), so under
+# XLA it would compile the very program "band" compiles (several seconds each).
+# test_auto_traces_the_band_program checks that the two trace to the same program.
+MODES = [(method, False) for method in METHODS] + [(method, True) for method in METHODS[:2]]
+MODE_IDS = [f"{method}-{'xla' if jit else 'eager'}" for method, jit in MODES]
 
 
 def prox_fn(method: str, jit: bool, lam: float) -> Callable[..., tuple[tf.Tensor, tf.Tensor]]:
@@ -32,6 +38,23 @@ def reference_keras(
 ) -> tuple[np.ndarray, np.ndarray]:
     v, w = ref.prox_path_norm(k_out, k_in.T, lam)
     return w.T, v
+
+
+def test_auto_traces_the_band_program() -> None:
+    # The premise of MODES: under tf.function (and so under XLA) method="auto" traces the very
+    # program method="band" traces, op for op (and not the one "sort" traces).
+    specs = (tf.TensorSpec((40, 4), tf.float32), tf.TensorSpec((4, 3), tf.float32))
+
+    def program(method: str) -> tuple[list[str], list[list[str]]]:
+        fn = tf.function(lambda a, b: prox_path_norm(a, b, 0.15, method=method, check_finite=False))
+        graph = fn.get_concrete_function(*specs).graph.as_graph_def()
+        functions = sorted([node.op for node in f.node_def] for f in graph.library.function)
+        return [node.op for node in graph.node], functions
+
+    band = program("band")
+    assert len(band[0]) + sum(map(len, band[1])) > 100
+    assert program("auto") == band
+    assert program("sort") != band
 
 
 # --- every finite magnitude (scale equivariance per unit) ------------------------------------
@@ -65,8 +88,7 @@ def test_float64_is_exact_from_1e_minus_300_to_1e300(method: str, shape: tuple[i
     np.testing.assert_array_equal(got_out == 0, want_out == 0)
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("method", "jit"), MODES, ids=MODE_IDS)
 def test_float32_is_exact_over_its_whole_range_subnormals_included(method: str, jit: bool) -> None:
     # Before, the float32 band came out up to 3x the optimal objective at <~1e-18 or >~1e19.
     # (2^125: the unit's long-side sums overflow float32, so the scaled fallback runs)
@@ -107,8 +129,7 @@ TIES = {
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("method", "jit"), MODES, ids=MODE_IDS)
 @pytest.mark.parametrize("case", sorted(TIES))
 def test_exact_ties_keep_the_outgoing_side(
     case: str, method: str, jit: bool, dtype: type[np.floating]
@@ -136,8 +157,7 @@ def test_bounds_of_an_empty_layer_are_zero(m: int, n: int, p: int) -> None:
     assert new_in.shape == (m, n) and new_out.shape == (n, p)
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("method", "jit"), MODES, ids=MODE_IDS)
 def test_zero_outgoing_weights_keep_tiny_incoming_ones(method: str, jit: bool) -> None:
     # x = 0 leaves nothing to scale by, and the squares of these y underflow float32 (they are
     # ~2^-70): ||y||^2 must not be lost, or (x, 0) = (0, 0) would tie with (0, y) and win.
@@ -148,8 +168,7 @@ def test_zero_outgoing_weights_keep_tiny_incoming_ones(method: str, jit: bool) -
     np.testing.assert_array_equal(new_out.numpy(), x)
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["eager", "xla"])
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize(("method", "jit"), MODES, ids=MODE_IDS)
 def test_a_long_side_far_beyond_the_short_one_is_exact(method: str, jit: bool) -> None:
     # float32 unit 0: |y| / |x| ~ 2^130, so the band's long-side sums overflow even after the
     # unit is scaled by its short side: the band hands that unit to the sort; unit 1 is ordinary.

@@ -120,6 +120,7 @@ def test_same_values_as_the_torch_metrics() -> None:
     assert got["pathnorm/product_bound"] == pytest.approx(float(prod.compute()), rel=1e-6)
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 def test_logs_reach_history_and_csv_logger(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     x, y = rng.standard_normal((20, 6)), rng.integers(0, 3, 20)
@@ -274,6 +275,7 @@ def pair_values(k_in: np.ndarray, k_out: np.ndarray) -> tuple[float, float]:
 OPTIMIZERS = ["PathNormSGD", "ProxOptimizer", "LossScale(PathNormSGD)", "SGD"]
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize("kind", OPTIMIZERS)
 def test_frozen_first_layer_reports_the_optimizers_pair(kind: str) -> None:
     model = frozen_first()
@@ -313,6 +315,7 @@ def test_explicit_metric_pairs_resolve_over_trained_layers() -> None:
     assert got["pathnorm/sparsity"] == pytest.approx(pair_values(b, c)[0], rel=1e-12)
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize("kind", ["SimpleRNN", "LSTM", "GRU"])
 @pytest.mark.parametrize("optimizer", ["PathNormSGD", "SGD"])
 def test_recurrent_model_reports_the_dense_pair(kind: str, optimizer: str) -> None:
@@ -394,6 +397,7 @@ def _reloaded(model: keras.Model, opt: Any, path: Path) -> keras.Model:
     return keras.models.load_model(path)
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize("optimizer", ["PathNormSGD", "SGD"])
 def test_prefixed_metric_pairs_after_save_and_load(optimizer: str, tmp_path: Path) -> None:
     model = mlp((8, 8, 3))  # paths net/d1, net/d2, net/d3; reloaded: d1, d2, d3
@@ -422,6 +426,7 @@ def _same_names() -> keras.Model:  # enc/h, net/h, net/out; reloaded: h, h, out
     )
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 def test_metric_pairs_of_the_optimizer_on_a_reloaded_model_with_same_names(
     tmp_path: Path,
 ) -> None:
@@ -643,6 +648,7 @@ def test_built_in_activations_keep_the_bounds_without_that_warning(activation: A
     assert "pathnorm/path_norm_bound" in got
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.skipif(
     not hasattr(keras.optimizers, "MultiOptimizer"), reason="keras.optimizers.MultiOptimizer is new"
 )

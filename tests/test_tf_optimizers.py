@@ -318,6 +318,7 @@ def test_a_layer_frozen_after_build_is_left_alone(
         assert "pair ('net/d1', 'net/d2') is half frozen" in half[0]
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 def test_model_variables_are_not_optimizer_variables() -> None:
     x, y = data()
     model = mlp((5, 4, 4, CLASSES))
@@ -415,6 +416,7 @@ def _between_model(kind: str) -> keras.Model:
     return model
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize(
     ("kind", "match"),
     [
@@ -458,6 +460,7 @@ def _through(layer: keras.layers.Layer) -> keras.Model:
     return keras.Model(inp, out, name="net")
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize(
     ("make", "confirmed"),
     [
@@ -660,6 +663,7 @@ def test_auto_pairs_skip_recurrent_layers(kind: str, wrapped: bool) -> None:
     assert opt.regularized_pairs == [("net/d1/kernel", "net/d2/kernel")]
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize("jit_compile", [False, True])
 @pytest.mark.parametrize("kind", ["SimpleRNN", "LSTM", "GRU"])
 def test_fit_proxes_the_dense_pair_and_never_the_recurrent_kernels(
@@ -685,6 +689,7 @@ def test_fit_proxes_the_dense_pair_and_never_the_recurrent_kernels(
         assert np.count_nonzero(new) == new.size  # ... but never proxed: no exact zeros
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 def test_recurrent_model_saves_and_reloads_with_the_same_pairs(tmp_path: Path) -> None:
     rng = np.random.default_rng(2)
     x, y = rng.standard_normal((8, SEQ_LEN, SEQ_FEATURES)), rng.integers(0, CLASSES, 8)
@@ -1208,6 +1213,7 @@ def _make_prox_adam() -> Any:
     return ProxOptimizer(keras.optimizers.Adam(0.05), lam=0.05)
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize("make_opt", [_make_path_sgd, _make_prox_adam], ids=["PathNormSGD", "Adam"])
 def test_save_load_and_continue_is_identical(make_opt: Any, tmp_path: Path) -> None:
     x, y = data()
@@ -1287,6 +1293,7 @@ def _regularized_positions(model: keras.Model) -> list[int]:
     return [position[id(v)] for chain in chains for v in chain]
 
 
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
 @pytest.mark.parametrize("kind", ["PathNormSGD", "ProxOptimizer(l1)"])
 @pytest.mark.parametrize("net", list(PREFIXED))
 def test_prefixed_names_survive_save_and_load(net: str, kind: str, tmp_path: Path) -> None:
