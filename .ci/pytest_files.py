@@ -2,11 +2,12 @@
 
 Separate processes bound the suite's memory: TensorFlow keeps every program it compiled for as
 long as the process lives (9 GB over the whole suite in one process), and it cannot be made to
-forget them. So each file that loads TensorFlow runs in a process of its own, and the other
-files share ``2 --jobs`` processes (a process start costs a few seconds of imports). Processes
-start only while the sum of their measured peaks (``PEAK``) stays within ``MEMORY_BUDGET``.
-The longest processes start first (``SECONDS``), so the cores stay busy to the end. Each process's time and peak
-memory (resident) are printed.
+forget them. So each file that loads TensorFlow runs in a process of its own (or of its group,
+``TF_GROUPS``), and the other files share ``2 --jobs`` processes (a process start costs a few
+seconds of imports; a TensorFlow one also its first graph and XLA compilations, several seconds
+more). Processes start only while the sum of their measured peaks (``PEAK``) stays within
+``MEMORY_BUDGET``. The longest processes start first (``SECONDS``), so the cores stay busy to the
+end. Each process's time and peak memory (resident) are printed.
 
     python .ci/pytest_files.py [--jobs 2] [--slowest 10] [TEST_FILE ...]
 """
@@ -23,52 +24,52 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from pathlib import Path
 
-#: Test files that load TensorFlow (each gets a process of its own).
+#: Test files that load TensorFlow (each gets a process of its own, or its group's).
 TF_FILES = ("test_tf_", "test_spec_tf", "test_cross_backend", "test_train_cli", "test_backend_")
-#: Small TensorFlow files (about 1 GiB each, a few seconds of tests) that share one process:
-#: each alone would pay TensorFlow's import (about 6 s) for a few seconds of tests.
-SMALL_TF = ("test_tf_private_api.py", "test_backend_compaction_keras.py", "test_tf_compact.py",
-            "test_tf_layers.py")  # fmt: skip
+#: TensorFlow files that share one process, group by group, in this order: each alone would pay
+#: TensorFlow's imports and first compilations for a few seconds of tests (the first group), or
+#: their memory together stays within a process's share of MEMORY_BUDGET. A process of files
+#: that never load torch loads neither torch nor Triton (tests/conftest.py: TORCH_FREE).
+TF_GROUPS = (
+    ("test_tf_private_api.py", "test_backend_compaction_keras.py", "test_tf_compact.py",
+     "test_tf_layers.py", "test_backend_agreement.py", "test_backend_scalars.py"),
+    ("test_spec_tf.py", "test_tf_functional.py"),
+    ("test_tf_metrics.py", "test_tf_edge_cases.py"),
+)  # fmt: skip
 #: Files run as several processes (``--shard K/N``, tests/conftest.py), each compiling less.
-SHARDS = {"test_tf_optimizers.py": 3, "test_tf_edge_cases.py": 2}
-#: Peak resident memory (GiB) of one process of a file, or of one shard (``"<file> K/N"``), as
-#: this script printed it; other TensorFlow files count as TF_PEAK, the groups of other files
-#: as OTHER_PEAK. The shards of test_tf_optimizers differ: 2.1, 2.1 and 2.7 GiB.
+SHARDS = {"test_tf_optimizers.py": 2}
+#: Peak resident memory (GiB) of one process of a file, or of one shard (``"<file> K/N"``), or of
+#: a group (by its first file), as this script printed it; other TensorFlow files count as
+#: TF_PEAK, the groups of other files as OTHER_PEAK.
 PEAK = {
-    "test_tf_edge_cases.py": 2.05,
+    "test_tf_optimizers.py 0/2": 1.55,
+    "test_tf_optimizers.py 1/2": 2.3,
     "test_cross_backend.py": 2.35,
-    "test_spec_tf.py": 1.95,
-    "test_tf_optimizers.py": 2.75,
-    "test_tf_optimizers.py 0/3": 2.15,
-    "test_tf_optimizers.py 1/3": 2.15,
-    "test_tf_band_fast.py": 1.85,
-    "test_tf_functional.py": 1.9,
-    "test_tf_metrics.py": 1.5,
-    "test_backend_agreement.py": 1.45,
-    "test_tf_private_api.py": 1.2,  # the SMALL_TF group, run together
+    "test_spec_tf.py": 2.4,  # with test_tf_functional
+    "test_tf_metrics.py": 2.25,  # with test_tf_edge_cases
+    "test_tf_band_fast.py": 1.6,
+    "test_tf_private_api.py": 1.65,  # the first group
+    "test_train_cli.py": 1.35,
 }
-TF_PEAK, OTHER_PEAK = 1.4, 1.2
-#: Seconds one process of a file (or shard) took, as this script printed it on a quiet 2-core
-#: machine: the longest start first, so that no long one is left running alone at the end.
+TF_PEAK, OTHER_PEAK = 1.8, 1.2
+#: Seconds one process of a file (or shard, or group) took, as this script printed it on a quiet
+#: 2-core machine (the TensorFlow groups and shards: 0.8 times their CPU seconds run alone): the
+#: longest start first, so that no long one is left running alone at the end.
 #: Other TensorFlow files count as TF_SECONDS; the groups of other files by their size.
 SECONDS = {
-    "test_tf_optimizers.py 0/3": 90,
-    "test_tf_optimizers.py 1/3": 68,
-    "test_tf_optimizers.py 2/3": 100,
-    "test_tf_band_fast.py": 86,
-    "test_cross_backend.py": 61,
-    "test_tf_edge_cases.py": 46,
-    "test_spec_tf.py": 46,
-    "test_tf_metrics.py": 49,
-    "test_tf_functional.py": 44,
-    "test_train_cli.py": 41,
-    "test_backend_agreement.py": 26,
-    "test_tf_private_api.py": 21,
+    "test_tf_optimizers.py 0/2": 63,
+    "test_tf_optimizers.py 1/2": 82,
+    "test_spec_tf.py": 84,  # with test_tf_functional
+    "test_tf_band_fast.py": 80,
+    "test_cross_backend.py": 70,
+    "test_tf_metrics.py": 67,  # with test_tf_edge_cases
+    "test_train_cli.py": 37,
+    "test_tf_private_api.py": 32,  # the first group
     # the groups of other files, by their first file
-    "test_prox_methods.py": 78,
-    "test_sweep.py": 67,
-    "test_callbacks.py": 45,
-    "test_conv_torch.py": 40,
+    "test_prox_methods.py": 76,
+    "test_callbacks.py": 66,
+    "test_shared_spec.py": 49,
+    "test_sweep.py": 44,
 }
 TF_SECONDS = 40
 #: Processes start only while the sum of their peaks stays within this (GiB).
@@ -78,14 +79,16 @@ Group = tuple[list[Path], str | None]  # files, shard
 
 
 def groups(files: list[Path], jobs: int) -> list[Group]:
-    """The processes to run, largest first: one per TensorFlow file (or shard of one), ``2 jobs``
-    for the rest."""
+    """The processes to run, largest first: one per TensorFlow group, file or shard of a file,
+    ``2 jobs`` for the rest."""
     files = sorted(files, key=lambda f: f.stat().st_size, reverse=True)
     tf: list[Group] = []
-    small = sorted((f for f in files if f.name in SMALL_TF), key=lambda f: SMALL_TF.index(f.name))
-    if small:
-        tf.append((small, None))
-    for f in (f for f in files if f.name.startswith(TF_FILES) and f.name not in SMALL_TF):
+    for names in TF_GROUPS:
+        group = sorted((f for f in files if f.name in names), key=lambda f: names.index(f.name))
+        if group:
+            tf.append((group, None))
+    grouped = {name for names in TF_GROUPS for name in names}
+    for f in (f for f in files if f.name.startswith(TF_FILES) and f.name not in grouped):
         n = SHARDS.get(f.name, 1)
         tf += [([f], f"{k}/{n}" if n > 1 else None) for k in range(n)]
     rest: list[list[Path]] = [[] for _ in range(2 * jobs)]  # smaller: they fill in beside TF
