@@ -121,14 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def given_options(argv: Sequence[str] | None, options: Sequence[str]) -> list[str]:
-    """Those of ``options`` that the command line ``argv`` gives (abbreviated or not, whatever
-    their value, a default's included), in the order of ``options``."""
+def given_options(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None, options: Sequence[str]
+) -> list[str]:
+    """Those of ``options`` that the command line ``argv`` gives to ``parser`` (abbreviated or
+    not, whatever their value, a default's included), in the order of ``options``."""
     dests = {option: option.lstrip("-").replace("-", "_") for option in options}
     unset = object()  # argparse fills in a default only where the namespace has no value
-    args = build_parser().parse_args(
-        argv, argparse.Namespace(**dict.fromkeys(dests.values(), unset))
-    )
+    args = parser.parse_args(argv, argparse.Namespace(**dict.fromkeys(dests.values(), unset)))
     return [option for option, dest in dests.items() if getattr(args, dest) is not unset]
 
 
@@ -138,7 +138,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.report_only:
-        given = given_options(argv, TRAINING_ONLY)
+        given = given_options(parser, argv, TRAINING_ONLY)
         if given:
             verb = "acts" if len(given) == 1 else "act"
             parser.error(

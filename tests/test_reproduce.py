@@ -207,7 +207,10 @@ def test_report_only_takes_quick_out_and_results(
     assert error_of(argv, capsys) == (
         f"pathnorm-reproduce: error: --results {missing}: no such file: run the sweep first\n"
     )
-    assert reproduce.given_options(["--quick"], reproduce.TRAINING_ONLY) == []
+    assert (
+        reproduce.given_options(reproduce.build_parser(), ["--quick"], reproduce.TRAINING_ONLY)
+        == []
+    )
 
 
 def test_without_torch_training_is_refused_in_one_line(tmp_path: Path) -> None:
