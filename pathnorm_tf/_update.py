@@ -31,7 +31,8 @@ def _when(is_real: tf.Tensor | None, fn: Any) -> Any:
 
 class _Flag:
     """Holds the variable recording a non-finite target where no error can be raised (under
-    XLA): a plain holder, so that the variable is not tracked as optimizer state."""
+    XLA): a plain holder, so that the variable is not tracked as optimizer state (not in
+    ``optimizer.variables``, nor saved with it)."""
 
     def __init__(self) -> None:
         self.variable = tf.Variable(0, trainable=False, dtype=tf.int32, name="pathnorm_nonfinite")
@@ -146,14 +147,27 @@ class StepUpdate:
         if self._check_finite and not tf.executing_eagerly():
             self._record_non_finite(flags)
 
-    def _record_non_finite(self, flags: list[tuple[int, Any]]) -> None:
-        """Record in the flag the first target whose weights were not finite (label + 1), where
-        no error can be raised in the step (XLA); kept until :meth:`check_weights` reads it."""
+    def _build_flag(self) -> None:
+        """Create the flag when the optimizer is built, before a step is traced: a variable
+        created while ``tf.function`` traces the step makes it trace the step again (a second
+        compile of the prox). Only with ``check_finite``, the only writer."""
+        if self._check_finite:
+            self._flag_variable()
+
+    def _flag_variable(self) -> Any:
+        """The flag's variable, created if missing: under ``tf.init_scope``, as ``build`` may
+        run inside the trace (Keras builds there when ``fit`` has no strategy), in the
+        strategy's scope ``build`` runs in (a mirrored variable)."""
         if self._flag is None:
             with tf.init_scope():
                 self._flag = _Flag()
+        return self._flag.variable
+
+    def _record_non_finite(self, flags: list[tuple[int, Any]]) -> None:
+        """Record in the flag the first target whose weights were not finite (label + 1), where
+        no error can be raised in the step (XLA); kept until :meth:`check_weights` reads it."""
+        flag = self._flag_variable()  # built by build(); created here only as a fallback
         bad = tf.constant(0)
         for label, finite in reversed(flags):
             bad = tf.where(tf.reduce_all(tf.stack(list(finite))), bad, label + 1)
-        flag = self._flag.variable
         flag.assign(tf.where(flag > 0, flag, bad))

@@ -366,6 +366,7 @@ class PathNormSGD(_KernelRegularizer, keras.optimizers.SGD):
         if self.built:
             return
         super().build(variables)
+        self._build_flag()
         self._resolve_targets(self._trainable_variables)
 
     def _backend_update_step(
@@ -475,6 +476,7 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
             return
         self.inner_optimizer.build(var_list)
         super().build(var_list)
+        self._build_flag()
         self._resolve_targets(self._trainable_variables)
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:

@@ -919,6 +919,97 @@ def test_xla_finiteness_verdict_from_the_prox_sums_proxes_overflow_and_refuses_n
             np.testing.assert_array_equal(var.numpy(), bad if var is kernel else want)
 
 
+class _CountingNet(keras.Sequential):
+    """Counts the traces of its train step (a Python side effect runs once per trace)."""
+
+    traces = 0
+
+    def train_step(self, data: Any) -> Any:
+        type(self).traces += 1
+        return super().train_step(data)
+
+
+def _fit_traces(make_opt: Any, built: bool) -> int:
+    """How many times ``fit`` (XLA) traces the train step of a fresh model with ``make_opt()``;
+    ``built``: the optimizer built before ``fit`` (as verify_pairs, load_model or a strategy do)."""
+    keras.utils.set_random_seed(0)
+    model = _CountingNet(
+        [keras.Input((X_DIM,)), keras.layers.Dense(5, activation="elu"), keras.layers.Dense(3)],
+        name="net",
+    )
+    opt = make_opt(model)
+    model.compile(opt, loss_fn(), jit_compile=True)
+    if built:
+        opt.build(model.trainable_variables)
+    _CountingNet.traces = 0
+    x, y = data()
+    model.fit(x, y, batch_size=4, epochs=1, verbose=0, shuffle=False)
+    return _CountingNet.traces
+
+
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
+@pytest.mark.parametrize(
+    ("kind", "built"), [("PathNormSGD", True), ("PathNormSGD", False), ("ProxOptimizer", True)]
+)
+def test_fit_traces_the_step_as_often_as_the_plain_optimizer(kind: str, built: bool) -> None:
+    # The XLA finiteness flag is made by build(), not in the first traced step: a variable
+    # created while tf.function traces makes it trace (and the prox compile) once more.
+    # (Unbuilt, Keras builds every optimizer inside the first trace, so plain SGD traces twice.)
+    def plain(model: keras.Model) -> Any:
+        return keras.optimizers.SGD(0.1, momentum=0.5)
+
+    def regularized(model: keras.Model) -> Any:
+        if kind == "PathNormSGD":
+            return PathNormSGD(0.1, lam=0.1, momentum=0.5, model=model)
+        return ProxOptimizer(keras.optimizers.SGD(0.1, momentum=0.5), lam=0.1, model=model)
+
+    assert PathNormSGD(0.1, lam=0.1).get_config()["check_finite"] is True  # the default
+    assert _fit_traces(regularized, built) == _fit_traces(plain, built)
+
+
+@pytest.mark.parametrize(
+    ("kind", "check_finite"),
+    [("PathNormSGD", True), ("PathNormSGD", False), ("ProxOptimizer", True)],
+)
+def test_the_finiteness_flag_is_made_by_build_and_is_not_optimizer_state(
+    kind: str, check_finite: bool, tmp_path: Path
+) -> None:
+    # Made with the optimizer (check_finite only), kept out of its variables, checkpoint and
+    # .keras file: saving and loading are those of the optimizer without it (plain SGD, or
+    # for the wrapper, the wrapper without check_finite, which never makes it).
+    def make(check: bool | None) -> Any:  # None: the reference
+        if kind == "PathNormSGD":
+            if check is None:
+                return keras.optimizers.SGD(0.1, momentum=0.5)
+            return PathNormSGD(0.1, lam=0.1, momentum=0.5, check_finite=check)
+        inner = keras.optimizers.SGD(0.1, momentum=0.5)
+        return ProxOptimizer(inner, lam=0.1, check_finite=bool(check))
+
+    model = mlp()
+    opt, plain = make(check_finite), make(None)
+    assert opt._flag is None
+    model.compile(opt, loss_fn())
+    opt.build(model.trainable_variables)
+    plain.build(model.trainable_variables)
+    assert (opt._flag is not None) == check_finite
+    assert [v.shape for v in opt.variables] == [v.shape for v in plain.variables]
+    assert not any("nonfinite" in v.path for v in opt.variables)
+    keys = {}
+    for name, o in (("regularized", opt), ("plain", plain)):
+        path = tf.train.Checkpoint(optimizer=o).write(str(tmp_path / name))
+        keys[name] = {k for k, _ in tf.train.list_variables(path)}
+    assert not any("nonfinite" in k for k in keys["regularized"])
+    assert {k for k in keys["regularized"] if "_variables" in k} == {
+        k for k in keys["plain"] if "_variables" in k
+    }
+    model.save(tmp_path / "m.keras")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. Keras's "Skipping variable loading for optimizer"
+        loaded = keras.models.load_model(tmp_path / "m.keras").optimizer
+    assert loaded.built and (loaded._flag is not None) == check_finite
+    assert len(loaded.variables) == len(opt.variables)
+
+
 # --- convolution units: pairing, the prox on channels, the baselines ------------------------
 
 CNN_SHAPE = (8, 9, 2)
