@@ -30,7 +30,9 @@ it through a Flatten or global pooling) and, where the last is a convolution, it
 known; otherwise they are left out with a warning (once per callback) saying why. Values are
 Python floats computed in float64 from the current weights. A regularized pair left with no alive
 hidden unit is warned about once per pair (with the model's path-norm optimizer, whose own
-check at the end of ``fit`` shares the record).
+check at the end of ``fit`` shares the record). An optimizer with ``use_ema=True`` makes ``fit``
+end by writing the weights' moving average (no prox output) into the model: the callback then
+warns, once, with the values of the model ``fit`` returns where they differ from the last logged.
 """
 
 from __future__ import annotations
@@ -299,6 +301,11 @@ class PathNormMetrics(keras.callbacks.Callback):
     Put it *before* ``CSVLogger``/``TensorBoard`` in ``callbacks=[...]``: Keras hands the same
     ``logs`` dict to the callbacks in list order (``History`` always comes last).
 
+    With ``use_ema=True`` (``PathNormSGD(..., use_ema=True)``), ``fit`` ends by writing the
+    moving average of the weights into the model, after the last epoch's values were logged;
+    where that changes the values, the callback warns (once) at the end of ``fit`` and names the
+    returned model's values, which :func:`metric_values` gives.
+
     Args:
         pairs: ``"auto"`` (default): sparsity and alive units over what the model's
             ``PathNormSGD``/``ProxOptimizer`` regularizes (with another optimizer: the pairs
@@ -321,11 +328,58 @@ class PathNormMetrics(keras.callbacks.Callback):
         self.every_n_batches = every_n_batches
         self._warned: set[tuple[str, str]] = set()  # dead pairs (with another optimizer)
         self._no_chain: set[str] = set()  # why the bounds were left out, as warned
+        self._logged: dict[str, float] | None = None  # this fit's last epoch values
+        self._warned_ema = False
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.every_n_batches and logs is not None and (batch + 1) % self.every_n_batches == 0:
             logs.update(_metric_values(self.model, self.pairs, self._warned, self._no_chain))
 
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._logged = None
+
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
-            logs.update(_metric_values(self.model, self.pairs, self._warned, self._no_chain))
+            self._logged = _metric_values(self.model, self.pairs, self._warned, self._no_chain)
+            logs.update(self._logged)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        # fit() calls the optimizer's finalize_variable_values, which writes the moving average
+        # of an optimizer with use_ema=True into the model, after the last on_epoch_end and
+        # before on_train_end: only here can the callback see what fit() returns.
+        if self._warned_ema or self._logged is None or not _averages(self.model.optimizer):
+            return
+        final = _metric_values(self.model, self.pairs, self._warned, self._no_chain)
+        if final == self._logged:  # e.g. SwapEMAWeights(swap_on_epoch=True) logged the average
+            return
+        self._warned_ema = True
+        warnings.warn(
+            "PathNormMetrics: the optimizer has use_ema=True, so fit() ended by writing the "
+            "moving average of the weights into the model (Keras's finalize_variable_values), "
+            "after the last epoch's values were logged. The History's pathnorm/... values "
+            "describe the weights at the end of each epoch (a path-norm optimizer's proxed "
+            "iterates), not this average, which no prox produced: it keeps only the zeros that "
+            "all the averaged weights share, and the logged bounds do not hold for it. The "
+            "model fit() returns has "
+            f"{_listed(final)} (the History's last entry: {_listed(self._logged)}); "
+            "metric_values(model) gives these values. To keep the proxed weights, train without "
+            "use_ema (or save them at each epoch's end: ModelCheckpoint(..., "
+            "save_weights_only=True)); to log the average's values instead, put "
+            "keras.callbacks.SwapEMAWeights(swap_on_epoch=True) before PathNormMetrics.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
+def _averages(optimizer: Any) -> bool:
+    """Whether ``optimizer``, or one inside it (a ``LossScaleOptimizer``'s or
+    ``ProxOptimizer``'s inner optimizer, a ``MultiOptimizer``'s), has ``use_ema=True``: then
+    ``fit`` ends by writing the moving average of the weights it updates into the model."""
+    inner = [getattr(optimizer, "inner_optimizer", None), *getattr(optimizer, "optimizers", [])]
+    return bool(getattr(optimizer, "use_ema", False)) or any(
+        _averages(o) for o in inner if o is not None
+    )
+
+
+def _listed(values: dict[str, float]) -> str:
+    return ", ".join(f"{key}={value:.6g}" for key, value in values.items())

@@ -463,7 +463,10 @@ class ProxOptimizer(_KernelRegularizer, keras.optimizers.Optimizer):
             raise ValueError(
                 "inner_optimizer has use_ema=True: its average would be taken before the prox "
                 "(of weights that were never proxed, so with none of its zeros). Turn use_ema "
-                "off, or use PathNormSGD(..., use_ema=True), which proxes before averaging."
+                "off, or use PathNormSGD(..., use_ema=True), which averages the proxed weights "
+                "(fit() then ends by writing that average into the model: it keeps only the "
+                "zeros all the averaged weights share, and PathNormMetrics's logged values do "
+                "not describe it; see docs/keras.md, 'use_ema=True')."
             )
         super().__init__(learning_rate=0.0, name=name)
         self.inner_optimizer = inner_optimizer

@@ -668,3 +668,56 @@ def test_the_metrics_measure_what_a_path_norm_sgd_inside_a_multi_optimizer_regul
     assert (k1 == 0).any()  # the prox acted
     want = ((k1 == 0).sum() + (k2 == 0).sum()) / (k1.size + k2.size)
     assert metric_values(model)["pathnorm/sparsity"] == pytest.approx(want, rel=1e-12)
+
+
+def _ema_fit(wrap: str, callbacks: list[Any]) -> tuple[keras.Model, Any, list[str]]:
+    """Three epochs of a 6-8-3 model under ``PathNormSGD(use_ema=True)``; the warnings given."""
+    model = mlp((8, 3))
+    opt: Any = PathNormSGD(0.5, lam=0.1, model=model, use_ema=True, ema_momentum=0.9)
+    if wrap == "LossScale":
+        opt = keras.optimizers.LossScaleOptimizer(opt)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((32, 6)), rng.integers(0, 3, 32)
+    model.compile(opt, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        history = model.fit(x, y, batch_size=8, epochs=3, verbose=0, callbacks=callbacks)
+    return model, history, [str(w.message) for w in caught if "use_ema" in str(w.message)]
+
+
+def _listed(values: dict[str, float]) -> str:
+    return ", ".join(f"{key}={value:.6g}" for key, value in values.items())
+
+
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
+@pytest.mark.parametrize("wrap", ["none", "LossScale"])
+def test_use_ema_warns_that_fit_returns_the_average_with_its_values(wrap: str) -> None:
+    # Before: not a word, while the History's last entry (the proxed weights) was not the
+    # model fit() returned (the average; the probe's 6-8-3 model: path-norm bound 0.404 and
+    # sparsity 0.333 logged, 4.02 and 0.042 returned).
+    callback = PathNormMetrics()
+    model, history, messages = _ema_fit(wrap, [callback])
+    last = {key: values[-1] for key, values in history.history.items() if "pathnorm/" in key}
+    final = metric_values(model)
+    assert final["pathnorm/sparsity"] < last["pathnorm/sparsity"] / 2  # the zeros are gone
+    assert final["pathnorm/path_norm_bound"] > 2 * last["pathnorm/path_norm_bound"]
+    assert len(messages) == 1, messages
+    assert "fit() ended by writing the moving average of the weights into the model" in messages[0]
+    assert f"The model fit() returns has {_listed(final)} " in messages[0]
+    assert f"(the History's last entry: {_listed(last)});" in messages[0]
+    assert "metric_values(model) gives these values" in messages[0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(np.zeros((8, 6)), np.zeros(8), verbose=0, callbacks=[callback])
+    assert metric_values(model) != callback._logged  # the average again, but warned once
+    assert not [w for w in caught if "use_ema" in str(w.message)]
+
+
+@pytest.mark.usefixtures("sort_prox")  # (conftest.py: what is proxed, not how)
+def test_use_ema_with_swapped_weights_logs_the_average_without_a_warning() -> None:
+    # SwapEMAWeights(swap_on_epoch=True) before the callback: it logs the average fit returns.
+    swap = keras.callbacks.SwapEMAWeights(swap_on_epoch=True)
+    model, history, messages = _ema_fit("none", [swap, PathNormMetrics()])
+    assert not messages
+    for key, value in metric_values(model).items():
+        assert history.history[key][-1] == value
