@@ -331,15 +331,17 @@ def _layout(
     owners: Owners | None,
     what: str,
     names: tuple[str, str] | None = None,
+    hint: str = "",
 ) -> seam.PairLayout:
     """The :class:`~pathnorm_tf.layers.PairLayout` of kernels ``i`` and ``j``, after checking
     that they chain (the first's outputs are the second's inputs); ``names``: the layers as the
-    user named them (default: their paths), for the errors."""
+    user named them (default: their paths), for the errors; ``hint``: what to do, appended to
+    an error saying that they do not chain."""
     a, b = names or (layer_path(variables[i]), layer_path(variables[j]))
     first, second = _entry(variables[i], owners, what), _entry(variables[j], owners, what)
     where = f"{what}: layers {a!r} -> {b!r} do not chain"
     if second.spatial and not first.spatial:
-        raise ValueError(f"{where}: a convolution cannot read the units of a Dense layer")
+        raise ValueError(f"{where}: a convolution cannot read the units of a Dense layer{hint}")
     flat = None
     if first.spatial and not second.spatial:  # a convolution's owner is known (_entry)
         assert owners is not None
@@ -353,7 +355,7 @@ def _layout(
             raise ValueError(
                 f"{where}: {moved[0]!r} between them moves the entries the Dense layer reads, "
                 f"so its rows cannot be matched to the channels of {conv.name!r} (pair other "
-                "layers, or leave this pair out)"
+                f"layers, or leave this pair out){hint}"
             )
         if between is not None:
             try:
@@ -372,7 +374,7 @@ def _layout(
                     "be told: put a Flatten between them in a Sequential or functional model, "
                     "or use channels_last"
                 )
-            raise ValueError(f"{where}: {why}") from None
+            raise ValueError(f"{where}: {why}{hint}") from None
     layout = seam.PairLayout(first, second, flat)
     shape_i, shape_j = tuple(variables[i].shape), tuple(variables[j].shape)
     units = first.kernel_units_out(shape_i)
@@ -380,7 +382,7 @@ def _layout(
     if units != inputs:
         raise ValueError(
             f"{where}: {a!r} has {units} units but {b!r} takes {inputs} inputs (kernels "
-            f"{shape_i} and {shape_j})"
+            f"{shape_i} and {shape_j}){hint}"
         )
     return layout
 
@@ -419,7 +421,7 @@ def resolve_pairs(
                 f"({[layer for _, layer in kernels]}{_skipped(scan)}); the path-norm prox "
                 "needs a pair of layers (e.g. Dense -> Dense, or Conv -> Flatten -> Dense)"
             )
-        out = []
+        out: list[Pair] = []
         for (i, a), (j, b) in zip(kernels[0::2], kernels[1::2], strict=False):
             cell = _recurrent_between(scan, i, j)
             if cell is not None:
@@ -430,7 +432,14 @@ def resolve_pairs(
                 layer = layer_path(others[0])
                 trains = [_path(v) for v in others if layer_path(v) == layer]
                 raise not_consecutive(a, b, f"layer {layer!r} (it trains {trains})")
-            out.append(Pair(i, j, _layout(variables, i, j, owners, 'pairs="auto"')))
+            done = [(layer_path(variables[p.first]), layer_path(variables[p.second])) for p in out]
+            hint = (
+                '. pairs="auto" takes the layers two by two in the model\'s layer order'
+                + (f" (it had paired {done} before)" if done else "")
+                + ", which in a model with parallel branches is not the order they feed each "
+                "other; pass pairs=[(first, second), ...] to name the pairs that chain explicitly"
+            )
+            out.append(Pair(i, j, _layout(variables, i, j, owners, 'pairs="auto"', hint=hint)))
         if len(kernels) % 2:
             warnings.warn(
                 f'pairs="auto": the last layer {kernels[-1][1]!r} has no partner and is '

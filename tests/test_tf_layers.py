@@ -607,3 +607,24 @@ def test_a_permute_between_a_conv_and_its_dense_layer_is_refused(pairs: Any) -> 
     model = keras.Sequential([keras.Input((6, 6, 2)), K.Conv2D(3, 3, name="c"), *head])
     with pytest.raises(ValueError, match=r"'permute.*' between them moves the entries"):
         PathNormSGD(0.1, lam=1e-3, pairs=pairs, model=model).build(model.trainable_variables)
+
+
+def test_auto_pairs_on_parallel_branches_say_to_name_the_pairs() -> None:
+    # Before: "... 'a2' -> 'b2' do not chain: 'a2' has 4 units but 'b2' takes 6 inputs ..." and
+    # no word of what "auto" had paired, nor of what to do.
+    from pathnorm_tf import PathNormSGD
+
+    inp = keras.Input((6,))
+    a = K.Dense(4, name="a2")(K.Dense(6, "relu", name="a1")(inp))
+    b = K.Dense(4, name="b2")(K.Dense(6, "relu", name="b1")(inp))
+    model = keras.Model(inp, K.Dense(3, name="out")(K.Concatenate()([a, b])))
+    with pytest.raises(
+        ValueError,
+        match=r"layers 'a2' -> 'b2' do not chain: 'a2' has 4 units but 'b2' takes 6 inputs .*"
+        r"layer order \(it had paired \[\('a1', 'b1'\)\] before\), which in a model with "
+        r"parallel branches .*; pass pairs=\[\(first, second\), \.\.\.\] to name the pairs",
+    ):
+        PathNormSGD(0.1, lam=1e-3, model=model).build(model.trainable_variables)
+    named = PathNormSGD(0.1, lam=1e-3, pairs=[("a1", "a2"), ("b1", "b2")], model=model)
+    named.build(model.trainable_variables)  # what the message says to do
+    assert named.regularized_pairs == [("a1/kernel", "a2/kernel"), ("b1/kernel", "b2/kernel")]
