@@ -7,8 +7,9 @@ step post-hook of :mod:`pathnorm_lightning.hook` (the one :func:`~pathnorm_light
 gives plain PyTorch and Fabric loops), so each runs exactly once per real ``optimizer.step()``:
 automatic and manual optimization, raw torch optimizers stepped in ``training_step``, several
 optimizers, gradient accumulation (one step per window), steps skipped by AMP's ``GradScaler``
-(no step, no prox), and repeated ``fit()`` calls (no duplicated or leaked hooks). The prox step
-is ``lam * lr``, ``lr`` read at every step from the parameter group holding the weights.
+(no step, no prox), optimizers re-created during a fit (followed from the next batch), and
+repeated ``fit()`` calls (no duplicated or leaked hooks). The prox step is ``lam * lr``, ``lr``
+read at every step from the parameter group holding the weights.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class AfterOptimizerStep(Callback):
     Subclasses define :meth:`resolve_targets` (which weights), :meth:`apply` (what to do with
     them given the learning rate) and :meth:`sparsity_chains` (which weights the sparsity
     metric covers), and may define :meth:`forward_check`. The step mechanics are a
-    :class:`~pathnorm_lightning.hook.StepHook`, registered in ``on_fit_start`` and removed in
+    :class:`~pathnorm_lightning.hook.StepHook`, registered in ``on_fit_start`` (moved to the
+    trainer's new optimizers before the next batch when they are re-created) and removed in
     ``on_fit_end`` / ``teardown`` / ``on_exception``; logging and checkpoint state live here.
 
     Args:
@@ -140,6 +142,7 @@ class AfterOptimizerStep(Callback):
         self.targets_spec = targets
         self._hook: StepHook | None = None
         self._last_hook: StepHook | None = None  # the latest fit's hook, for metrics after it
+        self._followed: list[Any] = []  # the trainer's optimizers the hook follows
         self._num_steps = 0  # real optimizer steps acted on (all fits), while no hook runs
         self._last_logged_step = -1
 
@@ -220,7 +223,7 @@ class AfterOptimizerStep(Callback):
         self._remove_hook()  # idempotent: a previous fit that died without cleanup
         if self.log_metrics:
             self._check_unique_prefix(trainer)
-        targets = self.resolve_targets(pl_module)
+        targets = _prefixed(type(self).__name__, self.resolve_targets, pl_module)
         chain = layer_chain(pl_module)
         self._hook = self._last_hook = StepHook(
             trainer.optimizers,
@@ -237,6 +240,7 @@ class AfterOptimizerStep(Callback):
             chain_check=chain_check(pl_module),
             root=pl_module,
         )
+        self._followed = list(trainer.optimizers)
         if self.log_metrics and chain is None:
             rank_zero_warn(
                 f"{type(self).__name__}: the Linear and convolution layers of "
@@ -272,6 +276,16 @@ class AfterOptimizerStep(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
         self._remove_hook()
+
+    @override
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        # Optimizers re-created since (strategy.setup_optimizers(trainer): a reset between
+        # stages) are followed from now on. Runs before every batch: a list identity compare.
+        if self._hook is not None and trainer.optimizers != self._followed:
+            self._hook.follow(trainer.optimizers)
+            self._followed = list(trainer.optimizers)
 
     @override
     def on_train_batch_end(
@@ -364,6 +378,7 @@ class AfterOptimizerStep(Callback):
             self._num_steps = self._hook.num_steps
             self._hook.remove()
             self._hook = None
+            self._followed = []
 
     def _flush(self) -> None:
         if self._hook is not None:

@@ -21,8 +21,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -42,7 +40,16 @@ from pathnorm_lightning._checks import (
     non_finite,
 )
 from pathnorm_lightning._common import NonFiniteWeightsError, check_scalar, rank_zero_warn
-from pathnorm_lightning._plan import Guard, Plan, Planned, no_grad, overlap, path_of, submodule
+from pathnorm_lightning._plan import (
+    Guard,
+    Plan,
+    Planned,
+    check_lr,
+    check_once_per_step,
+    current,
+    no_grad,
+    submodule,
+)
 from pathnorm_lightning._target import StepTarget, UnitViews, pair_target
 from pathnorm_lightning.functional import prox_path_norm_
 from pathnorm_lightning.pairing import (
@@ -52,7 +59,6 @@ from pathnorm_lightning.pairing import (
     chain_check,
     layer_chain,
     resolve_pairs,
-    weight_parameter,
 )
 
 __all__ = [
@@ -97,7 +103,8 @@ class StepHook:
 
     Args:
         optimizers: the optimizers whose steps trigger the update (a target's weights must sit
-            in one of them, or be frozen); one listed twice is hooked once.
+            in one of them, or be frozen); one listed twice is hooked once. Optimizers created
+            later (a reset between stages) are followed after :meth:`follow`.
         targets: the layers or pairs to update.
         update: ``(target, lr, check) -> None``, called with the learning rate of the target's
             parameter group and the finiteness check to use (see :class:`FiniteCheck`).
@@ -137,7 +144,7 @@ class StepHook:
         chain_check: ForwardCheck | None = None,
         root: nn.Module | None = None,
     ) -> None:
-        self.optimizers = list(dict.fromkeys(_unwrap(o) for o in optimizers))
+        self.optimizers: list[torch.optim.Optimizer] = []  # set by follow()
         self.targets = list(targets)
         # The model the targets' layer names were found in: a layer replaced there is refused.
         found = root is not None and all(
@@ -167,16 +174,30 @@ class StepHook:
         self._forward_check = forward_check
         self._chain_check = chain_check
         self._plan: Plan = {}
+        self._handles: list[RemovableHandle] = []
         try:
-            self._replan()  # every refusal comes before a hook is registered
+            self.follow(optimizers)  # every refusal comes before a hook is registered
         except BaseException:
             self._drop_forward_check()
             raise
-        self._handles: list[RemovableHandle] = [
-            o.register_step_post_hook(self._after_step) for o in self.optimizers
-        ]
         if self.chain and seam.entry_of(self.chain[-1]).spatial:
             self._chain_handle = self.chain[-1].register_forward_pre_hook(self._record_positions)
+
+    def follow(self, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+        """Follow the steps of ``optimizers`` from now on, instead of the ones followed so far
+        (e.g. optimizers re-created between training stages). Planned now: a refusal raises
+        here and leaves the hook as it was; the step count, pending checks and warnings stay."""
+        new = list(dict.fromkeys(_unwrap(o) for o in optimizers))
+        kept = self.optimizers, self._guard
+        self.optimizers, self._guard = new, None
+        try:
+            self._replan()
+        except BaseException:
+            self.optimizers, self._guard = kept
+            raise
+        for handle in self._handles:
+            handle.remove()
+        self._handles = [o.register_step_post_hook(self._after_step) for o in new]
         _LIVE.add(self)
 
     @property
@@ -252,11 +273,15 @@ class StepHook:
             target = item.target
             if no_grad(target.weights):
                 continue  # no gradient reached these weights: this step did not change them
-            lr = (
-                _as_float(optimizer.param_groups[item.lr_group]["lr"])
-                if item.lr_group is not None
-                else self._step_size(optimizer, item)
-            )
+            try:
+                lr = (
+                    _as_float(optimizer.param_groups[item.lr_group]["lr"])
+                    if item.lr_group is not None
+                    else self._step_size(optimizer, item)
+                )
+            except (TypeError, ValueError, KeyError, RuntimeError):  # e.g. an lr set to None
+                check_lr(self.owner, target.name, optimizer, item.groups)  # says so, if it is
+                raise
             if not 0.0 <= lr < math.inf:
                 raise ValueError(
                     f"{self.owner}: {target.name}: the learning rate of its parameter group is "
@@ -306,9 +331,10 @@ class StepHook:
         self._warn_once(
             "dead",
             name,
-            f"{self.owner}: {name} has no hidden unit left after the prox of step {step} (each "
-            "unit's incoming row or outgoing column is zero), so nothing passes through it any "
-            "more: lam is too large for these layers. The prox shrinks a unit by about "
+            f"{self.owner}: {name} has no hidden unit left after the prox of step {step} (steps "
+            "as num_steps counts them: those the prox acted on, not the trainer's global_step). "
+            "Each unit's incoming row or outgoing column is zero, so nothing passes through it "
+            "any more: lam is too large for these layers. The prox shrinks a unit by about "
             "lr * lam times the l1 norm of its other side, which falls as layers widen; try a "
             "3-10x smaller lam and watch alive_units in the metrics.",
         )
@@ -346,31 +372,6 @@ class StepHook:
             self._plan = self._build_plan()
             self._guard = Guard.of(self.optimizers, self._plan, self.targets, self.root)
 
-    def _current(self, target: StepTarget) -> StepTarget:
-        """``target`` with the weights its modules hold now (a clear error for a computed one)."""
-        if not target.layers:
-            return target
-        for name, module in target.layers:
-            if self.root is not None and submodule(self.root, path_of(name)) is not module:
-                raise ValueError(
-                    f"{self.owner}: {target.name}: the model's {name!r} is no longer the layer "
-                    "it was when the pairs were resolved (a module replaced or removed after "
-                    "that), so the prox would couple a layer that is not in the network. "
-                    "Resolve the pairs again: handle.remove() and attach() again (a Lightning "
-                    "callback resolves them at each fit's start)."
-                )
-        try:
-            weights = tuple(weight_parameter(name, module) for name, module in target.layers)
-        except ValueError as err:
-            raise ValueError(f"{self.owner}: {err}") from None
-        views = None
-        if target.unit_views:
-            try:
-                views = UnitViews.plan([m for _, m in target.layers], weights)
-            except ValueError as err:  # a layer changed shape or configuration since
-                raise ValueError(f"{self.owner}: {target.name}: {err}") from None
-        return dataclasses.replace(target, weights=weights, views=views)
-
     def _build_plan(self) -> Plan:
         owner_of: dict[int, tuple[int, int]] = {}  # id(param) -> (optimizer index, group index)
         for opt_index, optimizer in enumerate(self.optimizers):
@@ -378,7 +379,7 @@ class StepHook:
                 for param in group["params"]:
                     owner_of.setdefault(id(param), (opt_index, group_index))
         plan: Plan = {}
-        for target in map(self._current, self.targets):
+        for target in (current(self.owner, self.root, t) for t in self.targets):
             owners = [owner_of.get(id(w)) for w in target.weights]
             if any(
                 o is None and w.requires_grad for o, w in zip(owners, target.weights, strict=True)
@@ -418,39 +419,16 @@ class StepHook:
             groups = tuple(g for _, g in owners)  # type: ignore[misc]
             optimizer = self.optimizers[opt_indices[0]]
             lr_group = groups[0] if all(g == groups[0] for g in groups) else None
+            check_lr(self.owner, target.name, optimizer, groups)
             planned = Planned(target, groups, lr_group, self._check_for(target))
             plan.setdefault(id(optimizer), []).append(planned)
-        self._check_once_per_step(plan)
+        others = [
+            (o.owner, o.optimizers, o._plan)
+            for o in list(_LIVE)
+            if o is not self and o.penalty == self.penalty
+        ]
+        check_once_per_step(self.owner, self.optimizers, plan, others)
         return plan
-
-    def _check_once_per_step(self, plan: Plan) -> None:
-        """Refuse a weight that two targets share (tied, by storage) or that another live hook
-        with the same penalty regularizes after the same optimizer's steps."""
-        mine = [item.target for items in plan.values() for item in items]
-        for a, b in itertools.combinations(mine, 2):
-            if overlap(a, b):
-                raise ValueError(
-                    f"{self.owner}: {a.name} and {b.name} share a weight (tied weights: one "
-                    "tensor or storage in both), so its prox would run twice per step. "
-                    "Untie them, or leave one of them out of the pairs."
-                )
-        for other in list(_LIVE):
-            if other is self or other.penalty != self.penalty:
-                continue
-            for optimizer in self.optimizers:
-                if not any(o is optimizer for o in other.optimizers):
-                    continue  # an id in its plan may be a dead optimizer's, reused
-                theirs = [i.target for i in other._plan.get(id(optimizer), [])]
-                for a in (i.target for i in plan.get(id(optimizer), [])):
-                    for b in theirs:
-                        if overlap(a, b):
-                            raise ValueError(
-                                f"{self.owner}: {a.name} is already regularized after every "
-                                f"step of this optimizer by another hook ({other.owner}, "
-                                f"{b.name}), so a prox would run twice per step. Remove the "
-                                "other hook first (its .remove() for attach), or give the two "
-                                "hooks disjoint pairs."
-                            )
 
 
 def _watch_due(step: int) -> bool:
@@ -499,8 +477,8 @@ def attach(
     if not isinstance(check_finite, bool):
         raise TypeError(f"attach: check_finite must be a bool, got {check_finite!r}")
     optimizers: list[Any] = list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
-    layer_pairs = resolve_pairs(model, pairs)
-    targets = [pair_target(p) for p in layer_pairs]
+    layer_pairs = _prefixed("attach", lambda m: resolve_pairs(m, pairs), model)
+    targets = [_prefixed("attach", pair_target, p) for p in layer_pairs]
 
     def update(target: StepTarget, lr: float, check: FiniteCheck) -> None:
         prox_pair(target, lam * lr, check)

@@ -343,6 +343,63 @@ def test_same_optimizer_object_across_fits_gets_one_hook() -> None:
     assert len(shared["opt"]._optimizer_step_post_hooks) == 0
 
 
+class _ResetOptimizers(pl.Callback):
+    """Re-creates the trainer's optimizers at the start of epoch 1 (a reset between stages),
+    after replacing the second layer if asked."""
+
+    def __init__(self, replace_layer: bool = False) -> None:
+        self.replace_layer = replace_layer
+        self.old: list[torch.optim.Optimizer] = []
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.current_epoch == 1:
+            self.old = list(trainer.optimizers)
+            if self.replace_layer:
+                pl_module.net[2] = nn.Linear(16, 4)  # type: ignore[index]
+            trainer.strategy.setup_optimizers(trainer)
+
+
+def _momentum(model: MLP) -> Any:
+    return torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.9)
+
+
+def _manual_every_batch(model: MLP, loss: Tensor, batch_idx: int) -> None:
+    optimizer = model.optimizers()
+    optimizer.zero_grad()
+    model.manual_backward(loss)
+    optimizer.step()
+
+
+@pytest.mark.parametrize("manual", [False, True], ids=["automatic", "manual"])
+def test_optimizers_re_created_mid_fit_keep_being_proxed(manual: bool) -> None:
+    # Before, the hook stayed on the first optimizers: no prox after epoch 0, without a word.
+    torch.manual_seed(0)
+    model = MLP(make_optimizers=_momentum, manual_step=_manual_every_batch if manual else None)
+    batches = list(loader(make_data()))
+    # By hand: a fresh optimizer (fresh momentum) for epoch 0, another for epochs 1 and 2.
+    ref = reference_prox_sgd(
+        reference_prox_sgd(model, batches, 0.05, [(0, 1)]), batches * 2, 0.05, [(0, 1)]
+    )
+    reset, cb = _ResetOptimizers(), PathNormProx(lam=0.05)
+    tr = trainer(max_epochs=3, callbacks=[reset, cb])
+    tr.fit(model, loader(make_data()))
+    assert reset.old and all(o not in tr.optimizers for o in reset.old)
+    assert cb.num_steps == tr.global_step == 18
+    assert_same_weights(model, ref)
+    for optimizer in reset.old + tr.optimizers:
+        assert len(optimizer._optimizer_step_post_hooks) == 0
+
+
+def test_a_layer_replaced_with_re_created_optimizers_is_refused_before_the_next_step() -> None:
+    torch.manual_seed(0)
+    model, cb = MLP(), PathNormProx(lam=0.05)
+    tr = trainer(max_epochs=2, callbacks=[_ResetOptimizers(replace_layer=True), cb])
+    with pytest.raises(ValueError, match=r"PathNormProx: pair \('net.0', 'net.2'\): the model's "):
+        tr.fit(model, loader(make_data()))
+    assert cb.num_steps == 6 and cb._hook is None
+    assert all(len(o._optimizer_step_post_hooks) == 0 for o in tr.optimizers)
+
+
 @pytest.mark.parametrize("fused", [False, True])
 def test_gradscaler_skipped_step_is_not_a_real_step(fused: bool) -> None:
     # Unfused, the scaler does not call optimizer.step(); fused, it calls it with found_inf set
@@ -1022,6 +1079,67 @@ def test_fit_time_errors_are_clear_and_leave_no_hooks(model_kwargs: dict, match:
     assert cb._hook is None
     for optimizer in tr.optimizers:
         assert len(optimizer._optimizer_step_post_hooks) == 0
+
+
+class _NoLr(torch.optim.SGD):
+    """Steps like SGD(lr=0.1), but without the group's "lr" (an optimizer with relative step
+    sizes, e.g. Adafactor(relative_step=True), has lr=None)."""
+
+    def __init__(self, params: Any, lr: float | None, has_lr: bool = True) -> None:
+        super().__init__(params, lr=0.1)
+        for group in self.param_groups:
+            group["lr"] = lr
+            if not has_lr:
+                del group["lr"]
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        with torch.no_grad():
+            for p in self.param_groups[0]["params"]:
+                p.add_(p.grad, alpha=-0.1)
+
+
+@pytest.mark.parametrize(
+    ("make", "says"),
+    [
+        (lambda m: _NoLr(m.parameters(), None), "has lr=None"),
+        (lambda m: _NoLr(m.parameters(), None, has_lr=False), "has no 'lr' key"),
+    ],
+    ids=["lr-none", "no-lr-key"],
+)
+def test_an_optimizer_without_a_learning_rate_is_refused_at_fit_start(make: Any, says: str) -> None:
+    # Before, fit started, and the first step raised a bare TypeError/KeyError after SGD's update.
+    torch.manual_seed(0)
+    model = MLP(make_optimizers=make)
+    kept = copy.deepcopy(model)
+    cb = PathNormProx(lam=0.1)
+    match = (
+        rf"PathNormProx: pair \('net.0', 'net.2'\): parameter group 0 of its optimizer "
+        rf"\(_NoLr\) {says}, but the prox step is lam \* group\['lr'\]"
+    )
+    with pytest.raises(ValueError, match=match):
+        trainer(max_epochs=1, callbacks=[cb]).fit(model, loader(make_data()))
+    assert cb._hook is None and cb.num_steps == 0
+    assert_same_weights(model, kept, atol=0)
+
+
+def test_a_parametrization_added_in_configure_model_is_refused_with_the_callback_name() -> None:
+    class Identity(nn.Module):
+        def forward(self, w: Tensor) -> Tensor:
+            return w
+
+    class Parametrized(MLP):
+        def configure_model(self) -> None:
+            torch.nn.utils.parametrize.register_parametrization(self.net[0], "weight", Identity())
+
+    with pytest.raises(
+        ValueError, match=r"^PathNormProx: layer 'net.0' is parametrized \(Identity"
+    ):
+        trainer(max_epochs=1, callbacks=[PathNormProx(lam=0.1)]).fit(
+            Parametrized(), loader(make_data())
+        )
 
 
 def test_unknown_pair_name_fails_at_fit_start() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -358,6 +359,96 @@ def test_a_bad_learning_rate_is_named_as_such(lr: float) -> None:
     handle = attach(optimizer, model, lam=0.3)
     optimizer.param_groups[0]["lr"] = lr  # (before, the error said "lam must be ... >= 0")
     with pytest.raises(ValueError, match=r"the learning rate of its parameter group is"):
+        _square_step(model, optimizer, 0)
+    handle.remove()
+
+
+class _RelativeStep(torch.optim.Optimizer):
+    """Steps by ``eps`` times the gradient, whatever ``"lr"`` holds (as optimizers with relative
+    step sizes do: Adafactor(relative_step=True) has lr=None)."""
+
+    def __init__(self, params: Any, **defaults: Any) -> None:
+        super().__init__(params, {"eps": 0.1, **defaults})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad, alpha=-group["eps"])
+
+
+@pytest.mark.parametrize(
+    ("defaults", "says"), [({"lr": None}, "has lr=None"), ({}, "has no 'lr' key")]
+)
+def test_an_optimizer_without_a_learning_rate_is_refused_when_attached(
+    defaults: dict, says: str
+) -> None:
+    # Before, attach took it and its first step raised a bare TypeError/KeyError.
+    model = _square_pair(5)
+    kept = copy.deepcopy(model)
+    optimizer = _RelativeStep(model.parameters(), **defaults)
+    with pytest.raises(
+        ValueError,
+        match=rf"attach: pair \('0', '2'\): parameter group 0 of its optimizer \(_RelativeStep\) "
+        rf"{says}, but the prox step is lam \* group\['lr'\].* Give the group an lr",
+    ):
+        attach(optimizer, model, lam=0.3)
+    assert not optimizer._optimizer_step_post_hooks
+    for p, q in zip(model.parameters(), kept.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("lr", [None, "0.1?", torch.ones(2)], ids=["none", "str", "tensor"])
+def test_a_learning_rate_that_stops_being_a_number_is_named_at_the_step(lr: Any) -> None:
+    model = _square_pair(6)
+    optimizer = _RelativeStep(model.parameters(), lr=0.1)
+    handle = attach(optimizer, model, lam=0.3)
+    optimizer.param_groups[0]["lr"] = lr  # e.g. set by a scheduler
+    plain = copy.deepcopy(model)
+    with pytest.raises(ValueError, match=r"parameter group 0 of its optimizer .* has lr="):
+        _square_step(model, optimizer, 0)
+    _square_step(plain, _RelativeStep(plain.parameters()), 0)
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.equal(p, q)  # the optimizer's step, no prox
+    assert handle.num_steps == 0
+    handle.remove()
+
+
+def test_follow_moves_the_prox_to_re_created_optimizers() -> None:
+    model, plain = _square_pair(7), _square_pair(7)
+    old = torch.optim.SGD(model.parameters(), lr=0.1)
+    handle = attach(old, model, lam=0.5)
+    _square_step(model, old, 0)
+    with pytest.raises(ValueError, match="not in any optimizer"):
+        handle.follow([torch.optim.SGD(model[0].parameters(), lr=0.1)])
+    assert handle.optimizers == [old]  # a refused follow leaves the hook as it was
+    new = torch.optim.SGD(model.parameters(), lr=0.2)
+    handle.follow([new, new])
+    assert not old._optimizer_step_post_hooks and len(new._optimizer_step_post_hooks) == 1
+    for step, lr in enumerate([0.1, 0.2, 0.2]):
+        optimizer = torch.optim.SGD(plain.parameters(), lr=lr)
+        _square_step(plain, optimizer, step)
+        with torch.no_grad():
+            v, w = prox_path_norm(plain[0].weight, plain[2].weight, 0.5 * lr)
+            plain[0].weight.copy_(v)
+            plain[2].weight.copy_(w)
+        if step:
+            _square_step(model, new, step)
+    for p, q in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+    assert handle.num_steps == 3
+    handle.remove()
+
+
+def test_the_dead_pair_warning_says_what_its_step_counts() -> None:
+    model = _square_pair(8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    handle = attach(optimizer, model, lam=50.0)
+    with pytest.warns(
+        UserWarning,
+        match=r"no hidden unit left after the prox of step 1 \(steps as num_steps counts them: "
+        r"those the prox acted on, not the trainer's global_step\)",
+    ):
         _square_step(model, optimizer, 0)
     handle.remove()
 
