@@ -4,7 +4,9 @@ step (see :class:`ForwardCheck`)."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +20,20 @@ from pathnorm_lightning._common import rank_zero_warn
 if TYPE_CHECKING:
     from pathnorm_lightning.pairing import LayerPair
 
-__all__ = ["OUTPUT", "ForwardCheck"]
+__all__ = [
+    "OUTPUT",
+    "ForwardCheck",
+    "compiled_links",
+    "compiled_message",
+    "output_module",
+    "unwrap",
+]
 
 #: The name of the model's output in a link (no module name has "<")
 OUTPUT = "<output>"
+
+#: What a hook that ran under ``torch.compile`` leaves instead of an output's ``grad_fn``
+_HIDDEN = object()
 
 
 class ForwardCheck:
@@ -36,9 +48,11 @@ class ForwardCheck:
     second layer must read a channels-first flatten of ``(N, C, *S)`` with ``prod(S)`` the
     pair's ``flatten``. With ``tail`` (the model, and the name of its last layer and the
     layer), the model's output (a tensor with a batch dimension) must come from that layer's
-    alone, as for a pair. Passes without gradients (validation, sanity checks) and code traced
-    by ``torch.compile`` are not recorded. :meth:`finish` removes the forward hooks and warns
-    about unverified pairs.
+    alone, as for a pair (the layer's output, or that of a module whose output is the
+    layer's). Passes without gradients (validation, sanity checks) and code traced by
+    ``torch.compile`` are not recorded: a pair (or the output) with a layer run under
+    ``torch.compile`` is not seen, never contradicted. :meth:`finish` removes the forward hooks
+    and warns about unverified pairs.
     """
 
     def __init__(
@@ -49,11 +63,17 @@ class ForwardCheck:
         self._last: Any = None  # the tail layer's latest output's grad_fn
         self._outputs: dict[int, Any] = {}  # id(first layer) -> its latest output's grad_fn
         self._broken: set[tuple[str, str]] = set()
+        self._hidden: dict[tuple[str, str], bool] = {}  # links a layer ran under compile in
         self._steep: dict[tuple[str, str], tuple[str, float]] = {}  # the steepest activation
         self._handles: list[RemovableHandle] = []
         for pair in self.pairs:
-            self._calls[id(pair.first), 0] = self._calls[id(pair.second), 1] = 0
-            self._handles.append(pair.first.register_forward_hook(self._first_ran))
+            key = id(pair.first)  # (no id() in hooks that torch.compile may trace)
+            self._calls[key, 0] = self._calls[id(pair.second), 1] = 0
+            self._handles.append(
+                pair.first.register_forward_hook(
+                    lambda module, args, output, key=key: self._first_ran(key, output)
+                )
+            )
             self._handles.append(
                 pair.second.register_forward_hook(
                     lambda module, args, output, pair=pair: self._second_ran(pair, args)
@@ -62,39 +82,60 @@ class ForwardCheck:
         if tail is not None:
             model, name, last = tail
             self._handles.append(last.register_forward_hook(self._last_ran))
+            self._handles.append(model.register_forward_pre_hook(self._model_starts))
             self._handles.append(
                 model.register_forward_hook(lambda m, a, output: self._model_ran(name, output))
             )
 
+    # The hooks run eagerly, or traced by torch.compile (where they only leave _HIDDEN: the
+    # compiled code replays such attribute and dict writes, and no graph breaks for them).
     def _recording(self) -> bool:
         return torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
-    def _first_ran(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _hiding(self) -> bool:
+        return torch.is_grad_enabled() and torch.compiler.is_compiling()
+
+    def _first_ran(self, key: int, output: Any) -> None:
         if self._recording():
-            self._calls[id(module), 0] += 1
-            self._outputs[id(module)] = getattr(output, "grad_fn", None)
+            self._calls[key, 0] += 1
+            self._outputs[key] = getattr(output, "grad_fn", None)
+        elif self._hiding():
+            self._outputs[key] = _HIDDEN
 
     def _last_ran(self, module: nn.Module, args: Any, output: Any) -> None:
         if self._recording():
             self._last = getattr(output, "grad_fn", None)
+        elif self._hiding():
+            self._last = _HIDDEN
+
+    def _model_starts(self, module: nn.Module, args: Any) -> None:
+        if self._recording():
+            self._last = None  # the last layer's output of this call, not of an earlier one
 
     def _model_ran(self, name: str, output: Any) -> None:
         if not self._recording() or not isinstance(output, torch.Tensor) or output.dim() == 0:
             return  # not the network's output (a loss, a structure)
-        if self._last is None or _flows_from(output.grad_fn, self._last) is None:
+        if self._last is _HIDDEN:
+            self._hidden[name, OUTPUT] = True
+        elif self._last is None or _flows_from(output.grad_fn, self._last) is None:
             self._broken.add((name, OUTPUT))
 
     def _second_ran(self, pair: LayerPair, args: Any) -> None:
+        key = (pair.first_name, pair.second_name)
         if not self._recording():
+            if self._hiding():
+                self._hidden[key] = True
             return
         self._calls[id(pair.second), 1] += 1
         source = self._outputs.get(id(pair.first))
+        if source is _HIDDEN:
+            self._hidden[key] = True
+            return
         node = getattr(args[0], "grad_fn", None) if args else None
         seen = None if source is None else _flows_from(node, source)
         if seen is None or not _keeps_units(pair, seen):
-            self._broken.add((pair.first_name, pair.second_name))
+            self._broken.add(key)
             return
-        key = (pair.first_name, pair.second_name)
         for cls in filter(None, (layers.STEEP_OPS.get(layers.op_name(n)) for n in seen)):
             slope = layers.max_slope(cls())
             if slope > self._steep.get(key, ("", 1.0))[1]:
@@ -114,11 +155,12 @@ class ForwardCheck:
         unseen, contradicted = [], []
         for p in self.pairs:
             name, calls = (p.first_name, p.second_name), self._calls[id(p.first), 0]
-            if calls == 0:
-                unseen.append(name)
+            if calls == 0 or (name in self._hidden and name not in self._broken):
+                unseen.append(name)  # a layer ran under torch.compile: not seen
             elif name in self._broken or calls != self._calls[id(p.second), 1]:
                 contradicted.append(name)
         contradicted += [link for link in self._broken if link[1] == OUTPUT]
+        unseen += [link for link in self._hidden if link[1] == OUTPUT and link not in contradicted]
         self.pairs = []
         if not warn:
             return contradicted
@@ -226,3 +268,82 @@ def _mean_axes(node: Any) -> tuple[int, ...] | None:
 
 
 _SCALINGS = ("MulBackward0", "DivBackward0")  # a constant factor: dropout's mask, a scale
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    """The module a ``torch.compile(module)`` wrapper (an ``OptimizedModule``, which registers
+    it as ``_orig_mod``) holds, else ``module`` itself."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # torch.compile imports it
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    if wrapper is not None and isinstance(module, wrapper):
+        return unwrap(module._orig_mod)
+    return module
+
+
+def _compiled_scopes(model: nn.Module) -> list[str]:
+    """The names of the modules of ``model`` whose forward runs under ``torch.compile`` (a
+    ``torch.compile(module)`` wrapper, a module compiled in place by ``module.compile()``, or a
+    LightningModule that ``trainer.fit(torch.compile(model))`` compiled): their submodules run
+    in code the hooks do not see."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if unwrap(module) is not module
+        or module._compiled_call_impl is not None
+        or getattr(module, "_compiler_ctx", None) is not None
+    ]
+
+
+def _inside(name: str, scopes: list[str]) -> bool:
+    return any(s == "" or name == s or name.startswith(s + ".") for s in scopes)
+
+
+def compiled_links(model: nn.Module, links: Sequence[LayerPair]) -> list[tuple[str, str]]:
+    """The ``links`` (that the module tree does not verify) with a layer that runs under
+    ``torch.compile`` in ``model``: no forward check can see them."""
+    scopes = _compiled_scopes(model)
+    return [
+        (p.first_name, p.second_name)
+        for p in links
+        if _inside(p.first_name, scopes) or _inside(p.second_name, scopes)
+    ]
+
+
+def compiled_message(model: nn.Module, hidden: Sequence[tuple[str, str]]) -> str:
+    """Why the network bounds of ``model`` are left out: its ``hidden`` links run compiled."""
+    scopes = [repr(s) if s else "the model itself" for s in _compiled_scopes(model)]
+    return (
+        f"{type(unwrap(model)).__name__}: the network bounds path_norm_bound and product_bound "
+        f"are not computed: the links {list(hidden)} between its Linear and convolution layers "
+        f"run under torch.compile (compiled: {', '.join(scopes)}), where the forward pass that "
+        "would verify them is not seen, and the module tree does not show them (the two layers "
+        "are not neighbours in one nn.Sequential). The prox and the sparsity and alive_units "
+        "metrics are not affected. To keep the bounds, compile an nn.Sequential that holds the "
+        "layers instead (e.g. self.net = torch.compile(nn.Sequential(...)): its module tree "
+        "shows the chain), or train uncompiled."
+    )
+
+
+def output_module(model: nn.Module, name: str, last: nn.Module) -> nn.Module:
+    """The module whose output the output check of ``model``'s chain reads as the last layer's
+    (``name``): the layer, or, where the layer ends an ``nn.Sequential`` that
+    ``torch.compile(sequential)`` wraps (no parameter or buffer after it there), the wrapper,
+    whose hooks run outside the compiled code (the layer's run inside it)."""
+    parent, _, child = name.rpartition(".")
+    wrapper_name, _, attribute = parent.rpartition(".")
+    modules = dict(model.named_modules())
+    holder, wrapper = modules.get(parent), modules.get(wrapper_name)
+    if attribute != "_orig_mod" or not isinstance(holder, nn.Sequential) or wrapper is None:
+        return last
+    if unwrap(wrapper) is not holder:
+        return last
+    children = list(holder.named_children())
+    index = next((i for i, (n, _) in enumerate(children) if n == child), None)
+    if index is None or any(_holds_any(m) for _, m in children[index + 1 :]):
+        return last
+    return wrapper
+
+
+def _holds_any(module: nn.Module) -> bool:
+    """Whether ``module`` or a submodule has a parameter or a buffer."""
+    return next(itertools.chain(module.parameters(), module.buffers()), None) is not None

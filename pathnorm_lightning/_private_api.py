@@ -5,6 +5,7 @@ source scan are :mod:`shared_spec.private_api`; ``tests/test_private_api.py`` ru
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import lightning.pytorch as pl
@@ -114,6 +115,30 @@ def _step_hooks() -> bool:
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))])
     hooked = getattr(type(optimizer).step, "hooked", False)
     return hooked is True and isinstance(optimizer._optimizer_step_post_hooks, dict)
+
+
+def _orig_mod() -> bool:
+    layer = torch.nn.Linear(2, 2)
+    wrapper: Any = torch.compile(layer, backend="eager")  # compiles nothing until called
+    kind = sys.modules["torch._dynamo.eval_frame"].OptimizedModule
+    named = dict(wrapper.named_modules())
+    return isinstance(wrapper, kind) and wrapper._orig_mod is layer and named["_orig_mod"] is layer
+
+
+def _compiled_call_impl() -> bool:
+    layer = torch.nn.Linear(2, 2)
+    before = layer._compiled_call_impl
+    layer.compile(backend="eager")  # compiles nothing until called
+    return before is None and layer._compiled_call_impl is not None
+
+
+def _compiler_ctx() -> bool:
+    from lightning.pytorch.utilities.compile import from_compiled
+
+    module = pl.LightningModule()
+    before = module._compiler_ctx
+    wrapper: Any = torch.compile(module, backend="eager")  # compiles nothing until called
+    return before is None and from_compiled(wrapper)._compiler_ctx is not None
 
 
 ENTRIES: tuple[PrivateName, ...] = (
@@ -263,6 +288,39 @@ ENTRIES: tuple[PrivateName, ...] = (
             _step_hooks,
         )
         for name in ("hooked", "_optimizer_step_post_hooks")
+    ),
+    PrivateName(
+        "torch",
+        "_orig_mod",
+        "torch._dynamo.eval_frame.OptimizedModule._orig_mod (the module torch.compile(module) "
+        "wraps, registered as its submodule '_orig_mod')",
+        (
+            "pathnorm_lightning/_forward.py:unwrap",
+            "pathnorm_lightning/_forward.py:output_module",
+        ),
+        "sees through torch.compile(module) to the module tree the chain of the network bounds "
+        "is read from (a compiled nn.Sequential shows its chain), and hooks the wrapper, whose "
+        "hooks run outside the compiled code: else a compiled chain loses its bounds",
+        _orig_mod,
+    ),
+    PrivateName(
+        "torch",
+        "_compiled_call_impl",
+        "nn.Module._compiled_call_impl (set by module.compile())",
+        ("pathnorm_lightning/_forward.py:_compiled_scopes",),
+        "whether a module was compiled in place, so its forward passes are hidden from the "
+        "forward check: links only that check could verify then get no network bounds",
+        _compiled_call_impl,
+    ),
+    PrivateName(
+        "lightning",
+        "_compiler_ctx",
+        "LightningModule._compiler_ctx (set when trainer.fit(torch.compile(model)) unwraps it)",
+        ("pathnorm_lightning/_forward.py:_compiled_scopes",),
+        "whether Lightning compiled the model's forward and steps, so its forward passes are "
+        "hidden from the forward check: links only that check could verify then get no network "
+        "bounds",
+        _compiler_ctx,
     ),
     PrivateName(
         "torch",

@@ -25,7 +25,13 @@ from torch.nn.utils import parametrize, prune
 
 from pathnorm_lightning import layers
 from pathnorm_lightning._common import rank_zero_warn, shares_memory
-from pathnorm_lightning._forward import ForwardCheck
+from pathnorm_lightning._forward import (
+    ForwardCheck,
+    compiled_links,
+    compiled_message,
+    output_module,
+    unwrap,
+)
 
 __all__ = [
     "ForwardCheck",
@@ -34,6 +40,7 @@ __all__ = [
     "PairsSpec",
     "chain_check",
     "chains",
+    "compiled_chain_links",
     "layer_chain",
     "normalize_layers",
     "normalize_pairs",
@@ -455,21 +462,41 @@ def layer_chain(model: nn.Module) -> list[nn.Module] | None:
     """All layers of the seam's types in ``model``, in module order, if their units chain (see
     :func:`chains`) and the module tree allows a chain between each two (see
     :func:`chain_check`), else None: the network ``W_L act(... act(W_1 x))`` (pooling and a
-    Flatten allowed after convolutions) for which the network-level bounds are defined."""
+    Flatten allowed after convolutions) for which the network-level bounds are defined. None
+    also where a link only the forward pass could show runs under ``torch.compile``."""
     chain = _chain(model)
-    return None if chain is None else [layer for _, layer in chain[0]]
+    if chain is None or compiled_links(model, chain[1]):
+        return None
+    return [layer for _, layer in chain[0]]
 
 
-def chain_check(model: nn.Module) -> ForwardCheck | None:
+def compiled_chain_links(model: nn.Module) -> list[tuple[str, str]]:
+    """The links of ``model``'s chain that only the forward pass could show and that run under
+    ``torch.compile``, which hides them (empty: none, or no chain)."""
+    chain = _chain(model)
+    return [] if chain is None else compiled_links(model, chain[1])
+
+
+def chain_check(model: nn.Module, warn: bool = True) -> ForwardCheck | None:
     """A :class:`ForwardCheck` of the links of :func:`layer_chain` (two consecutive layers, as a
     pair) whose data flow the module tree does not show, and of the model's output, which must
-    come from the last layer's alone (None: no chain, or an ``nn.Sequential`` that shows it
-    all): a skip connection, a branch or a layer run twice means no chain."""
+    come from the last layer's alone (None: no chain, or an ``nn.Sequential``, compiled or not,
+    that shows it all): a skip connection, a branch or a layer run twice means no chain. Returns
+    None where such a link runs under ``torch.compile``, which hides it (with ``warn``: says
+    so)."""
     chain = _chain(model)
-    if chain is None or (not chain[1] and isinstance(model, nn.Sequential)):
+    if chain is None:
         return None
     found, links = chain
-    return ForwardCheck(links, tail=(model, *found[-1]))
+    hidden = compiled_links(model, links)
+    if hidden:
+        if warn:
+            rank_zero_warn(compiled_message(model, hidden))
+        return None
+    if not links and isinstance(unwrap(model), nn.Sequential):
+        return None
+    name, last = found[-1]
+    return ForwardCheck(links, tail=(model, name, output_module(model, name, last)))
 
 
 def _chain(model: nn.Module) -> tuple[list[tuple[str, nn.Module]], list[LayerPair]] | None:
