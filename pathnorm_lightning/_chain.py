@@ -33,6 +33,11 @@ def check_chain(weights: Sequence[Tensor], name: str) -> list[Tensor]:
                 f"{name}.update: weights[{index}] must be a 2-D weight matrix (out, in) or a "
                 f"convolution weight (out, in, *kernel), got {shape}"
             )
+        if w.is_complex():  # abs() of a complex weight is not what .float() keeps
+            raise ValueError(
+                f"{name}.update: weights[{index}] is complex ({w.dtype}): the bounds and counts "
+                "are defined for real weights; pass real weights (e.g. w.real, w.abs())"
+            )
     for index, (a, b) in enumerate(itertools.pairwise(weights)):
         what = f"{name}.update: weights[{index}] {tuple(a.shape)} and weights[{index + 1}] "
         if b.dim() > 2 and a.dim() == 2:

@@ -57,8 +57,9 @@ class Sparsity(Metric):
         self.units += units
 
     def compute(self) -> dict[str, Tensor]:
-        """``{"sparsity": zeros / entries, "alive_units": alive / hidden units}``."""
-        sparsity = self.zeros.double() / self.total.clamp_min(1).double()
+        """``{"sparsity": zeros / entries, "alive_units": alive / hidden units}`` (NaN: no
+        entry, no hidden unit)."""
+        sparsity = self.zeros.double() / self.total.double()  # 0 / 0: NaN
         if self.units == 0:
             alive = torch.tensor(float("nan"), dtype=torch.float64, device=self.units.device)
         else:
@@ -107,7 +108,10 @@ class _ChainBound(Metric):
             raise ValueError(f"{name}.update: reuse must be a positive int, got {reuse!r}")
         value = self._bound(chain, acc_dtype(chain[0]), reuse)
         total, count = self._states()
-        setattr(self, f"sum_{self._state}", total + value.to(total.device, total.dtype))
+        # in float64 whatever the state's dtype: module.to(torch.float16) (Lightning's
+        # "16-true") casts the states too, and a float16 sum overflows at 65504
+        total = total.to(torch.float64) + value.to(total.device, torch.float64)
+        setattr(self, f"sum_{self._state}", total)
         setattr(self, f"count_{self._state}", count + 1)
 
     def _states(self) -> tuple[Tensor, Tensor]:

@@ -80,6 +80,32 @@ def test_sparsity_counts_every_kind_of_entry_in_large_strided_weights(dtype: tor
     assert metric.compute()["alive_units"].item() == pytest.approx(float(alive))
 
 
+def test_sparsity_of_no_entry_is_nan() -> None:
+    metric = Sparsity()
+    metric.update([torch.zeros(0, 3), torch.zeros(2, 0)])  # 0 / 0 entries: no sparsity
+    out = metric.compute()
+    assert math.isnan(out["sparsity"].item()) and math.isnan(out["alive_units"].item())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_bounds_in_a_module_cast_to_half_precision_still_sum_in_float64(
+    dtype: torch.dtype,
+) -> None:
+    # module.to(float16) (Lightning's "16-true") casts the metric's states too: the float16
+    # sum overflowed to inf at 65504, the bfloat16 one rounded (12.875 for 12.87)
+    holder = torch.nn.Module()
+    holder.path, holder.product = PathNormBound(), ProductBound()
+    holder.to(dtype)
+    weights = [torch.ones(64, 64), torch.ones(64, 64)]
+    pairs = [torch.tensor([[1.1]]), torch.tensor([[1.3]]), torch.tensor([[9.0]])]
+    for metric in (holder.path, holder.product):
+        metric.update(weights)
+        assert metric.compute().item() == 64.0**3  # 262144
+        metric.reset()
+        metric.update(pairs)
+        assert metric.compute().item() == pytest.approx(1.1 * 1.3 * 9.0, rel=1e-7)
+
+
 def test_sparsity_pools_updates_and_single_matrices() -> None:
     metric = Sparsity()
     metric.update([torch.zeros(2, 3)])
@@ -162,6 +188,10 @@ def test_half_precision_weights_do_not_overflow() -> None:
         (
             [torch.ones(3, 2), torch.ones(2, 4)],
             r"weights\[0\] \(3, 2\) and weights\[1\] \(2, 4\) do not chain",
+        ),
+        (  # |1j| is 1, not the 0 that a cast to float keeps
+            [torch.tensor([[1j, 0], [0, 2]]), torch.ones(1, 2)],
+            r"weights\[0\] is complex \(torch.complex64\).*pass real weights",
         ),
     ],
 )
