@@ -22,13 +22,14 @@ inference, up to rounding. A pair whose units are all dead keeps one zero unit, 
 stay ordinary layers.
 
 Exactness needs the hidden units to feed nothing but ``second``, one by one. This is checked on
-the model's ``torch.fx`` trace: ``first`` and ``second`` each run once, and every value between
-them has one user, a pointwise activation or dropout (module, function or method), or after a
+the model's ``torch.fx`` traces in train and in eval mode: ``first`` and ``second`` each run
+once, nothing else reads their parameters, and every value between them has one user, a
+pointwise activation or dropout (module of an exact type, function or method), or after a
 convolution a max/average pooling or a Flatten (module or function), in the order
 :func:`~pathnorm_lightning.layers.check_between` allows. A model that cannot be traced is
-accepted only where it is itself a plain ``nn.Sequential`` holding the pair, in order, with only
-such modules between them (its forward reads the units nowhere else). Forward hooks and
-pre-hooks on the pair's layers or a module between are refused; so is anything else.
+accepted only where it is itself a plain ``nn.Sequential`` holding the pair once each, in order,
+with only such modules between them (its forward reads the units nowhere else). Forward hooks
+and pre-hooks on the pair's layers or a module between are refused; so is anything else.
 
 Which weights are a unit's comes from the layer seam (:mod:`pathnorm_lightning.layers`); the
 rest (a probe input, removing units, folding constants into the bias) is one class per layer
@@ -231,16 +232,32 @@ _POOLS: dict[object, type[nn.Module]] = {
 
 def _pointwise_module(module: nn.Module) -> bool:
     """An entry-wise module of the seam's table, or a ``PReLU`` with one slope for all units
-    (exact to compact across, though pairing does not take it for training)."""
-    if isinstance(module, nn.PReLU):
+    (exact to compact across, though pairing does not take it for training). Exact types:
+    ``role_of`` matches subclasses, whose forward may mix the units."""
+    if type(module) is nn.PReLU:
         return module.weight.numel() == 1
-    return role_of(module) is Role.POINTWISE
+    return layers.BETWEEN.get(type(module)) is Role.POINTWISE
 
 
 def _allowed_module(module: nn.Module) -> bool:
     """A module that may stand between a pair: pointwise, or pooling or a Flatten (where it
-    stands is checked by :func:`_check_order`)."""
-    return _pointwise_module(module) or role_of(module) in (Role.POOL, Role.FLATTEN)
+    stands is checked by :func:`_check_order`); exact types."""
+    return _pointwise_module(module) or layers.BETWEEN.get(type(module)) in (
+        Role.POOL,
+        Role.FLATTEN,
+    )
+
+
+def _subclass_note(module: object) -> str:
+    """Why ``module`` is refused where it subclasses an allowed type, else ``""``."""
+    allowed = (*layers.BETWEEN, nn.PReLU)
+    base = next((c for c in type(module).__mro__[1:] if c in allowed), None)
+    if base is None or type(module) in allowed:
+        return ""
+    return (
+        f" ({type(module).__name__} subclasses {base.__name__}: compact accepts exact types "
+        "only, since a subclass may override forward() and mix the units)"
+    )
 
 
 def _node_op(gm: fx.GraphModule, node: fx.Node, value: fx.Node) -> Op | None:
@@ -320,6 +337,15 @@ def _traced_between(gm: fx.GraphModule, first: str, second: str) -> list[Op]:
                 "several inputs, an unused one pairs nothing)."
             )
     (node,), (end,) = calls[first], calls[second]
+    pair = [gm.get_submodule(first), gm.get_submodule(second)]
+    owned = {id(t) for m in pair for t in (*m.parameters(), *m.buffers())}
+    for read in (n for n in gm.graph.nodes if n.op == "get_attr"):
+        if id(functools.reduce(getattr, str(read.target).split("."), gm)) in owned:
+            raise ValueError(
+                f"compact: forward() reads {read.target!r} outside the calls of {first!r} and "
+                f"{second!r} (as torch.fx traced it): removing units would change what it "
+                "reads. Compact only pairs whose weights nothing else reads."
+            )
     ops: list[Op] = []
     while True:
         users = list(node.users)
@@ -337,11 +363,12 @@ def _traced_between(gm: fx.GraphModule, first: str, second: str) -> list[Op]:
             return _check_order(gm, first, second, ops)
         op = _node_op(gm, user, node)
         if op is None:
+            leaf = gm.get_submodule(str(user.target)) if user.op == "call_module" else None
             raise ValueError(
                 f"compact: {_describe(user)} stands between {first!r} and {second!r}, and "
                 "it is not an entry-wise activation or dropout (or, after a convolution, a "
                 "pooling or a Flatten): the hidden units do not pass to the second layer one "
-                "by one, so removing some would change the function."
+                f"by one, so removing some would change the function.{_subclass_note(leaf)}"
             )
         ops.append(op)
         node = user
@@ -360,11 +387,19 @@ def _sequential_between(model: nn.Module, why: str, first: str, second: str) -> 
         )
     names = list(model._modules)
     i, j = names.index(first), names.index(second)
+    every = list(model.modules(remove_duplicate=False))
+    for name in (first, second):
+        if sum(m is model._modules[name] for m in every) > 1:
+            raise ValueError(
+                f"{cannot}and layer {name!r} appears more than once in the nn.Sequential: a "
+                "pair's layers must run once each (a reused layer's units serve several inputs)."
+            )
     between = [model._modules[n] for n in names[i + 1 : j]]
     if i >= j or not all(m is not None and _allowed_module(m) for m in between):
+        note = "".join(_subclass_note(m) for m in between)
         raise ValueError(
             f"{cannot}and in the nn.Sequential, {second!r} does not follow {first!r} with only "
-            "activations or dropout (and, after a convolution, pooling and a Flatten) between."
+            f"activations or dropout (and, after a convolution, pooling and a Flatten) between.{note}"
         )
     return _check_order(model, first, second, [m for m in between if m is not None])
 
@@ -388,21 +423,50 @@ def _check_hooks(model: nn.Module, first: str, second: str, ops: list[Op]) -> li
     return ops
 
 
-def _between(model: nn.Module, gm: fx.GraphModule | str, first: str, second: str) -> list[Op]:
-    """The operations from ``first`` to ``second``; ``gm``: the model's fx trace, or why
-    tracing failed. Raises ValueError where the flow cannot be shown to be a chain."""
+def _flow(model: nn.Module, gm: fx.GraphModule | str, first: str, second: str) -> list[Op]:
+    """The operations from ``first`` to ``second``; ``gm``: an fx trace, or why it failed."""
     if isinstance(gm, fx.GraphModule):
-        ops = _traced_between(gm, first, second)
-    else:
-        ops = _sequential_between(model, gm, first, second)
-    return _check_hooks(model, first, second, ops)
+        return _check_hooks(model, first, second, _traced_between(gm, first, second))
+    return _check_hooks(model, first, second, _sequential_between(model, gm, first, second))
 
 
-def _trace(model: nn.Module) -> fx.GraphModule | str:
+def _between(model: nn.Module, traces: dict[str, fx.GraphModule | str], first: str,
+             second: str) -> list[Op]:  # fmt: skip
+    """The operations from ``first`` to ``second`` in eval mode (the last of ``traces``),
+    after checking the flow in every mode's trace. Raises ValueError where it is not a chain."""
+    ops: list[Op] = []
+    failed: list[tuple[str, ValueError]] = []
+    for mode, gm in traces.items():
+        try:
+            ops = _flow(model, gm, first, second)
+        except ValueError as err:
+            failed.append((mode, err))
+    if len(failed) == len(traces):
+        raise failed[-1][1]
+    if failed:  # forward() branches on self.training
+        raise ValueError(
+            f"{failed[0][1]} (in {failed[0][0]} mode: compact checks forward() in train and "
+            "eval mode, so that the compacted model is exact in both)"
+        )
+    return ops
+
+
+def _trace(model: nn.Module) -> dict[str, fx.GraphModule | str]:
+    """The fx trace of ``model`` (or why it failed) in train and in eval mode (``forward()`` may
+    branch on ``self.training``); every module's mode is restored after."""
+    modes = [(m, m.training) for m in model.modules()]
+    traces: dict[str, fx.GraphModule | str] = {}
     try:
-        return fx.symbolic_trace(model)
-    except Exception as err:  # any failure to trace: fall back to the module tree
-        return f"{type(err).__name__}: {err}"
+        for mode in ("train", "eval"):
+            model.train(mode == "train")
+            try:
+                traces[mode] = fx.symbolic_trace(model)
+            except Exception as err:  # any failure to trace: fall back to the module tree
+                traces[mode] = f"{type(err).__name__}: {err}"
+    finally:
+        for m, training in modes:
+            m.training = training
+    return traces
 
 
 # -- compact -------------------------------------------------------------------------------------
@@ -523,8 +587,8 @@ def compact(model: nn.Module, pairs: PairsSpec = "auto") -> tuple[nn.Module, Com
         for name in (n for p in resolved for n in (p.first_name, p.second_name)):
             _ops(name, model.get_submodule(name))
         new = _copy(model)
-        gm = _trace(new)
-        flows = [_between(new, gm, p.first_name, p.second_name) for p in resolved]
+        traces = _trace(new)
+        flows = [_between(new, traces, p.first_name, p.second_name) for p in resolved]
     done = tuple(
         _compact_pair(p, new.get_submodule(p.first_name), new.get_submodule(p.second_name), ops)
         for p, ops in zip(resolved, flows, strict=True)

@@ -259,6 +259,69 @@ def test_untraceable_model_must_be_the_sequential() -> None:
         compact(reads, pairs=[("net.0", "net.2")])
 
 
+class _Reads(nn.Module):
+    """A pair whose weights (``read``) or, in one mode only (``mode``), hidden units forward()
+    also reads."""
+
+    def __init__(self, read: str = "", mode: str = "") -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.aux = nn.Linear(6, 10), nn.Linear(10, 3), nn.Linear(10, 3)
+        self.read, self.mode = read, mode
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.fc1(x))
+        out = self.fc2(h)
+        if self.read:  # fc1.weight, fc1.bias or fc2.weight
+            w = getattr(getattr(self, self.read[:3]), self.read[4:])
+            return out @ w if self.read == "fc2.weight" else out + w.sum()
+        if self.mode == "eval" and not self.training:
+            return out + h.sum(1, keepdim=True)
+        return out + self.aux(h) if self.mode == "train" and self.training else out
+
+
+@pytest.mark.parametrize("read", ["fc1.weight", "fc1.bias", "fc2.weight"])
+def test_refuses_forward_reading_the_pair_weights(read: str) -> None:
+    with pytest.raises(ValueError, match=rf"forward\(\) reads '{read}' outside the calls"):
+        compact(_Reads(read=read), pairs=[("fc1", "fc2")])
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+@pytest.mark.parametrize("training", [True, False])
+def test_checks_the_flow_in_train_and_eval_mode(mode: str, training: bool) -> None:
+    net = _Reads(mode=mode).train(training)
+    with pytest.raises(ValueError, match=rf"feed .*(\.sum\(\)|'aux').*\(in {mode} mode"):
+        compact(net, pairs=[("fc1", "fc2")])
+    assert all(m.training is training for m in net.modules())
+    ok = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Dropout(), nn.Linear(6, 2)).train()
+    ok[2].eval()  # every module's mode comes back as it was
+    assert [m.training for m in compact(ok)[0].modules()] == [True, True, True, False, True]
+
+
+@pytest.mark.parametrize("reused", [0, 2, "nested"])
+def test_untraceable_sequential_refuses_a_reused_layer(reused: int | str) -> None:
+    a, b = nn.Linear(6, 6), nn.Linear(6, 6)
+    again = nn.Sequential(b) if reused == "nested" else (a, b)[int(reused) // 2]
+    net = nn.Sequential(a, nn.Tanh(), b, nn.Tanh(), again, _Branch())
+    _kill(a, b, [], [2, 3])
+    name = 2 if reused == "nested" else reused
+    with pytest.raises(ValueError, match=rf"layer '{name}' appears more than once"):
+        compact(net, pairs=[("0", "2")])
+
+
+class _FlipReLU(nn.ReLU):
+    """Not entry-wise: reverses the units (a subclass of an allowed type)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.relu(x).flip(-1)
+
+
+def test_untraceable_sequential_refuses_subclasses_between() -> None:
+    net = nn.Sequential(nn.Linear(6, 8), _FlipReLU(), nn.Linear(8, 3), _Branch())
+    _kill(net[0], net[2], [], [0, 1])
+    with pytest.raises(ValueError, match=r"_FlipReLU subclasses ReLU: .*exact types"):
+        compact(net, pairs=[("0", "2")])
+
+
 def _scale_input(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     return (args[0] * 2,)
 
