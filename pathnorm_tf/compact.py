@@ -47,7 +47,7 @@ import numpy as np
 
 from pathnorm_tf import layers as seam
 from pathnorm_tf import pairing
-from pathnorm_tf._between import builtin_entrywise
+from pathnorm_tf._between import BETWEEN, builtin_entrywise
 from shared_spec.compaction import CompactionReport, PairCompaction
 
 __all__ = ["CompactionReport", "PairCompaction", "compact"]
@@ -155,8 +155,11 @@ class _ConvUnits(_DenseUnits):
     @staticmethod
     def input_shift(layer: Any, constants: np.ndarray, flat: seam.Flat | None) -> np.ndarray | None:
         """A constant input channel shifts every output position by the same amount only where
-        every tap reads a real position: None with zero padding (``"same"``, ``"causal"``)."""
-        if layer.padding != "valid":
+        every tap reads a real position: None where zero padding (``"same"``, ``"causal"``)
+        pads some axis, one whose kernel spans more than one position (``dilation * (k - 1)``
+        > 0); a kernel of one tap per axis pads nothing."""
+        spans = zip(layer.kernel_size, layer.dilation_rate, strict=True)
+        if layer.padding != "valid" and any(d * (k - 1) > 0 for k, d in spans):
             return None
         return _DenseUnits.input_shift(layer, constants, flat)
 
@@ -214,6 +217,14 @@ def _check_between(layer: Any, first: Any, second: Any) -> None:
     """Refuse a layer that may not stand between a pair: one the seam gives no role there, or a
     pointwise one whose activation is not a built-in entry-wise one."""
     role, activation = seam.role_of(layer), getattr(layer, "activation", None)
+    if role is not None and type(layer) not in BETWEEN:
+        allowed = next(cls for cls in type(layer).__mro__ if cls in BETWEEN)
+        raise ValueError(
+            f"compact: {type(layer).__name__} {layer.name!r} between {first.name!r} and "
+            f"{second.name!r} is a subclass of {allowed.__name__}; compact takes only the exact "
+            "allowed classes between a pair (a subclass may override call and mix or move the "
+            "hidden units)."
+        )
     pointwise = role is seam.Role.POINTWISE and (
         activation is None or builtin_entrywise(activation)
     )
@@ -425,9 +436,12 @@ def compact(model: keras.Model, pairs: Any = "auto") -> tuple[keras.Model, Compa
     clones: list[tuple[Any, Any]] = []
 
     def clone(layer: Any) -> Any:
+        """A new layer (the smaller one for a paired layer); an operation that is not a layer
+        (a ``keras.ops`` call in a functional graph, a mask's ``NotEqual``) holds no weights."""
         config, _ = plans.get(id(layer), (layer.get_config(), None))
         new = type(layer).from_config(config)
-        clones.append((layer, new))
+        if isinstance(layer, keras.layers.Layer):
+            clones.append((layer, new))
         return new
 
     new_model = keras.models.clone_model(model, clone_function=clone, recursive=True)
@@ -442,31 +456,79 @@ def compact(model: keras.Model, pairs: Any = "auto") -> tuple[keras.Model, Compa
     return new_model, result
 
 
+#: Machine epsilon of the float dtypes a Keras layer computes in (by name).
+_EPS = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23, "float64": 2.0**-52}
+
+
+def _probe_inputs(model: Any) -> list[np.ndarray] | None:
+    """A random batch of 2 for ``model``'s inputs: normal floats, integers in {0, 1} (a valid
+    index, 0 also a masked one), 16 positions on an axis of unknown length; None where an
+    input is of another dtype."""
+    rng, batch = np.random.default_rng(0), []
+    for t in keras.tree.flatten(model.inputs or []):
+        shape = (2, *(16 if d is None else d for d in t.shape[1:]))
+        try:
+            dtype = np.dtype(t.dtype)
+        except TypeError:  # bfloat16, string: not a NumPy dtype name
+            return None
+        if np.issubdtype(dtype, np.floating):
+            batch.append(rng.standard_normal(shape).astype(dtype))
+        elif np.issubdtype(dtype, np.integer):
+            batch.append(rng.integers(0, 2, shape).astype(dtype))
+        else:
+            return None
+    return batch or None
+
+
 def _check_same_function(model: Any, new_model: Any) -> None:
-    """Refuse a compacted model whose outputs differ from the model's on a random batch (beyond
-    rounding): a Keras layer that computes something else at its new size. Keras 3.15 adds a
-    channels_first convolution's bias along the last axis when that axis happens to be as long
-    as the bias (``keras.ops.add``'s ``bias_add`` path), which a removed channel can cause."""
-    inputs = keras.tree.flatten(model.inputs or [])
-    if not inputs or any(
-        None in t.shape[1:] or not np.issubdtype(np.dtype(t.dtype), np.floating) for t in inputs
-    ):
-        return  # no float input of known shape to probe with
-    rng = np.random.default_rng(0)
-    x = [rng.standard_normal((2, *t.shape[1:])).astype(t.dtype) for t in inputs]
+    """Refuse a compacted model whose outputs differ from the model's on a random batch beyond
+    rounding: 1,000 ulps of each output's dtype, or 16 ulps of the lowest-precision dtype a
+    layer computes in (``mixed_float16``, ``mixed_bfloat16``), whichever is larger, times the
+    largest output (at least 1). Where the model does not run on the batch (an input it cannot
+    take), there is nothing to compare. What it catches: a layer that computes something else
+    at its new size, such as a channels_first convolution whose bias Keras 3.15 adds along the
+    last axis when that axis is as long as the bias (``keras.ops.add``'s ``bias_add`` path)."""
+    x = _probe_inputs(model)
+    if x is None:
+        return
+    run = x if len(x) > 1 else x[0]
     with keras.StatelessScope():  # no activity-regularizer loss left on the model
-        a, b = (
-            keras.tree.flatten(m(x if len(x) > 1 else x[0], training=False))
-            for m in (model, new_model)
-        )
+        try:
+            a = keras.tree.flatten(model(run, training=False))
+        except Exception:  # the probe batch does not suit the model: no check
+            return
+        b = keras.tree.flatten(new_model(run, training=False))
+    layers = list(model._flatten_layers(include_self=True, recursive=True))
+    low = max((_EPS.get(str(layer.compute_dtype), 0.0) for layer in layers), default=0.0)
     for y, z in zip(a, b, strict=True):
+        eps = max(1e3 * _EPS.get(keras.backend.standardize_dtype(y.dtype), 0.0), 16 * low)
         y, z = np.asarray(y, np.float64), np.asarray(z, np.float64)
-        tol = 1e3 * np.finfo(np.asarray(a[0]).dtype).eps * max(1.0, float(np.abs(y).max()))
-        if np.abs(y - z).max() > tol:
-            raise ValueError(
-                f"compact: the compacted model's outputs differ from the model's by up to "
-                f"{np.abs(y - z).max():.3g} on a random batch, so it is not returned. A layer "
-                "computes something else at its new size (Keras adds a channels_first "
-                "convolution's bias along the wrong axis when its last axis is as long as the "
-                "bias); compact the model in channels_last, or report it with the model."
-            )
+        same = (y == z) | (np.isnan(y) & np.isnan(z))  # a NaN (an all-masked mean) in both
+        diff = float(np.where(same, 0.0, np.abs(y - z)).max(initial=0.0))
+        tol = eps * max(1.0, float(np.abs(y[np.isfinite(y)]).max(initial=0.0)))
+        if not diff <= tol:
+            raise ValueError(_differ_message(diff, tol, layers, low))
+
+
+def _differ_message(diff: float, tol: float, layers: list[Any], low: float) -> str:
+    """Why :func:`_check_same_function` refuses: the difference, the tolerance, likely causes."""
+    causes = ["a layer computes something else at its new size (report it with the model)"]
+    if any(
+        getattr(x, "data_format", "") == "channels_first" and hasattr(x, "filters") for x in layers
+    ):
+        causes.insert(
+            0,
+            "Keras adds a channels_first convolution's bias along the wrong axis when its last "
+            "axis is as long as the bias (compact the model in channels_last)",
+        )
+    if low > _EPS["float32"]:
+        causes.append(
+            "rounding in a low-precision compute dtype beyond the tolerance (compact a float32 "
+            "copy of the model, then set the dtype policy)"
+        )
+    return (
+        f"compact: the compacted model's outputs differ from the model's by up to {diff:.3g} "
+        f"on a random batch (tolerance {tol:.3g}), so it is not returned. Likely causes: "
+        + "; or ".join(causes)
+        + "."
+    )

@@ -425,5 +425,119 @@ def test_a_compacted_model_that_computes_something_else_is_refused(
         keras.layers.Dense, "set_weights", lambda self, w: set_weights(self, [2 * a for a in w])
     )
     mlp = keras.Sequential([keras.Input((4,)), _dense(5, "a"), _dense(3, "b")])
-    with pytest.raises(ValueError, match="outputs differ from the model's"):
+    with pytest.raises(ValueError, match=r"outputs differ from the model's by up to") as info:
         compact(mlp)
+    # a model without channels_first convolutions is not told about them
+    assert "(tolerance " in str(info.value) and "channels_first" not in str(info.value)
+
+
+# --- what compact checks itself: exact classes between, graph operations, dtypes, padding -------
+
+
+class _FlipReLU(keras.layers.ReLU):
+    """A ReLU subclass that reverses the units: not entry-wise, though its base class is."""
+
+    def call(self, x: Any) -> Any:
+        return keras.ops.flip(super().call(x), axis=-1)
+
+
+@pytest.mark.parametrize("shape", [(6,), (None, 6)])
+@pytest.mark.parametrize("kind", ["sequential", "functional"])
+def test_a_subclass_between_the_pair_is_refused(shape: tuple[Any, ...], kind: str) -> None:
+    # (None, 6): the self-check has no batch of known shape, so this check alone stops it.
+    keras.utils.set_random_seed(0)
+    layers = [_dense(8, "a"), _FlipReLU(name="flip"), _dense(3, "b")]
+    if kind == "sequential":
+        model = keras.Sequential([keras.Input(shape), *layers])
+    else:
+        x = keras.Input(shape)
+        model = keras.Model(x, layers[2](layers[1](layers[0](x))))
+    _kill(model, "a", "b", ([], [0, 1]))
+    with pytest.raises(ValueError, match=r"_FlipReLU 'flip' .* is a subclass of ReLU") as info:
+        compact(model)
+    assert "override call" in str(info.value) and "channels_first" not in str(info.value)
+
+
+def _with_ops(kind: str) -> tuple[keras.Model, np.ndarray]:
+    """A functional pair ``a -> b`` in a graph that holds operations that are not layers (a
+    ``keras.ops`` call; an Embedding mask's ``NotEqual``, which the mean pooling reads)."""
+    if kind == "ops":
+        x = keras.Input((5,))
+        h = keras.ops.multiply(x, 2.0)
+        data = np.random.default_rng(1).standard_normal((64, 5)).astype("float32")
+    else:
+        x = keras.Input((7,), dtype="int32")
+        h = keras.layers.Embedding(20, 5, mask_zero=True)(x)
+        data = np.random.default_rng(1).integers(0, 20, (64, 7)).astype("int32")
+        data[:, 4:] = 0  # masked positions, left out of the mean
+    h = _dense(4, "b")(_dense(6, "a", activation="sigmoid")(h))
+    if kind == "embedding mask":
+        h = keras.layers.GlobalAveragePooling1D()(h)
+    return keras.Model(x, h), data
+
+
+@pytest.mark.parametrize("kind", ["ops", "embedding mask"])
+def test_operations_that_are_not_layers_pass_through(kind: str) -> None:
+    keras.utils.set_random_seed(0)
+    model, data = _with_ops(kind)
+    _kill(model, "a", "b", ([1], [2, 3]))
+    small, report = compact(model)
+    assert (report.pairs[0].units_after, report.pairs[0].folded) == (3, 1)
+    assert [type(op).__name__ for op in small.operations] == [
+        type(op).__name__ for op in model.operations
+    ]
+    assert np.max(np.abs(np.asarray(small(data)) - np.asarray(model(data)))) <= 1e-5
+
+
+def test_mixed_float16_folds_to_its_rounding() -> None:
+    # The self-check's tolerance comes from float16, the dtype the layers compute in, not from
+    # the float32 output (1,000 float32 ulps refused this exact compaction).
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            _dense(32, "a", activation="sigmoid", dtype="mixed_float16"),
+            _dense(4, "b", dtype="mixed_float16"),
+            keras.layers.Activation("linear", dtype="float32"),
+        ]
+    )
+    model.get_layer("a").bias.assign(np.random.default_rng(3).uniform(-1.5, 1.5, 32))
+    _kill(model, "a", "b", ([0, 3], [2, 5]))
+    small, report = compact(model)
+    assert (report.pairs[0].removed, report.pairs[0].folded) == (2, 2)
+    assert small.get_layer("a").compute_dtype == "float16"
+    x = np.random.default_rng(1).standard_normal((256, 5)).astype("float32")
+    assert np.max(np.abs(np.asarray(small(x)) - np.asarray(model(x)))) <= 4e-3
+
+
+@pytest.mark.parametrize(
+    ("conv", "kernel", "padding", "dilation", "folded"),
+    [
+        (keras.layers.Conv1D, 1, "same", 1, True),
+        (keras.layers.Conv1D, 1, "causal", 3, True),
+        (keras.layers.Conv2D, (1, 1), "same", 2, True),
+        (keras.layers.Conv2D, (1, 2), "same", 1, False),  # pads the second axis
+        (keras.layers.Conv1D, 2, "causal", 1, False),
+    ],
+)
+def test_a_second_conv_that_pads_nothing_folds(
+    conv: Any, kernel: Any, padding: str, dilation: int, folded: bool
+) -> None:
+    # "same" / "causal" pad dilation * (k - 1) positions per axis: none for a one-tap kernel.
+    keras.utils.set_random_seed(0)
+    shape = (9, 2) if conv is keras.layers.Conv1D else (6, 7, 2)
+    model = keras.Sequential(
+        [
+            keras.Input(shape),
+            conv(6, 3, activation="sigmoid", name="a", bias_initializer="random_uniform"),
+            conv(3, kernel, padding=padding, dilation_rate=dilation, name="b"),
+        ]
+    )
+    _kill_channels(model, "a", "b", ([0, 3], [5]))
+    small, report = compact(model)
+    pair = report.pairs[0]
+    assert (pair.folded, pair.constant_kept, pair.units_after) == (
+        (2, 0, 3) if folded else (0, 2, 5)
+    )
+    x = np.random.default_rng(1).standard_normal((16, *shape)).astype("float32")
+    assert np.max(np.abs(np.asarray(small(x)) - np.asarray(model(x)))) <= 1e-5
