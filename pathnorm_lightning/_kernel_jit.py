@@ -7,16 +7,18 @@ minimiser's incoming support is ``{j : |y_j| > lam a*}`` with ``a* = ||v||_1``, 
 bounds on ``lam a*`` leave only a thin band of entries (usually none) whose membership is
 open. Per hidden unit:
 
-1. sort the short side ``|x|`` (numpy sorts all rows at once when p > 16), prefix sums;
-2. one vectorised pass over ``|y|``: its norms, the count, sum and sum of squares of the
-   entries above ``tau_hi = lam ||x||_1`` (always in the support), and the count of those
-   within 1/16 below it;
+1. sort the short side ``|x|`` (numpy sorts all rows at once when p > 16), prefix sums (and
+   suffix sums of squares);
+2. one vectorised pass over ``|y|``: its l1 norm, the count, sum and sum of squares of the
+   entries above ``tau_hi = lam ||x||_1`` (always in the support), the sum of squares of the
+   others, and the count of those within 1/16 below it;
 3. bounds ``tau_lo <= lam a* <= hi`` (:func:`_tau_lo`, :func:`_unit`): entries above the upper
    bound are in the support, those at or below the lower one are out;
 4. a second pass counts the band between them (skipped in the usual case, see :func:`_unit`);
    only a non-empty band is collected and sorted;
 5. for every ``k`` the largest feasible ``l`` in the band (bisection), the candidate's
-   objective, and the first minimum in the tie order of ``_sort`` (:func:`_best`).
+   objective (unshifted: the squares left out are summed directly), and the first minimum in
+   the tie order of ``_sort`` (:func:`_best`).
 
 All arithmetic is float64, whatever the weights' dtype. Every unit's thresholds are computed
 (reading only) before any weight is written, so non-finite weights are reported with nothing
@@ -58,22 +60,24 @@ def _all_finite(row: np.ndarray) -> bool:  # pragma: no cover - compiled
 def _row_stats(
     row: np.ndarray, tau: float, near: float
 ) -> tuple[float, float, int, float, float, int]:  # pragma: no cover - compiled
-    """Of ``|row|``: the sum and the sum of squares; the count, sum and sum of squares of the
-    entries above ``tau``; the number of entries in ``(near, tau]`` (float counters and masks
-    as factors: LLVM vectorises those, not selects). NaN or inf makes the sum NaN or inf."""
-    l1 = sq = 0.0
+    """Of ``|row|``: the sum, and the sum of squares of the entries at or below ``tau``; the
+    count, sum and sum of squares of the entries above ``tau``; the number of entries in
+    ``(near, tau]`` (float counters and masks as factors: LLVM vectorises those, not selects).
+    NaN or inf makes the sum NaN or inf. The two sums of squares are kept apart (not a total
+    and a part): the objectives need the squares left out, which a difference would cancel."""
+    l1 = sq_lo = 0.0
     c = s = q = above_near = 0.0
     for j in range(row.shape[0]):
         v = abs(np.float64(row[j]))
         v2 = v * v
         l1 += v
-        sq += v2
         above = 1.0 if v > tau else 0.0
+        sq_lo += v2 * (1.0 - above)
         c += above
         s += v * above
         q += v2 * above
         above_near += 1.0 if v > near else 0.0
-    return l1, sq, int(c), s, q, int(above_near - c)
+    return l1, sq_lo, int(c), s, q, int(above_near - c)
 
 
 @numba.njit(nogil=True, fastmath=_FAST)
@@ -113,21 +117,26 @@ _BLOCK = 128
 @numba.njit(nogil=True, fastmath=_FAST)
 def _above(
     row: np.ndarray, lo: float, hi: float
-) -> tuple[int, int, float, float]:  # pragma: no cover
-    """Of ``|row|``: the number of entries in ``(lo, hi]``, and the count, sum and sum of
-    squares of those above ``hi`` (float counters, as in :func:`_row_stats`)."""
+) -> tuple[int, int, float, float, float]:  # pragma: no cover
+    """Of ``|row|``: the number of entries in ``(lo, hi]``; the count, sum and sum of squares
+    of those above ``hi``; the sum of squares of those at or below ``lo`` (float counters, as
+    in :func:`_row_stats`)."""
     n_lo = 0.0
     c = 0.0
     s = 0.0
     q = 0.0
+    q_lo = 0.0
     for j in range(row.shape[0]):
         v = abs(np.float64(row[j]))
+        v2 = v * v
         above = 1.0 if v > hi else 0.0
-        n_lo += 1.0 if v > lo else 0.0
+        above_lo = 1.0 if v > lo else 0.0
+        n_lo += above_lo
         c += above
         s += v * above
-        q += v * v * above
-    return int(n_lo - c), int(c), s, q
+        q += v2 * above
+        q_lo += v2 * (1.0 - above_lo)
+    return int(n_lo - c), int(c), s, q, q_lo
 
 
 # --- per unit: bounds, candidates, the tie order; then the entry point
@@ -177,19 +186,23 @@ def _shrink_sum(xs: np.ndarray, t: float) -> float:  # pragma: no cover - compil
 # cost 2-6% of the whole prox on the paper's shapes (A/B); inlining `_best` too buys under 1%
 # more and doubles the compile time.
 @numba.njit(nogil=True, inline="always")
-def _prefix(xs: np.ndarray, cx: np.ndarray, cx2: np.ndarray) -> None:  # pragma: no cover
-    """Prefix sums of ``xs`` and of its squares."""
+def _prefix(xs: np.ndarray, cx: np.ndarray, sx2: np.ndarray) -> None:  # pragma: no cover
+    """Prefix sums of ``xs``, and suffix sums of its squares (``sx2[j] = sum_{i >= j} xs_i^2``,
+    ``sx2[p] = 0``: the squares left out of the top ``j``, summed from the small end)."""
     acc = 0.0
-    acc2 = 0.0
-    for j in range(xs.shape[0]):
+    p = xs.shape[0]
+    for j in range(p):
         acc += xs[j]
-        acc2 += xs[j] * xs[j]
         cx[j] = acc
-        cx2[j] = acc2
+    acc2 = 0.0
+    sx2[p] = 0.0
+    for j in range(p - 1, -1, -1):
+        acc2 += xs[j] * xs[j]
+        sx2[j] = acc2
 
 
 @numba.njit(nogil=True, inline="always")
-def _tau_lo(xs: np.ndarray, cx2: np.ndarray, lam: float, g_y: float) -> float:  # pragma: no cover
+def _tau_lo(xs: np.ndarray, sx2: np.ndarray, lam: float, g_y: float) -> float:  # pragma: no cover
     """``lam a_lo``: a non-trivial minimiser has ``||v||_1 >= a_lo``, from ``G(a) >= C_x(a)``.
 
     ``G(a) = C_x(a) + E_y(lam a)`` is the objective minimised over the points with
@@ -201,7 +214,7 @@ def _tau_lo(xs: np.ndarray, cx2: np.ndarray, lam: float, g_y: float) -> float:  
     ``theta``, ``C_x = 1/2 (k theta^2 + tail_k)`` and ``a = X_k - k theta``.
     """
     p = xs.shape[0]
-    xsq = cx2[p - 1]
+    xsq = sx2[0]
     g_best = min(g_y, 0.5 * xsq)
     if g_best >= 0.5 * xsq:
         theta_g = xs[0]
@@ -209,7 +222,7 @@ def _tau_lo(xs: np.ndarray, cx2: np.ndarray, lam: float, g_y: float) -> float:  
         theta_g = 0.0
         for k in range(1, p + 1):
             # on piece k, theta^2 = t2 / k; test the piece before taking a root
-            t2 = max(2 * g_best - (xsq - cx2[k - 1]), 0.0)
+            t2 = max(2 * g_best - sx2[k], 0.0)
             below = xs[k] if k < p else 0.0
             if t2 <= k * xs[k - 1] * xs[k - 1] and t2 >= k * below * below:
                 theta = math.sqrt(t2 / k)
@@ -226,24 +239,25 @@ def _tau_lo(xs: np.ndarray, cx2: np.ndarray, lam: float, g_y: float) -> float:  
 def _unit(
     xs: np.ndarray,
     cx: np.ndarray,
-    cx2: np.ndarray,
+    sx2: np.ndarray,
     y: np.ndarray,
     lam: float,
     short_is_out: bool,
     band: np.ndarray,
     cb: np.ndarray,
-    cb2: np.ndarray,
+    tb2: np.ndarray,
 ) -> tuple[float, float, float, bool]:  # pragma: no cover - compiled
-    """Thresholds ``(t_x, t_y)`` of one unit (``xs``: sorted ``|x|`` with its prefix sums, ``y``
-    the long row), ``||y||_1``, and whether ``y`` is finite. ``band``, ``cb``, ``cb2``: scratch
-    of length m + 1."""
+    """Thresholds ``(t_x, t_y)`` of one unit (``xs``: sorted ``|x|`` with its prefix sums and
+    suffix sums of squares, ``y`` the long row), ``||y||_1``, and whether ``y`` is finite.
+    ``band``, ``cb``, ``tb2``: scratch of length m + 1."""
     p = xs.shape[0]
     m = y.shape[0]
     x1 = cx[p - 1]
     # Pass 1 over the long side: everything above tau_hi is in the support.
     tau_hi = lam * x1 * (1 + _MARGIN)
     near = tau_hi * _NEAR
-    y1, ysq, c_hi, s_hi, q_hi, n_near = _row_stats(y, tau_hi, near)
+    y1, sq_lo, c_hi, s_hi, q_hi, n_near = _row_stats(y, tau_hi, near)
+    ysq = q_hi + sq_lo
     if not y1 <= _BIG and not _all_finite(y):  # NaN or inf (or a float64 sum overflowed)
         return np.nan, np.nan, y1, False
     # Fixed-point bounds: a non-trivial minimiser has a* = A(B(lam a*)) with
@@ -259,28 +273,32 @@ def _unit(
     # and below hi (the same entries lie above a lowered tau_hi): the usual case in training.
     skip = n_near == 0 and hi >= near
     if not (skip and tau_lo >= near):  # the tighter lower bound only matters then
-        # |y|^2 - sum_{|y| > tau_hi} (|y| - tau_hi)^2, raised by its rounding: ysq - q_hi
-        # cancels (each sum within (m + 1) ulps of ysq), tau_hi s_hi <= q_hi <= ysq.
-        g_y = 0.5 * ((ysq - q_hi) + tau_hi * (2 * s_hi - c_hi * tau_hi))
-        tau_lo = max(tau_lo, _tau_lo(xs, cx2, lam, g_y + (m + 8) * 2.0**-52 * ysq))
-    if skip and tau_lo >= near:
+        # |y|^2 - sum_{|y| > tau_hi} (|y| - tau_hi)^2, raised by its rounding (each sum within
+        # (m + 1) ulps of ysq, tau_hi s_hi <= q_hi <= ysq).
+        g_y = 0.5 * (sq_lo + tau_hi * (2 * s_hi - c_hi * tau_hi))
+        tau_lo = max(tau_lo, _tau_lo(xs, sx2, lam, g_y + (m + 8) * 2.0**-52 * ysq))
+    # sq_out: the squares of the entries out of every candidate's support (at or below tau_lo)
+    if skip and tau_lo >= near:  # every entry at or below tau_hi is at or below near <= tau_lo
         n_band = 0
         tau_hi = min(hi, tau_hi)
+        sq_out = sq_lo
     elif hi < tau_hi:
         tau_hi = hi
-        n_band, c_hi, s_hi, q_hi = _above(y, tau_lo, tau_hi)
+        n_band, c_hi, s_hi, _, sq_out = _above(y, tau_lo, tau_hi)
     else:
-        n_band = _above(y, tau_lo, tau_hi)[0]
+        n_band, _, _, _, sq_out = _above(y, tau_lo, tau_hi)
     count = 0
     if n_band > 0:
         count = _collect_band(y, tau_lo, tau_hi, band)
     _sort_desc(band, count)
     cb[0] = 0.0
-    cb2[0] = 0.0
     for t in range(count):
         cb[t + 1] = cb[t] + band[t]
-        cb2[t + 1] = cb2[t] + band[t] * band[t]
-    t_x, t_y = _best(xs, cx, cx2, lam, ysq, c_hi, s_hi, q_hi, tau_hi, band, cb, cb2, count,
+    # tb2[j]: the squares left out when the first j band entries are taken, from the small end
+    tb2[count] = sq_out
+    for t in range(count - 1, -1, -1):
+        tb2[t] = tb2[t + 1] + band[t] * band[t]
+    t_x, t_y = _best(xs, cx, sx2, lam, ysq, c_hi, s_hi, tau_hi, band, cb, tb2, count,
                      short_is_out)  # fmt: skip
     return t_x, t_y, y1, True
 
@@ -289,22 +307,23 @@ def _unit(
 def _best(
     xs: np.ndarray,
     cx: np.ndarray,
-    cx2: np.ndarray,
+    sx2: np.ndarray,
     lam: float,
     ysq: float,
     c_hi: int,
     s_hi: float,
-    q_hi: float,
     tau_hi: float,
     band: np.ndarray,
     cb: np.ndarray,
-    cb2: np.ndarray,
+    tb2: np.ndarray,
     count: int,
     short_is_out: bool,
 ) -> tuple[float, float]:  # pragma: no cover - compiled
     """The minimiser's thresholds among the trivial points and ``(k, c_hi + j*(k))``, ``k =
     1..p``, ``j*`` the largest feasible band index. Tie order: ``(x, 0)``, ``(0, y)``, pairs
-    by increasing outgoing count (see :func:`pathnorm_lightning._sort.thresholds`)."""
+    by increasing outgoing count (see :func:`pathnorm_lightning._sort.thresholds`). The
+    objectives are unshifted (see :func:`pathnorm_lightning._sort.candidate_objective`):
+    ``sx2[k]`` and ``tb2[j]`` are the squares of the entries left out."""
     p = xs.shape[0]
     lam2 = lam * lam
     nt_h = np.inf
@@ -323,14 +342,13 @@ def _best(
         # the objective from the point's own l1 norms (see _sort.candidate_objective)
         nv = max(big_x - k * t_v, 0.0)
         nw = max(ly - lf * t_w, 0.0)
-        ly2 = q_hi + cb2[lo]
-        h = 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2[k - 1] - ly2) + lam * nv * nw
+        h = 0.5 * (k * t_v * t_v + sx2[k] + lf * t_w * t_w + tb2[lo]) + lam * nv * nw
         # k counts the outgoing entries when x is the outgoing side: first minimum; else k
         # counts incoming ones, and the last minimum has the fewest outgoing entries.
         if h < nt_h or (h == nt_h and not short_is_out):
             nt_h, nt_tx, nt_ty = h, t_v, (np.inf if lf == 0 else t_w)
-    h_keep_x = -0.5 * cx2[p - 1]
-    h_keep_y = -0.5 * ysq
+    h_keep_x = 0.5 * ysq  # (x, 0): the objective is 1/2 |y|^2
+    h_keep_y = 0.5 * sx2[0]  # (0, y): 1/2 |x|^2
     if short_is_out:  # (x, 0) first, then (0, y)
         best_h, best_tx, best_ty = h_keep_x, 0.0, np.inf
         if h_keep_y < best_h:
@@ -408,10 +426,10 @@ def _thresholds(
     big = 1.7976931348623157e308
     xs = np.empty(p)
     cx = np.empty(p)
-    cx2 = np.empty(p)
+    sx2 = np.empty(p + 1)  # sx2[j]: sum of xs[j:]^2
     band = np.empty(m + 1)
     cb = np.empty(m + 1)  # cb[j]: sum of the first j band entries
-    cb2 = np.empty(m + 1)  # and of their squares
+    tb2 = np.empty(m + 1)  # tb2[j]: sum of the squares left out after the first j
     scaled = np.empty(m)
     presorted = x_sorted.shape[0] > 0
     for i in range(n):
@@ -423,8 +441,8 @@ def _thresholds(
                     return i
         if not presorted:
             _sort_desc(xs, p)
-        _prefix(xs, cx, cx2)
-        tx, ty, y1, finite = _unit(xs, cx, cx2, y[i], lam, short_is_out, band, cb, cb2)
+        _prefix(xs, cx, sx2)
+        tx, ty, y1, finite = _unit(xs, cx, sx2, y[i], lam, short_is_out, band, cb, tb2)
         if check_finite and not finite:
             return i
         # max(|x|) <= top <= m max(|y|): outside the safe range, scale by the largest entry.
@@ -438,8 +456,8 @@ def _thresholds(
                 xs[j] = math.ldexp(xs[j], -e)
             for j in range(m):
                 scaled[j] = math.ldexp(abs(np.float64(y[i, j])), -e)
-            _prefix(xs, cx, cx2)
-            tx, ty, _, _ = _unit(xs, cx, cx2, scaled, lam, short_is_out, band, cb, cb2)
+            _prefix(xs, cx, sx2)
+            tx, ty, _, _ = _unit(xs, cx, sx2, scaled, lam, short_is_out, band, cb, tb2)
             tx, ty = math.ldexp(tx, e), math.ldexp(ty, e)
         t_x[i] = tx
         t_y[i] = ty

@@ -77,15 +77,17 @@ def thresholds(
     and the long side ``g`` (n, m), ``p <= m``; ``inf`` zeroes a side. ``short_is_out``: whether
     ``s`` holds the outgoing weights (it fixes the tie order)."""
     n, p = s.shape
-    m = g.shape[1]
     lam2 = lam * lam
     xs = torch.sort(s.abs(), dim=1, descending=True).values
     ys = torch.sort(g.abs(), dim=1, descending=True).values
     zero = s.new_zeros(n, 1)
     cx = xs.cumsum(1)  # cx[:, k - 1] = X_k, the sum of the k largest |s|
     cy = torch.cat([zero, ys.cumsum(1)], 1)  # cy[:, l] = Y_l
-    cx2 = (xs * xs).cumsum(1)
-    cy2 = torch.cat([zero, (ys * ys).cumsum(1)], 1)
+    # Squares of the entries left out, summed directly from the small end (never as a total
+    # minus a prefix sum: that difference cancels where the kept entries dominate).
+    sx2 = _suffix_squares(xs)  # sx2[:, j]: sum_{i >= j} xs_i^2
+    tx2 = torch.cat([sx2[:, 1:], zero], 1)  # tx2[:, k - 1]: left out of the top k
+    ty2 = torch.cat([_suffix_squares(ys), zero], 1)  # ty2[:, l]: left out of the top l
     yl = torch.cat([zero, ys], 1)  # yl[:, l] = l-th largest |g| (l >= 1)
     k = torch.arange(1, p + 1, device=s.device, dtype=s.dtype)
     lo = _largest_feasible(xs, cx, cy, yl, k, lam)
@@ -95,14 +97,14 @@ def thresholds(
     ly = cy.gather(1, lo)
     a = ((cx - k * lam * ly) / d).clamp_min(0)  # ||v||_1 of the candidate
     b = ((ly - lf * lam * cx) / d).clamp_min(0)  # ||w||_1 of the candidate
-    h = candidate_objective(cx, cy2.gather(1, lo), cx2, ly, k, lf, lam * b, lam * a, lam)
+    h = candidate_objective(cx, ty2.gather(1, lo), tx2, ly, k, lf, lam * b, lam * a, lam)
     t_s = lam * b
     t_g = torch.where(lo == 0, math.inf, lam * a)
     # Trivial candidates: keep s, zero g (threshold inf on g), and keep g, zero s. (k, 0) with
     # L(k) = 0 coincides with keeping s shrunk by 0: it is (s, 0) again, harmless in a tie.
     inf = torch.full_like(zero, math.inf)
-    keep_s = (-0.5 * cx2[:, p - 1 :], zero, inf)
-    keep_g = (-0.5 * cy2[:, m:], inf, zero)
+    keep_s = (0.5 * ty2[:, :1], zero, inf)  # the objective: half of |g|^2
+    keep_g = (0.5 * sx2[:, :1], inf, zero)  # half of |s|^2
     if short_is_out:  # order: (x, 0) = keep_s, (0, y) = keep_g, pairs by increasing k
         parts = [keep_s, keep_g, (h, t_s, t_g)]
     else:  # x is the long side: (x, 0) = keep_g; pairs by decreasing l = increasing k
@@ -156,10 +158,15 @@ def _largest_feasible(
     return lo
 
 
+def _suffix_squares(zs: Tensor) -> Tensor:
+    """``out[:, j] = sum_{i >= j} zs[:, i]^2``, summed from the last (smallest) entry up."""
+    return (zs * zs).flip(1).cumsum(1).flip(1)
+
+
 def candidate_objective(
     big_x: Tensor,
-    ly2: Tensor,
-    cx2: Tensor,
+    ty2: Tensor,
+    tx2: Tensor,
     ly: Tensor,
     k: Tensor,
     lf: Tensor,
@@ -167,12 +174,14 @@ def candidate_objective(
     t_w: Tensor,
     lam: float | Tensor,
 ) -> Tensor:
-    """Objective (up to ``1/2 (||x||^2 + ||y||^2)``) of the point that support sizes ``(k, l)``
-    and thresholds ``t_v = lam b``, ``t_w = lam a`` produce, from that point's own l1 norms
-    ``X_k - k t_v`` and ``Y_l - l t_w``: near ``d = 1 - k l lam^2 = 0``, ``a`` and ``b`` carry
-    rounding amplified by ``1 / d``, and the closed form in ``a, b`` could misrank nearly equal
-    candidates. ``big_x``, ``ly``: ``X_k`` and ``Y_l``; ``cx2``, ``ly2``: their sums of squares.
+    """Objective of the point that support sizes ``(k, l)`` and thresholds ``t_v = lam b``,
+    ``t_w = lam a`` produce, from that point's own l1 norms ``X_k - k t_v`` and ``Y_l - l
+    t_w``: near ``d = 1 - k l lam^2 = 0``, ``a`` and ``b`` carry rounding amplified by ``1 /
+    d``, and the closed form in ``a, b`` could misrank nearly equal candidates. ``big_x``,
+    ``ly``: ``X_k`` and ``Y_l``; ``tx2``, ``ty2``: the sums of squares of the entries left out
+    (below the top k of ``|x|``, the top l of ``|y|``). Unshifted: a shift by ``1/2 (||x||^2 +
+    ||y||^2)`` would hide differences below float64's resolution of it.
     """
     nv = (big_x - k * t_v).clamp_min(0)
     nw = (ly - lf * t_w).clamp_min(0)
-    return 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2 - ly2) + lam * nv * nw
+    return 0.5 * (k * t_v * t_v + tx2 + lf * t_w * t_w + ty2) + lam * nv * nw

@@ -9,13 +9,14 @@ enumerated (``k`` entries kept) and the longer one searched (``l`` entries kept)
 1. the unit scaled by a power of two (exact; the prox is scale-equivariant) so that its largest
    magnitude lies in [1, 2): no square below can overflow or underflow at any finite weight;
 2. the short side sorted descending (a bitonic network in registers, :func:`_sort_desc_fn`)
-   and its prefix sums of values and squares, in float64 whatever the weights' dtype (the CPU
-   kernel's guarantee: a float32 result is the float32 rounding of thresholds computed in
-   float64);
+   and its prefix sums, and the squares after each entry (:func:`_tail_sq_fn`), in float64
+   whatever the weights' dtype (the CPU kernel's guarantee: a float32 result is the float32
+   rounding of thresholds computed in float64);
 3. the long side's columns ``l`` with their last kept entry ``y_l``, prefix sums ``Y_l`` and
-   sums of squares. Band search (long sides of 256 or more): a non-trivial minimiser
-   thresholds the long side at ``lam a <= lam ||x||_1`` (``a = ||v||_1``), so its support holds
-   every entry above ``tau = lam ||x||_1 (1 + 2^-16)`` and no zero; only the band ``(0, tau]``
+   the squares of the entries left out. Band search (long sides of 256 or more): a
+   non-trivial minimiser thresholds the long side at ``lam a <= lam ||x||_1`` (``a =
+   ||v||_1``), so its support holds every entry above ``tau = lam ||x||_1 (1 + 2^-16)`` and
+   no zero; only the band ``(0, tau]``
    (in training a handful of entries) is gathered through global scratch and sorted, after
    the smallest entry above ``tau``. A block of units whose band has more than 63 entries is
    left untouched, and a second launch runs the full search on those units only: the whole
@@ -23,7 +24,8 @@ enumerated (``k`` entries kept) and the longer one searched (``l`` entries kept)
 4. for every ``k``, ``L(k)``: the largest feasible ``l`` among the columns, testing all pairs
    ``(k, l)`` of a block of ``k`` at once (a tile; the tests of
    :func:`pathnorm_lightning._sort._largest_feasible`);
-5. each candidate's objective in closed form from its own l1 norms, and the first minimum in
+5. each candidate's objective in closed form from its own l1 norms (unshifted: the squares
+   of the entries left out summed directly), and the first minimum in
    the order ``(x, 0)``, ``(0, y)``, then ``(k, L(k))`` by increasing ``k`` (``k`` counts the
    kept entries of the shorter side), strict ``<``: the tie rule of the exhaustive reference;
 6. the soft-thresholds, written in place: ``v = sign(x) max(|x| - lam b, 0)`` and
@@ -52,6 +54,8 @@ _flip: Any = None
 _to_bf16: Any = None
 _sorted_abs: Any = None
 _search: Any = None
+_tail_combine: Any = None
+_tail_sq: Any = None
 _scale: Any = None
 _trivial: Any = None
 _band: Any = None
@@ -69,6 +73,8 @@ def build(triton: Any) -> Any:
         _to_bf16=jit(_to_bf16_fn),
         _sorted_abs=jit(_sorted_abs_fn),
         _search=jit(_search_fn),
+        _tail_combine=jit(_tail_combine_fn),
+        _tail_sq=jit(_tail_sq_fn),
         _scale=jit(_scale_fn),
         _trivial=jit(_trivial_fn),
         _band=jit(_band_fn),
@@ -131,13 +137,29 @@ def _sorted_abs_fn(a, WIDE: tl.constexpr, N_DIMS: tl.constexpr, LOG_ROW: tl.cons
         return out.to(tl.float32, bitcast=True).to(tl.float64)
 
 
+def _tail_combine_fn(s1, e1, m1, s2, e2, m2):  # pragma: no cover - compiled by Triton
+    """Combine two runs of squares ``(sum, sum without the largest entry's, largest entry)``;
+    symmetric in its two arguments, so the scan's direction and operand order do not matter."""
+    first = m1 >= m2
+    return s1 + s2, tl.where(first, e1 + s2, s1 + e2), tl.maximum(m1, m2)
+
+
+def _tail_sq_fn(v):  # pragma: no cover - compiled by Triton
+    """``out[:, c] = sum_{j > c} v[:, j]^2`` for rows ``v >= 0`` sorted descending: the squares
+    left out when the first ``c + 1`` entries are kept, summed directly (never a total minus a
+    prefix sum, which cancels where the kept entries dominate)."""
+    v2 = v * v
+    _, tail, _ = tl.associative_scan((v2, tl.zeros_like(v2), v), 1, _tail_combine, reverse=True)
+    return tail
+
+
 def _search_fn(
-    xs,  # (UNITS, BLOCK_P) the short side, sorted descending, scaled; cx, cx2: prefix sums
+    xs,  # (UNITS, BLOCK_P) the short side, sorted descending, scaled; cx: prefix sums
     cx,
-    cx2,
+    tx2,  # tx2[:, k - 1]: the squares of the entries after the k largest
     ycol,  # (UNITS or 1, NCOL) per column: the last kept long-side entry y_l,
     big_y,  # Y_l, the sum of the l largest,
-    y2col,  # the sum of their squares,
+    y2col,  # the sum of the squares of the long side's other entries,
     lcol,  # l (float64),
     col_ok,  # whether the column is a candidate
     lam,
@@ -163,7 +185,7 @@ def _search_fn(
         pick_k = (kidx[:, None] == op[None, :])[None, :, :]  # (1, BLOCK_K, BLOCK_P)
         xk = tl.sum(tl.where(pick_k, xs[:, None, :], 0.0), axis=2)  # (UNITS, BLOCK_K)
         big_x = tl.sum(tl.where(pick_k, cx[:, None, :], 0.0), axis=2)
-        x2k = tl.sum(tl.where(pick_k, cx2[:, None, :], 0.0), axis=2)
+        x2k = tl.sum(tl.where(pick_k, tx2[:, None, :], 0.0), axis=2)
         kf = (kidx + 1).to(tl.float64)[None, :]
         ax_k = big_x - kf * xk  # X_k - k x_k >= 0
         k_lam2 = kf * lam2
@@ -185,10 +207,11 @@ def _search_fn(
         b = tl.maximum((ly - lf * lam * big_x) / d, 0.0)  # ||w||_1
         t_s = lam * b
         t_l = lam * a
-        # the objective from the point's own l1 norms (see _sort.candidate_objective)
+        # the objective from the point's own l1 norms, unshifted (see
+        # _sort.candidate_objective); x2k, ly2: the squares of the entries left out
         nv = tl.maximum(big_x - kf * t_s, 0.0)
         nw = tl.maximum(ly - lf * t_l, 0.0)
-        h = 0.5 * (kf * t_s * t_s + lf * t_l * t_l - x2k - ly2) + lam * nv * nw
+        h = 0.5 * (kf * t_s * t_s + x2k + lf * t_l * t_l + ly2) + lam * nv * nw
         h = tl.where((last >= 0) & (kidx < P)[None, :], h, inf)
         h_min = tl.min(h, axis=1)
         first = tl.min(tl.where(h == h_min[:, None], kidx[None, :], BLOCK_P), axis=1)
@@ -225,8 +248,8 @@ def _trivial_fn(
     the long one (inf: all zero)."""
     f64 = tl.float64
     inf = float("inf")
-    h_s = -0.5 * xsq  # keep the short side, zero the long one
-    h_l = -0.5 * ysq
+    h_s = 0.5 * ysq  # keep the short side, zero the long one: 1/2 |long|^2
+    h_l = 0.5 * xsq
     zero = tl.zeros([UNITS], f64)
     infs = tl.full([UNITS], inf, f64)
     if SWAPPED:  # x is the long side: keep-long comes first
@@ -247,9 +270,9 @@ def _band_fn(
     u_ok,
     l_mask,
     ya,  # (UNITS, BLOCK_M) the long side's magnitudes, scaled, unsorted
-    xs,  # the short side sorted, scaled, and its prefix sums
+    xs,  # the short side sorted, scaled, its prefix sums and tails of squares
     cx,
-    cx2,
+    tx2,
     x1,  # ||x||_1 (scaled)
     lam,
     P,
@@ -283,7 +306,6 @@ def _band_fn(
     if use_band:
         top = tl.where(has_top, tl.min(tl.where(above, ya, inf), axis=1), 0.0)
         s_hi = tl.sum(tl.where(above, ya, 0.0), axis=1) - top  # without column 0's entry
-        q_hi = tl.sum(tl.where(above, ya * ya, 0.0), axis=1) - top * top
         base = (c_hi - has_top.to(tl.int32)).to(f64)
         # Gather the columns through global scratch (a scatter into registers has no Triton
         # form), then sort them.
@@ -300,10 +322,10 @@ def _band_fn(
         best_h, best_ts, best_tl = _search(
             xs,
             cx,
-            cx2,
+            tx2,
             zb,
             s_hi[:, None] + tl.cumsum(zb, axis=1),
-            q_hi[:, None] + tl.cumsum(zb * zb, axis=1),
+            _tail_sq(zb),  # the band's entries after the column (no others are left out)
             base[:, None] + (ob + 1).to(f64)[None, :],
             col_ok,
             lam,
@@ -397,9 +419,9 @@ def _solve_fn(
     up1, up2, down1, down2 = _scale(abs_s, abs_l)
     xs = _sorted_abs(abs_s, WIDE, LOG_U + LOG_P, LOG_P) * up1[:, None] * up2[:, None]
     cx = tl.cumsum(xs, axis=1)  # cx[:, k - 1] = X_k, the sum of the k largest
-    cx2 = tl.cumsum(xs * xs, axis=1)
+    tx2 = _tail_sq(xs)  # tx2[:, k - 1]: the squares of the entries after the k largest
     x1 = tl.sum(tl.where((op == P - 1)[None, :], cx, 0.0), axis=1)  # ||x||_1
-    xsq = tl.sum(tl.where((op == P - 1)[None, :], cx2, 0.0), axis=1)
+    xsq = tl.sum(xs * xs, axis=1)
     ya = abs_l.to(f64) * up1[:, None] * up2[:, None]  # the long side, scaled, unsorted
     ysq = tl.sum(ya * ya, axis=1)
 
@@ -417,7 +439,7 @@ def _solve_fn(
             ya,
             xs,
             cx,
-            cx2,
+            tx2,
             x1,
             lam,
             P,
@@ -439,10 +461,10 @@ def _solve_fn(
         best_h, best_ts, best_tl = _search(
             xs,
             cx,
-            cx2,
+            tx2,
             ys,
             tl.cumsum(ys, axis=1),  # Y_l at column l - 1
-            tl.cumsum(ys * ys, axis=1),
+            _tail_sq(ys),  # the squares of the entries after the l largest
             (om + 1).to(f64)[None, :],
             (om < M)[None, :],
             lam,
