@@ -51,13 +51,14 @@ class Band(NamedTuple):
     xs: tf.Tensor  # |x| sorted descending, (n, p)
     cx: tf.Tensor  # cx[:, k - 1] = sum of the k largest |x|
     cx2: tf.Tensor
+    tx2: tf.Tensor  # tx2[:, k - 1] = sum of the squares of all but the k largest |x|
     kk: tf.Tensor  # k = 1..p, (1, p)
     ysq: tf.Tensor
     tau_hi: tf.Tensor
     tau_lo: tf.Tensor
-    c_hi: tf.Tensor  # number, sum and sum of squares of the |y| above tau_hi
+    c_hi: tf.Tensor  # number and sum of the |y| above tau_hi
     s_hi: tf.Tensor
-    q_hi: tf.Tensor
+    q_lo: tf.Tensor  # sum of the squares of the |y| at or below tau_lo (never in a support)
     count: tf.Tensor  # band entries per unit (float)
     width: tf.Tensor  # 0-d: the largest count
     swapped: bool  # x holds the incoming weights (only the tie order depends on it)
@@ -113,6 +114,7 @@ def band_setup(
     xs = sort_rows_desc(ax)
     cx = cumsum_cols(xs)
     cx2 = cumsum_cols(xs * xs)
+    tx2 = _tails(xs * xs)
     x1 = cx[:, p - 1 :]
     # The bounds are rounded to ld once (within their margins) and kept out of the loops over
     # the long side (see materialized); every comparison with the long side uses them.
@@ -123,16 +125,23 @@ def band_setup(
     # (the plain sums: an exact tie between ||x||^2 and ||y||^2 stays a tie)
     ysq, r_sq = (tf.cast(t, dt) for t in unit_sums(ay * ay, r_hi * r_hi, unit_axis))
     kk = tf.cast(tf.range(1, p + 1), dt)[tf.newaxis, :]
-    tau_lo = _tau_lo(ax, xs, cx, cx2, ysq, r_sq, lam, m, eps)
+    tau_lo = _tau_lo(ax, xs, cx, cx2, tx2, ysq, r_sq, lam, m, eps)
     (tau_lo_l,) = materialized(tf.minimum(tf.cast(tau_lo, ld), tau_hi_l))
     tau_lo = tf.cast(tau_lo_l, dt)
-    c_hi, count, r_sum = _band_counts(ay, r_hi, tau_hi_l, tau_lo_l, unit_axis, dt)
-    s_hi = r_sum + c_hi * tau_hi  # sum and sum of squares of the |y| above tau_hi
-    q_hi = r_sq + 2 * tau_hi * r_sum + c_hi * tau_hi * tau_hi
+    c_hi, count, r_sum, q_lo = _band_counts(ay, r_hi, tau_hi_l, tau_lo_l, unit_axis, dt)
+    s_hi = r_sum + c_hi * tau_hi  # sum of the |y| above tau_hi
     return Band(
-        x, y, unit_axis, lam, lam2, xs, cx, cx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_hi,
+        x, y, unit_axis, lam, lam2, xs, cx, cx2, tx2, kk, ysq, tau_hi, tau_lo, c_hi, s_hi, q_lo,
         count, tf.reduce_max(count), swapped, _sums_in_range(ysq, s_hi, c_hi), y_scale,
     )  # fmt: skip
+
+
+def _tails(sq: tf.Tensor) -> tf.Tensor:
+    """For squares ``sq`` (n, p) of entries sorted descending: column ``k - 1`` (k = 1..p) is
+    the sum of all but the first k, summed directly from the small end (never a total minus a
+    prefix, which cancels where the dropped entries are tiny beside the kept ones)."""
+    rev = tf.reverse(cumsum_cols(tf.reverse(sq, [1])), [1])  # rev[:, i] = sum of sq[:, i:]
+    return tf.concat([rev[:, 1:], tf.zeros_like(sq[:, :1])], 1)
 
 
 def _upper_in(t: tf.Tensor, ld: tf.DType) -> tf.Tensor:
@@ -167,6 +176,7 @@ def _tau_lo(
     xs: tf.Tensor,
     cx: tf.Tensor,
     cx2: tf.Tensor,
+    tx2: tf.Tensor,
     ysq: tf.Tensor,
     r_sq: tf.Tensor,
     lam: float | tf.Tensor,
@@ -175,7 +185,8 @@ def _tau_lo(
 ) -> tf.Tensor:
     """A lower bound on ``lam ||v||_1`` of the minimiser (n, 1), lowered by more than its
     rounding: no ``|y_j|`` at or below it is in the incoming support. ``ax`` is ``|x|`` (n, p),
-    ``xs`` the same sorted descending, ``cx``, ``cx2`` the cumsums of ``xs`` and ``xs^2``;
+    ``xs`` the same sorted descending, ``cx``, ``cx2`` the cumsums of ``xs`` and ``xs^2``,
+    ``tx2`` the sums of the squares outside the top k (see :func:`_tails`);
     ``ysq`` is ``||y||^2`` and ``r_sq`` the sum of ``(|y| - tau_hi)_+^2`` per unit; ``m`` the
     long side's length, ``eps`` its unit roundoff."""
     p, dt = int(ax.shape[1]), ax.dtype
@@ -186,7 +197,7 @@ def _tau_lo(
     # (each within (m + 1) eps of its value), so that the bound stays above the minimum.
     g_best = tf.minimum(0.5 * (ysq - r_sq) + (m + 2) * eps * ysq, 0.5 * xsq)
     kk = tf.cast(tf.range(1, p + 1), dt)[tf.newaxis, :]
-    theta = tf.sqrt(tf.maximum(2 * g_best - (xsq - cx2), 0.0) / kk)
+    theta = tf.sqrt(tf.maximum(2 * g_best - tx2, 0.0) / kk)
     below = tf.concat([xs[:, 1:], tf.zeros_like(xs[:, :1])], 1)
     on_piece = tf.cast((theta <= xs) & (theta >= below), dt)
     theta_g = tf.reduce_max(theta * on_piece, 1, keepdims=True)
@@ -212,11 +223,13 @@ def _band_counts(
     tau_lo_l: tf.Tensor,
     unit_axis: int,
     dt: tf.DType,
-) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """Per unit (n, 1) in ``dt``: how many ``|y|`` lie above ``tau_hi`` and in the band, and
-    the sum of ``r_hi = (|y| - tau_hi)_+``, from one pass over the long side (see
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor]:
+    """Per unit (n, 1) in ``dt``: how many ``|y|`` lie above ``tau_hi`` and in the band, the
+    sum of ``r_hi = (|y| - tau_hi)_+``, from one pass over the long side (see
     :func:`pathnorm_tf._xla.unit_sums`; two where the counts do not pack: a float32 long side of
-    more than 4095 entries)."""
+    more than 4095 entries), and the sum of the squares of the ``|y|`` at or below ``tau_lo``
+    (the entries no candidate keeps), summed directly: never ``||y||^2`` minus the squares
+    above, which cancels where the dropped entries are tiny beside the kept ones."""
     ld = ay.dtype
     m = int(ay.shape[1 - unit_axis])
     # Both counts from one reduction of (|y| > tau_lo) + K (|y| > tau_hi), K a power of two > m
@@ -234,7 +247,9 @@ def _band_counts(
     else:
         c_hi, r_sum = (tf.cast(t, dt) for t in unit_sums(in_hi, r_hi, unit_axis))
         count = tf.cast(reduce_units(tf.reduce_sum, above_lo - in_hi, unit_axis), dt)
-    return c_hi, count, r_sum
+    below_sq = tf.where(ay > unit(tau_lo_l, unit_axis), tf.zeros_like(ay), ay * ay)
+    q_lo = tf.cast(reduce_units(tf.reduce_sum, below_sq, unit_axis), dt)
+    return c_hi, count, r_sum, q_lo
 
 
 class _Feasibility(NamedTuple):
@@ -305,7 +320,7 @@ def _bisect_band(f: _Feasibility) -> tuple[tf.Tensor, tf.Tensor]:
 
 def band_candidates(b: Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     """Thresholds ``(t_x, t_y)`` (n, 1) from the sorted band ``band`` (n, kb), zero padded."""
-    x, cx, cx2, kk, lam, lam2 = b.x, b.cx, b.cx2, b.kk, b.lam, b.lam2
+    x, cx, cx2, tx2, kk, lam, lam2 = b.x, b.cx, b.cx2, b.tx2, b.kk, b.lam, b.lam2
     n, p = int(x.shape[0]), int(x.shape[1])
     kb = int(band.shape[1])
     dt = x.dtype
@@ -330,16 +345,18 @@ def band_candidates(b: Band, band: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
 
     lf = pick_rows(l_all, jj)
     ly = pick_rows(ly_all, jj)
-    ly2 = b.q_hi + pick_rows(tf.concat([zero, cumsum_cols(band * band)], 1), jj)
+    # the dropped squares of y: those below the band, and the band's beyond the support
+    band_tail = _tails(tf.concat([zero, band * band], 1))  # [:, j]: sum of band[:, j:]^2
+    ty2 = b.q_lo + pick_rows(band_tail, jj)
     d = 1.0 - kk * lf * lam2
     a = tf.maximum((cx - kk * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
     bb = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
-    h = candidate_objective(cx, ly2, cx2, ly, kk, lf, lam * bb, lam * a, lam)
+    h = candidate_objective(cx, ly, kk, lf, lam * bb, lam * a, tx2, ty2, lam)
     h = tf.where(valid, h, inf)
-    # Candidates: (0, y), the support pairs, (x, 0); thresholds lam * b for v, lam * a for w
-    # (in the order of the tie rule, see tie_order)
+    # Candidates: (0, y) (objective ||x||^2 / 2), the support pairs, (x, 0) (||y||^2 / 2);
+    # thresholds lam * b for v, lam * a for w (in the order of the tie rule, see tie_order)
     infs = tf.fill(tf.shape(zero), inf)
-    h = tie_order(tf.concat([-0.5 * b.ysq, h], 1), -0.5 * cx2[:, p - 1 :], b.swapped)
+    h = tie_order(tf.concat([0.5 * cx2[:, p - 1 :], h], 1), 0.5 * b.ysq, b.swapped)
     t_v = tie_order(tf.concat([infs, lam * bb], 1), zero, b.swapped)
     t_w = tie_order(tf.concat([zero, tf.where(lf == 0, inf, lam * a)], 1), infs, b.swapped)
     return at_least(h, t_v, t_w)

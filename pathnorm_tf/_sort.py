@@ -36,35 +36,44 @@ from pathnorm_tf._xla import argmin_rows, sort_rows_desc
 
 
 def prefix_sums(a: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-    """For |values| ``a`` (n, q): ``c[:, k]`` = sum of the k largest, ``c2`` of their squares,
-    ``top[:, k]`` = the k-th largest (index 0 padded with 0); each (n, q + 1)."""
+    """For |values| ``a`` (n, q): ``c[:, k]`` = sum of the k largest, ``tail2[:, k]`` = sum of
+    the squares of all but the k largest, ``top[:, k]`` = the k-th largest (index 0 padded with
+    0); each (n, q + 1). ``tail2`` is summed from the small end (a reverse cumsum), never as a
+    total minus a prefix: that difference cancels when the dropped entries are tiny beside the
+    kept ones (docs/errata.md, section 5)."""
     s = sort_rows_desc(a)
     zero = tf.zeros_like(s[:, :1])
     c = tf.concat([zero, tf.cumsum(s, axis=1)], 1)
-    c2 = tf.concat([zero, tf.cumsum(s * s, axis=1)], 1)
+    tail2 = tf.concat([tf.cumsum(s * s, axis=1, reverse=True), zero], 1)
     top = tf.concat([zero, s], 1)
-    return c, c2, top
+    return c, tail2, top
 
 
 def candidate_objective(
     big_x: tf.Tensor,
-    ly2: tf.Tensor,
-    cx2: tf.Tensor,
     ly: tf.Tensor,
     k: tf.Tensor,
     lf: tf.Tensor,
     t_v: tf.Tensor,
     t_w: tf.Tensor,
+    tail_x: tf.Tensor,
+    tail_y: tf.Tensor,
     lam: tf.Tensor,
 ) -> tf.Tensor:
-    """Objective (up to 1/2 (||x||^2 + ||y||^2)) of the point that support sizes ``(k, l)``
-    and thresholds ``t_v = lam b``, ``t_w = lam a`` produce, from that point's own l1 norms
-    ``X_k - k t_v`` and ``Y_l - l t_w`` (as the torch side): near ``d = 1 - k l lam^2 = 0``,
-    ``a`` and ``b`` carry rounding amplified by ``1 / d``, and the closed form in ``a, b``
-    could misrank nearly equal candidates."""
+    """Objective of the point that support sizes ``(k, l)`` and thresholds ``t_v = lam b``,
+    ``t_w = lam a`` produce: ``1/2 (k t_v^2 + tail_x + l t_w^2 + tail_y) + lam ||v||_1
+    ||w||_1``, ``tail_x``, ``tail_y`` the sums of squares of the entries of ``|x|``, ``|y|``
+    outside the supports (the dropped entries' distance to 0), summed directly.
+
+    Unshifted: ranking the objective minus ``1/2 (||x||^2 + ||y||^2)`` (as this code once did)
+    loses candidates' differences below float64's resolution of that shift, where one side is
+    tiny beside the other and ``lam`` is tiny (docs/errata.md, section 5). The l1 norms are the
+    point's own, ``X_k - k t_v`` and ``Y_l - l t_w`` (as the torch side): near ``d = 1 - k l
+    lam^2 = 0``, ``a`` and ``b`` carry rounding amplified by ``1 / d``, and the closed form in
+    ``a, b`` could misrank nearly equal candidates."""
     nv = tf.maximum(big_x - k * t_v, 0.0)
     nw = tf.maximum(ly - lf * t_w, 0.0)
-    return 0.5 * (k * t_v * t_v + lf * t_w * t_w - cx2 - ly2) + lam * nv * nw
+    return 0.5 * (k * t_v * t_v + tail_x + lf * t_w * t_w + tail_y) + lam * nv * nw
 
 
 def prox_rows(
@@ -88,8 +97,8 @@ def prox_rows(
         return t_v, t_w
     dtype = x.dtype
     ax, ay = tf.abs(x), tf.abs(y)
-    cx, cx2, xk = prefix_sums(ax)  # xk[:, k] = k-th largest |x|
-    cy, cy2, yl = prefix_sums(ay)
+    cx, tx2, xk = prefix_sums(ax)  # xk[:, k] = k-th largest |x|
+    cy, ty2, yl = prefix_sums(ay)
     zero = tf.zeros_like(cx[:, :1])
 
     # --- Candidates (k, L(k)) for k = 0..p: k is the column index. ---
@@ -102,13 +111,13 @@ def prox_rows(
     ly = tf.gather(cy, big_l, axis=1, batch_dims=1)
     a = tf.maximum((cx - k * lam * ly) / d, 0.0)  # ||v||_1 of the candidate
     b = tf.maximum((ly - lf * lam * cx) / d, 0.0)  # ||w||_1 of the candidate
-    h = candidate_objective(
-        cx, tf.gather(cy2, big_l, axis=1, batch_dims=1), cx2, ly, k, lf, lam * b, lam * a, lam
-    )
+    ty2_l = tf.gather(ty2, big_l, axis=1, batch_dims=1)
+    h = candidate_objective(cx, ly, k, lf, lam * b, lam * a, tx2, ty2_l, lam)
 
-    # --- The trivial point (x, 0); column 0 (k = 0, L(0) = m) is (0, y). ---
+    # --- The trivial point (x, 0), objective ||y||^2 / 2; column 0 (k = 0, L(0) = m) is (0, y),
+    # objective ||x||^2 / 2 (both totals summed alike: an exact tie stays a tie). ---
     ks = k_int + tf.zeros_like(big_l)
-    x_zero = (-0.5 * cx2[:, p:], cx[:, p:], zero, ks[:, p:], tf.zeros_like(big_l[:, :1]))
+    x_zero = (0.5 * ty2[:, :1], cx[:, p:], zero, ks[:, p:], tf.zeros_like(big_l[:, :1]))
     h, a, b, ks, ls = (
         tie_order(c, c0, swapped) for c, c0 in zip((h, a, b, ks, big_l), x_zero, strict=True)
     )

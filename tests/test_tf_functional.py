@@ -356,3 +356,23 @@ def test_nearly_equal_candidates_near_d_zero_are_ranked_by_their_points(
     new_in, new_out = fn(tf.constant(y), tf.constant(x))
     assert np.array_equal(new_out.numpy(), np.zeros((1, 2)))  # v = 0
     assert np.array_equal(new_in.numpy(), y)  # w = y
+
+
+@pytest.mark.parametrize("mode", ["eager", "xla"])
+@pytest.mark.parametrize("method", ["band", "sort"])
+def test_candidates_are_ranked_unshifted_when_one_side_is_tiny(method: str, mode: str) -> None:
+    # docs/errata.md, section 5: ranked by the objective shifted by (|x|^2 + |y|^2) / 2, the
+    # point keeping both sides (9.995e-22) tied with (x, 0) in float64 (5e-19), and y was zeroed.
+    k_in, k_out = np.array([[1e-9]]), np.array([[1.0]])  # neutral x = [1.0], y = [1e-9]
+    lam = 1e-12
+
+    def prox(a: tf.Tensor, b: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        return prox_path_norm(a, b, lam, method=method)
+
+    fn = prox if mode == "eager" else tf.function(prox, jit_compile=True)
+    new_in, new_out = fn(tf.constant(k_in, tf.float64), tf.constant(k_out, tf.float64))
+    x, y = k_out[0], k_in[:, 0]
+    *_, want = ref.prox_unit(x, y, lam)
+    got = ref.objective(new_out.numpy()[0], new_in.numpy()[:, 0], x, y, lam)
+    assert got == pytest.approx(want, rel=1e-9, abs=0)
+    assert new_in.numpy()[0, 0] > 0  # y is kept
