@@ -45,8 +45,8 @@ PEAK = {
     "test_tf_optimizers.py 0/2": 1.55,
     "test_tf_optimizers.py 1/2": 2.3,
     "test_cross_backend.py": 2.35,
-    "test_spec_tf.py": 2.4,  # with test_tf_functional
-    "test_tf_metrics.py": 2.25,  # with test_tf_edge_cases
+    "test_spec_tf.py": 2.5,  # with test_tf_functional
+    "test_tf_metrics.py": 2.35,  # with test_tf_edge_cases
     "test_tf_band_fast.py": 1.6,
     "test_tf_private_api.py": 1.65,  # the first group
     "test_train_cli.py": 1.35,
